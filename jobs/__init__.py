@@ -1,0 +1,1 @@
+"""eyrie data plane: generation, tool checks, reconstruction, extraction."""

@@ -1,0 +1,1 @@
+"""Chat formats and tokenizer loading."""

@@ -1,0 +1,1 @@
+"""Hidden-state extraction."""

@@ -1,0 +1,462 @@
+"""The `DatasetGeneration` resource as pydantic models: the one source of truth for the spec.
+
+The CRD (`eyrie crd`), the spec reference and every reader of a spec derive from these models, so a
+field is added or renamed here and nowhere else. YAML uses camelCase; Python uses snake_case.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+GROUP = "eyrie.dev"
+VERSION = "v1alpha1"
+KIND = "DatasetGeneration"
+PLURAL = "datasetgenerations"
+SHORT_NAME = "dsg"
+API_VERSION = f"{GROUP}/{VERSION}"
+SIMULATED = "simulated"
+
+
+class SpecError(ValueError):
+    """A spec that cannot run; the message names every offending field path."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        lines = [f"  {path}: {msg}" for path, msg in problems]
+        super().__init__("invalid DatasetGeneration spec:\n" + "\n".join(lines))
+
+
+def _usd(value: Any) -> Decimal:
+    """Money is a decimal string in YAML ("100.00"); numbers are accepted for convenience."""
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("must be a decimal amount such as \"12.50\"")
+    try:
+        d = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a decimal amount such as \"12.50\"") from None
+    if not d.is_finite():
+        raise ValueError("must be finite")
+    return d
+
+
+USD = Annotated[Decimal, PlainSerializer(lambda d: str(d), return_type=str)]
+# JSON-schema hints for the CRD generator (see jobs/crd.py): money is a string with a pattern.
+MONEY_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+
+
+class Model(BaseModel):
+    """Base: camelCase aliases, unknown fields rejected (a typo must not silently do nothing)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        populate_by_name=True,
+        frozen=False,
+    )
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ----------------------------------------------------------------------------------------- spec
+
+
+class SourceSpec(Model):
+    """One prompt set. Rows are read in file order; `limit` caps how many are taken."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$", description="Unique source name.")
+    uri: str = Field(description="file://, s3:// or a local path to .jsonl, .jsonl.gz or .parquet.")
+    format: Literal["openai", "sharegpt", "glaive"] = Field(
+        default="openai", description="Row format: openai (messages [+ tools]), sharegpt, glaive."
+    )
+    limit: int | None = Field(default=None, ge=1, description="Take at most this many rows.")
+
+
+class TargetSpec(Model):
+    model: str = Field(description="Model id sent to the API.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="HF id, local path or s3:// folder. Without it the run stops after generation.",
+    )
+    chat_format: Literal["auto", "kimi-k2.5", "deepseek-v3", "qwen3"] = Field(
+        default="auto", description="auto = the tokenizer's chat template; or a named family."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow the tokenizer's remote code.")
+
+
+class SecretKeyRef(Model):
+    name: str = Field(description="Secret name (same namespace).")
+    key: str = Field(default="api-key", description="Key inside the Secret.")
+
+
+class ProviderSpec(Model):
+    """OpenRouter provider routing; sent as the request's `provider` object."""
+
+    order: list[str] | None = None
+    only: list[str] | None = None
+    ignore: list[str] | None = None
+    allow_fallbacks: bool | None = None
+    require_parameters: bool | None = None
+    data_collection: Literal["allow", "deny"] | None = None
+    sort: Literal["price", "throughput", "latency"] | None = None
+    quantizations: list[str] | None = None
+
+
+class ReasoningSpec(Model):
+    """OpenRouter unified reasoning settings; sent as the request's `reasoning` object."""
+
+    effort: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    exclude: bool | None = None
+    enabled: bool | None = None
+
+
+class SamplingSpec(Model):
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int = Field(default=4096, ge=1, description="Per response; the budget reserves this.")
+    seed: int | None = None
+    reasoning: ReasoningSpec | None = None
+
+
+class SimulatorSpec(Model):
+    """Only for `baseUrl: simulated`: the built-in simulator's behaviour (a demo/test tool)."""
+
+    latency_ms: float = Field(default=0, ge=0)
+    fault_rate: float = Field(default=0, ge=0, le=1, description="Share of requests that fail.")
+    faults: list[
+        Literal["429", "429-no-retry-after", "500", "502", "503", "402", "timeout", "stream-cut",
+                "200-error", "malformed-json", "empty-choices", "length-empty", "leak"]
+    ] = Field(default_factory=list)
+    seed: int = 0
+
+
+class ApiSpec(Model):
+    base_url: str = Field(
+        description='OpenAI-compatible base URL, e.g. https://openrouter.ai/api/v1; "simulated" '
+        "starts the built-in simulator on loopback."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret with the API key (in cluster). Locally: env EYRIE_API_KEY."
+    )
+    provider: ProviderSpec | None = None
+    max_concurrency: int = Field(default=16, ge=1, le=100_000)
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    request_timeout_seconds: float = Field(default=600, gt=0)
+    max_retries: int = Field(default=8, ge=0, le=100)
+    stream: bool = Field(default=True, description="Use SSE streaming (keeps long requests alive).")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    simulator: SimulatorSpec | None = None
+    headers: dict[str, str] | None = Field(
+        default=None, description="Extra request headers (e.g. HTTP-Referer, X-Title). Not secrets."
+    )
+
+
+class GateSpec(Model):
+    enabled: bool = True
+    canary_samples: int = Field(default=200, ge=1)
+    min_tool_call_rate: float = Field(default=0.10, ge=0, le=1)
+    max_invalid_call_rate: float = Field(default=0.02, ge=0, le=1)
+    max_leak_rate: float = Field(default=0.0, ge=0, le=1)
+
+
+class ToolsSpec(Model):
+    mode: Literal["structured", "text", "audit"] = "structured"
+    on_invalid_call: Literal["drop", "keep", "flag"] = "drop"
+    gate: GateSpec = Field(default_factory=GateSpec)
+
+
+class PricingSpec(Model):
+    input_per_million: USD = Field(description="USD per million prompt tokens (decimal string).")
+    output_per_million: USD = Field(description="USD per million completion tokens (decimal string).")
+
+    _money = field_validator("input_per_million", "output_per_million", mode="before")(
+        lambda v: _usd(v)
+    )
+
+    @field_validator("input_per_million", "output_per_million")
+    @classmethod
+    def _non_negative(cls, v: Decimal) -> Decimal:
+        if v < 0:
+            raise ValueError("must not be negative")
+        return v
+
+
+class BudgetSpec(Model):
+    max_usd: USD = Field(alias="maxUSD", description="Hard cap in USD (decimal string); spend never exceeds it.")
+    pricing: PricingSpec | None = Field(
+        default=None, description="Prices for reservations; required unless the API is simulated."
+    )
+
+    _money = field_validator("max_usd", mode="before")(lambda v: _usd(v))
+
+    @field_validator("max_usd")
+    @classmethod
+    def _positive(cls, v: Decimal) -> Decimal:
+        if v <= 0:
+            raise ValueError("must be greater than 0")
+        return v
+
+
+class RaySpec(Model):
+    mode: Literal["RayJob", "Submit", "Local"] = "Local"
+    image: str | None = None
+    address: str | None = Field(default=None, description="Ray dashboard address for Submit mode.")
+    workers: int = Field(default=1, ge=1, le=1000)
+    cpus_per_worker: float = Field(default=1, gt=0)
+    memory_per_worker: str | None = Field(default=None, description="Kubernetes quantity, e.g. 4Gi.")
+
+
+class GenerationSpec(Model):
+    shards: int = Field(default=4, ge=1, le=100_000)
+    part_records: int = Field(default=256, ge=1, description="Records per part file before it is flushed.")
+    flush_seconds: float = Field(default=2.0, gt=0, description="Longest a response waits in memory.")
+    ray: RaySpec = Field(default_factory=RaySpec)
+
+
+class Toleration(Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class ExtractionSpec(Model):
+    enabled: bool = False
+    engine: Literal["sglang", "transformers"] = "transformers"
+    model: str | None = Field(default=None, description="Model to run; defaults to target.tokenizer.")
+    image: str | None = None
+    layers: Literal["auto"] | list[int] = Field(
+        default="auto", description="auto = the family's EAGLE-3 convention, or explicit layer ids."
+    )
+    dtype: Literal["bfloat16", "float16", "float32", "float8"] = "bfloat16"
+    gpus_per_pod: int = Field(default=1, ge=0)
+    pods: int = Field(default=1, ge=1)
+    max_tokens_per_batch: int = Field(default=16384, ge=1)
+    shard_bytes: int = Field(default=1 << 30, ge=1 << 16, description="Target bytes per hidden shard.")
+    device: str | None = Field(default=None, description="transformers backend: cpu, cuda (default: auto).")
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = None
+    trust_remote_code: bool = False
+
+
+class CredentialsRef(Model):
+    name: str = Field(description="Secret with the S3 credentials.")
+    access_key_key: str = Field(default="accessKey", description="Key holding the access key.")
+    secret_key_key: str = Field(default="secretKey", description="Key holding the secret key.")
+
+
+class OutputSpec(Model):
+    uri: str = Field(description="s3://bucket/prefix or file:///path (a local path is accepted).")
+    endpoint: str | None = Field(default=None, description="S3 endpoint, e.g. http://minio.minio.svc:9000.")
+    region: str | None = None
+    credentials_secret_ref: CredentialsRef | None = None
+
+    @field_validator("uri")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if "://" in v and not v.startswith(("file://", "s3://")):
+            raise ValueError("must be s3://bucket/prefix or file:///path")
+        if v.startswith("s3://") and len(v) <= len("s3://"):
+            raise ValueError("s3:// URI needs a bucket")
+        return v
+
+
+class DatasetGenerationSpec(Model):
+    suspend: bool = Field(default=False, description="Like batch/v1 Job; set by the operator on budget/drift stops.")
+    sources: list[SourceSpec] = Field(min_length=1)
+    target: TargetSpec
+    api: ApiSpec
+    tools: ToolsSpec = Field(default_factory=ToolsSpec)
+    budget: BudgetSpec
+    generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    extraction: ExtractionSpec = Field(default_factory=ExtractionSpec)
+    output: OutputSpec
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> DatasetGenerationSpec:
+        names = [s.name for s in self.sources]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"sources: duplicate source names {dupes}")
+        if self.budget.pricing is None and self.api.base_url != SIMULATED:
+            raise ValueError("budget.pricing: required for a real API (reservations need prices)")
+        if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
+            raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
+        if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):
+            raise ValueError("extraction.model: required when extraction is enabled (or set target.tokenizer)")
+        if self.extraction.enabled and not self.target.tokenizer:
+            raise ValueError("target.tokenizer: extraction needs reconstructed samples, which need a tokenizer")
+        return self
+
+    def spec_hash(self) -> str:
+        """Hash of what determines the data (not suspend/budget), recorded in the manifest."""
+        d = self.dump()
+        for k in ("suspend", "budget"):
+            d.pop(k, None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------- status
+
+
+class Condition(Model):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class SampleCounts(Model):
+    total: int = 0
+    done: int = 0
+    dropped: int = 0
+    failed: int = 0
+
+
+class TokenCounts(Model):
+    input: int = 0
+    output: int = 0
+
+
+class ToolMetrics(Model):
+    declared_prompts: int = 0
+    call_rate: float = 0.0
+    invalid_calls: int = 0
+    leaks: int = 0
+
+
+class ExtractionStatus(Model):
+    shards_done: int = 0
+    shards_total: int = 0
+    bytes: int = 0
+
+
+Phase = Literal["Pending", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
+
+
+class DatasetGenerationStatus(Model):
+    phase: Phase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    spent_usd: str | None = Field(default=None, alias="spentUSD")
+    reserved_usd: str | None = Field(default=None, alias="reservedUSD")
+    samples: SampleCounts | None = None
+    tokens: TokenCounts | None = None
+    tools: ToolMetrics | None = None
+    extraction: ExtractionStatus | None = None
+    output_manifest: str | None = None
+    attempt: str | None = None
+    observed_generation: int | None = None
+
+
+# aliases that to_camel would get wrong ("maxUSD", "spentUSD") are set explicitly above; pydantic
+# applies an explicit alias to both validation and serialization.
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str | None = None
+    namespace: str | None = None
+
+
+class DatasetGeneration(Model):
+    api_version: Literal["eyrie.dev/v1alpha1"] = API_VERSION
+    kind: Literal["DatasetGeneration"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: DatasetGenerationSpec
+    status: DatasetGenerationStatus | None = None
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(root)"
+
+
+def _problems(err: ValidationError, prefix: str) -> list[tuple[str, str]]:
+    problems = []
+    for e in err.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        # a model-level validator reports "path: message" in its text; lift the path out.
+        if not loc and msg.startswith("Value error, ") and ": " in msg:
+            path, _, rest = msg.removeprefix("Value error, ").partition(": ")
+            problems.append((f"{prefix}.{path}" if prefix else path, rest))
+            continue
+        msg = msg.removeprefix("Value error, ")
+        full = _loc(tuple(loc))
+        problems.append((f"{prefix}.{full}" if prefix and full != "(root)" else (prefix or full), msg))
+    return problems
+
+
+def parse_spec(doc: Any) -> DatasetGeneration:
+    """Accept a full resource (apiVersion/kind/spec) or a bare spec mapping; raise SpecError."""
+    if not isinstance(doc, dict):
+        raise SpecError([("(root)", "must be a mapping (a DatasetGeneration resource or its spec)")])
+    if "spec" in doc or "kind" in doc or "apiVersion" in doc:
+        problems: list[tuple[str, str]] = []
+        if doc.get("kind", KIND) != KIND:
+            problems.append(("kind", f"must be {KIND}"))
+        if doc.get("apiVersion", API_VERSION) != API_VERSION:
+            problems.append(("apiVersion", f"must be {API_VERSION}"))
+        if problems:
+            raise SpecError(problems)
+        try:
+            return DatasetGeneration.model_validate(doc)
+        except ValidationError as e:
+            raise SpecError(_problems(e, "")) from None
+    try:
+        return DatasetGeneration(spec=DatasetGenerationSpec.model_validate(doc))
+    except ValidationError as e:
+        raise SpecError(_problems(e, "spec")) from None
+
+
+def load_spec(path: str | Path) -> DatasetGeneration:
+    """Read a YAML/JSON file holding one DatasetGeneration (or its spec)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError([("(file)", f"cannot read {p}: {e.strerror}")]) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise SpecError([("(file)", f"{p} is not valid YAML: {e}")]) from None
+    if len(docs) != 1:
+        raise SpecError([("(file)", f"{p} must hold exactly one document, found {len(docs)}")])
+    dg = parse_spec(docs[0])
+    if dg.metadata.name is None:
+        dg.metadata.name = p.stem
+    return dg

@@ -1,0 +1,294 @@
+"""Object store: `file://` directories and `s3://` buckets behind one small interface.
+
+Every write is atomic: a local write goes to a temporary file that is renamed into place, and an S3
+write is a single PUT, so a reader never sees half an object. Keys are '/'-separated and relative
+to the store's root (the run's output URI).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+from urllib.parse import urlparse
+
+T = TypeVar("T")
+
+
+class StoreError(RuntimeError):
+    """The store cannot be reached or written; the message names the URI, never a credential."""
+
+
+class NotFound(StoreError, KeyError):
+    """The key does not exist."""
+
+
+class Store(Protocol):
+    uri: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def get_range(self, key: str, offset: int, length: int) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def delete(self, key: str) -> None: ...
+    def size(self, key: str) -> int: ...
+    def url(self, key: str) -> str: ...
+    def check_writable(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:  # never print a secret, even by accident
+        return "S3Credentials(***)"
+
+
+def _clean_key(key: str) -> str:
+    key = key.strip("/")
+    if not key or any(part in ("", ".", "..") for part in key.split("/")):
+        raise StoreError(f"invalid store key {key!r}")
+    return key
+
+
+class FileStore:
+    """A local directory. Atomic via write-to-temp + os.replace in the same directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+        self.uri = f"file://{self.root}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / _clean_key(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            raise StoreError(f"cannot write {self.url(key)}: {e.strerror or e}") from None
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise NotFound(f"{self.url(key)} does not exist") from None
+        except OSError as e:
+            raise StoreError(f"cannot read {self.url(key)}: {e.strerror or e}") from None
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            with self._path(key).open("rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        except FileNotFoundError:
+            raise NotFound(f"{self.url(key)} does not exist") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def size(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except FileNotFoundError:
+            raise NotFound(f"{self.url(key)} does not exist") from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self.root / prefix.strip("/") if prefix.strip("/") else self.root
+        if not base.exists():
+            return []
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    continue  # an unfinished atomic write
+                out.append(str(Path(dirpath, name).relative_to(self.root)).replace(os.sep, "/"))
+        return sorted(out)
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key.strip('/')}"
+
+    def check_writable(self) -> None:
+        probe = f".eyrie-write-check-{os.getpid()}"
+        self.put(probe, b"ok")
+        self.delete(probe)
+
+
+class S3Store:
+    """An S3 bucket/prefix through the minio SDK. Transient failures are retried with backoff."""
+
+    RETRIES = 6
+
+    def __init__(self, uri: str, endpoint: str | None, credentials: S3Credentials | None,
+                 region: str | None = None):
+        from minio import Minio
+
+        parsed = urlparse(uri)
+        self.bucket = parsed.netloc
+        self.prefix = parsed.path.strip("/")
+        self.uri = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
+        ep = urlparse(endpoint or "https://s3.amazonaws.com")
+        if not ep.netloc:
+            raise StoreError(f"output.endpoint {endpoint!r} is not a URL such as http://minio:9000")
+        self._client = Minio(
+            ep.netloc,
+            access_key=credentials.access_key if credentials else None,
+            secret_key=credentials.secret_key if credentials else None,
+            secure=ep.scheme == "https",
+            region=region,
+        )
+
+    def _key(self, key: str) -> str:
+        key = _clean_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        from minio.error import S3Error
+
+        delay = 0.5
+        for attempt in range(self.RETRIES + 1):
+            try:
+                return fn()
+            except S3Error as e:
+                if e.code in ("NoSuchKey", "NoSuchObject", "NoSuchBucket") and what.startswith("get"):
+                    raise NotFound(f"{what}: {e.code}") from None
+                if e.code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                              "NoSuchBucket") or attempt == self.RETRIES:
+                    raise StoreError(f"{what} failed: {e.code}: {e.message}") from None
+            except Exception as e:  # connection refused/reset, timeouts: the server may come back
+                if attempt == self.RETRIES:
+                    raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
+        raise AssertionError("unreachable")
+
+    def put(self, key: str, data: bytes) -> None:
+        k = self._key(key)
+        self._retry(f"put {self.url(key)}", lambda: self._client.put_object(
+            self.bucket, k, io.BytesIO(data), len(data)))
+
+    def get(self, key: str) -> bytes:
+        k = self._key(key)
+
+        def read() -> bytes:
+            resp = self._client.get_object(self.bucket, k)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._retry(f"get {self.url(key)}", read)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        k = self._key(key)
+
+        def read() -> bytes:
+            resp = self._client.get_object(self.bucket, k, offset=offset, length=length)
+            try:
+                return resp.read()
+            finally:
+                resp.close()
+                resp.release_conn()
+
+        return self._retry(f"get {self.url(key)}", read)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+            return True
+        except NotFound:
+            return False
+
+    def size(self, key: str) -> int:
+        k = self._key(key)
+        return self._retry(f"get (stat) {self.url(key)}", lambda: self._client.stat_object(self.bucket, k).size)
+
+    def list(self, prefix: str = "") -> list[str]:
+        p = self._key(prefix) + "/" if prefix.strip("/") else (f"{self.prefix}/" if self.prefix else "")
+        strip = len(self.prefix) + 1 if self.prefix else 0
+
+        def ls() -> list[str]:
+            return sorted(o.object_name[strip:] for o in self._client.list_objects(
+                self.bucket, prefix=p, recursive=True) if not o.is_dir)
+
+        try:
+            return self._retry(f"get (list) {self.uri}/{prefix}", ls)
+        except NotFound:
+            return []
+
+    def delete(self, key: str) -> None:
+        k = self._key(key)
+        self._retry(f"delete {self.url(key)}", lambda: self._client.remove_object(self.bucket, k))
+
+    def url(self, key: str) -> str:
+        return f"{self.uri}/{key.strip('/')}"
+
+    def ensure_bucket(self) -> None:
+        if not self._retry(f"check bucket s3://{self.bucket}", lambda: self._client.bucket_exists(self.bucket)):
+            self._retry(f"create bucket s3://{self.bucket}", lambda: self._client.make_bucket(self.bucket))
+
+    def check_writable(self) -> None:
+        self.ensure_bucket()
+        probe = f".eyrie-write-check-{os.getpid()}"
+        self.put(probe, b"ok")
+        self.delete(probe)
+
+
+def s3_credentials_from_env() -> S3Credentials | None:
+    ak, sk = os.environ.get("EYRIE_S3_ACCESS_KEY"), os.environ.get("EYRIE_S3_SECRET_KEY")
+    return S3Credentials(ak, sk) if ak and sk else None
+
+
+def open_store(uri: str, endpoint: str | None = None, credentials: S3Credentials | None = None,
+               region: str | None = None) -> Store:
+    """Open the store at `uri`; S3 credentials default to EYRIE_S3_ACCESS_KEY/EYRIE_S3_SECRET_KEY."""
+    if uri.startswith("s3://"):
+        return S3Store(uri, endpoint or os.environ.get("EYRIE_S3_ENDPOINT"),
+                       credentials or s3_credentials_from_env(), region)
+    if uri.startswith("file://"):
+        return FileStore(urlparse(uri).path)
+    if "://" in uri:
+        raise StoreError(f"unsupported store URI {uri!r}: use s3:// or file://")
+    return FileStore(uri)
+
+
+def open_output(spec) -> Store:  # spec: DatasetGenerationSpec (untyped to keep this module light)
+    return open_store(spec.output.uri, spec.output.endpoint, None, spec.output.region)
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """`s3://b/p/file.jsonl` -> (`s3://b/p`, `file.jsonl`): the folder store and the key in it."""
+    if uri.startswith("s3://"):
+        parsed = urlparse(uri)
+        path = parsed.path.strip("/")
+        head, _, name = path.rpartition("/")
+        return f"s3://{parsed.netloc}" + (f"/{head}" if head else ""), name
+    path = Path(urlparse(uri).path if uri.startswith("file://") else uri).expanduser()
+    return f"file://{path.parent.resolve()}", path.name
+
+
+def read_uri(uri: str, endpoint: str | None = None) -> bytes:
+    """Read one object given its full URI (prompt files, tokenizer files)."""
+    folder, name = split_uri(uri)
+    return open_store(folder, endpoint).get(name)

@@ -1,0 +1,1 @@
+"""eyrie control plane: the kopf operator."""

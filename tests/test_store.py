@@ -1,0 +1,67 @@
+import pytest
+
+from eyrie.jobs.store import FileStore, NotFound, StoreError, open_store, split_uri
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path):
+    if request.param == "file":
+        return open_store(f"file://{tmp_path}/out")
+    bucket = request.getfixturevalue("s3_bucket")
+    s = open_store(f"{bucket}/run/one")
+    s.check_writable()
+    return s
+
+
+def test_put_get_list_range_delete(store):
+    store.put("generations/shard-00001/part-00000.jsonl.gz", b"abc")
+    store.put("progress.json", b"{}")
+    store.put("progress.json", b'{"a": 1}')  # overwrite is atomic
+    assert store.get("progress.json") == b'{"a": 1}'
+    assert store.get_range("generations/shard-00001/part-00000.jsonl.gz", 1, 2) == b"bc"
+    assert store.size("progress.json") == 8
+    assert store.list() == ["generations/shard-00001/part-00000.jsonl.gz", "progress.json"]
+    assert store.list("generations") == ["generations/shard-00001/part-00000.jsonl.gz"]
+    assert store.list("nothing-here") == []
+    assert store.exists("progress.json") and not store.exists("missing.json")
+    with pytest.raises(NotFound):
+        store.get("missing.json")
+    store.delete("progress.json")
+    assert not store.exists("progress.json")
+
+
+def test_file_store_never_lists_unfinished_writes(tmp_path):
+    s = FileStore(tmp_path)
+    (tmp_path / ".x.json.abc.tmp").write_bytes(b"half")
+    s.put("x.json", b"whole")
+    assert s.list() == ["x.json"]
+
+
+def test_bad_keys_and_schemes_are_refused(tmp_path):
+    s = FileStore(tmp_path)
+    with pytest.raises(StoreError):
+        s.put("../escape", b"x")
+    with pytest.raises(StoreError, match="unsupported store URI"):
+        open_store("http://example.invalid/x")
+
+
+def test_unwritable_store_is_reported(tmp_path):
+    (tmp_path / "file").write_text("not a dir")
+    with pytest.raises(StoreError, match="cannot write"):
+        FileStore(tmp_path / "file").check_writable()
+
+
+def test_wrong_s3_credentials_fail_without_echoing_them(s3_server, tmp_path):
+    from eyrie.jobs.store import S3Credentials
+
+    s = open_store("s3://nobucket/x", s3_server.endpoint, S3Credentials("wrong", "very-secret-value"))
+    with pytest.raises(StoreError) as e:
+        s.check_writable()
+    assert "very-secret-value" not in str(e.value)
+
+
+def test_split_uri():
+    assert split_uri("s3://b/p/q/f.jsonl") == ("s3://b/p/q", "f.jsonl")
+    assert split_uri("s3://b/f.jsonl") == ("s3://b", "f.jsonl")
+    folder, name = split_uri("file:///tmp/a/b.parquet")
+    assert folder == "file:///tmp/a" and name == "b.parquet"
