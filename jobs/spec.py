@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -58,9 +59,13 @@ def _usd(value: Any) -> Decimal:
     return d
 
 
-USD = Annotated[Decimal, PlainSerializer(lambda d: str(d), return_type=str)]
-# JSON-schema hints for the CRD generator (see jobs/crd.py): money is a string with a pattern.
+# Money is a decimal string in YAML and in the CRD (floats would round cents away).
 MONEY_PATTERN = r"^[0-9]+(\.[0-9]+)?$"
+USD = Annotated[
+    Decimal,
+    PlainSerializer(lambda d: str(d), return_type=str),
+    WithJsonSchema({"type": "string", "pattern": MONEY_PATTERN}),
+]
 
 
 class Model(BaseModel):

@@ -1,0 +1,312 @@
+"""A shard worker: sends one shard's prompts at a time, checks each answer, persists each once.
+
+Persistence is the exactly-once boundary. A shard's ids already in the store are skipped; every
+answer goes into the shard's next part within `generation.flushSeconds`, written atomically. A
+worker killed between an answer and its flush loses only that answer (it is asked again on rerun),
+which is why flushes are frequent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from eyrie.jobs import records, tools
+from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed
+from eyrie.jobs.budget import Pricing, UnpriceableRequest, actual_cost, worst_case
+from eyrie.jobs.coordinator import Observation, Outcome
+from eyrie.jobs.sources import BadRow, Prompt
+from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.store import Store
+
+TOKENS_PER_MESSAGE = 16  # role markers and separators a chat template adds per message
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def estimate_prompt_tokens(messages: list[dict], tool_list: list[dict] | None,
+                           count: Callable[[str], int] | None = None) -> int:
+    """An upper bound on prompt tokens. Without a tokenizer it is the UTF-8 byte count: a
+    byte-level BPE token is never shorter than one byte, so the bound holds for any such model."""
+    import orjson
+
+    text = orjson.dumps(messages)
+    if tool_list:
+        text += orjson.dumps(tool_list)
+    overhead = TOKENS_PER_MESSAGE * (len(messages) + 1) + (TOKENS_PER_MESSAGE * len(tool_list or ()))
+    if count is not None:
+        return int(count(text.decode()) * 1.05) + overhead
+    return len(text) + overhead
+
+
+def build_body(spec: DatasetGenerationSpec, messages: list[dict], tool_list: list[dict] | None) -> dict:
+    """The request body as sent (and as recorded: it never holds a secret)."""
+    s = spec.api.sampling
+    body: dict[str, Any] = {"model": spec.target.model, "messages": messages, "max_tokens": s.max_tokens}
+    if tool_list:
+        body["tools"] = tool_list
+    if s.temperature is not None:
+        body["temperature"] = s.temperature
+    if s.top_p is not None:
+        body["top_p"] = s.top_p
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.reasoning is not None:
+        body["reasoning"] = s.reasoning.dump()
+    if spec.api.provider is not None:
+        p = spec.api.provider.dump()
+        # OpenRouter's provider object is snake_case.
+        body["provider"] = {
+            {"allowFallbacks": "allow_fallbacks", "requireParameters": "require_parameters",
+             "dataCollection": "data_collection"}.get(k, k): v for k, v in p.items()}
+    return body
+
+
+def max_output_tokens(spec: DatasetGenerationSpec) -> int:
+    s = spec.api.sampling
+    extra = s.reasoning.max_tokens if s.reasoning and s.reasoning.max_tokens else 0
+    return s.max_tokens + extra
+
+
+@dataclass
+class PartWriter:
+    """Buffers one shard's records and writes them as numbered, atomic parts."""
+
+    store: Store
+    shard: int
+    next_part: int
+    buffer: list[records.Record] = field(default_factory=list)
+    oldest: float = 0.0
+    written: int = 0
+
+    def add(self, rec: records.Record) -> None:
+        if not self.buffer:
+            self.oldest = time.monotonic()
+        self.buffer.append(rec)
+
+    def take(self) -> tuple[str, list[records.Record]] | None:
+        if not self.buffer:
+            return None
+        key = records.part_key(self.shard, self.next_part)
+        out, self.buffer = self.buffer, []
+        self.next_part += 1
+        self.written += len(out)
+        return key, out
+
+
+def scan_shard(store: Store, shard: int) -> tuple[set[str], int]:
+    """Ids already persisted in a shard and the number of its next part."""
+    done: set[str] = set()
+    last = -1
+    for _s, part, key in records.list_parts(store, shard):
+        last = max(last, part)
+        done.update(r["sample_id"] for r in records.decode_part(store.get(key)))
+    return done, last + 1
+
+
+# The coordinator seen from a worker: in-process it is the object, under Ray an actor handle.
+Call = Callable[..., Awaitable[Any]]
+
+
+class ShardWorker:
+    def __init__(self, spec_json: str, worker_id: str, attempt: str, base_url: str, api_key: str | None,
+                 concurrency: int, rpm: int | None, tpm: int | None,
+                 coordinator: Any, shard_prompts: dict[int, Any], store: Store | None = None,
+                 is_actor: bool = False):
+        self.spec = DatasetGenerationSpec.model_validate_json(spec_json)
+        self.worker_id = worker_id
+        self.attempt = attempt
+        self.base_url = base_url
+        self.api_key = api_key
+        self.concurrency = concurrency
+        self.rpm, self.tpm = rpm, tpm
+        self._coord = coordinator
+        self._is_actor = is_actor
+        self.shard_prompts = shard_prompts
+        self.store = store
+        self.pricing = (Pricing(self.spec.budget.pricing.input_per_million,
+                                self.spec.budget.pricing.output_per_million)
+                        if self.spec.budget.pricing else None)
+        self.max_out = max_output_tokens(self.spec)
+        self.mode = "text" if self.spec.tools.mode == "text" else "structured"
+        self.stopping = False
+        self.writers: dict[int, PartWriter] = {}
+        self.pending: dict[int, int] = {}
+        self.fed: set[int] = set()
+        self.persisted = 0
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        fn = getattr(self._coord, method)
+        if self._is_actor:
+            return await fn.remote(*args)
+        res = fn(*args)
+        return await res if asyncio.iscoroutine(res) else res
+
+    def _store(self) -> Store:
+        if self.store is None:
+            from eyrie.jobs.store import open_output
+
+            self.store = open_output(self.spec)
+        return self.store
+
+    async def run(self) -> int:
+        """Process shards until none are left or the run stops; returns records persisted."""
+        queue: asyncio.Queue = asyncio.Queue(maxsize=self.concurrency * 2)
+        async with ChatClient(
+            self.base_url, self.api_key, timeout=self.spec.api.request_timeout_seconds,
+            max_retries=self.spec.api.max_retries, max_concurrency=self.concurrency,
+            requests_per_minute=self.rpm, tokens_per_minute=self.tpm, stream=self.spec.api.stream,
+            headers=self.spec.api.headers,
+        ) as client:
+            self.client = client
+            consumers = [asyncio.create_task(self._consume(queue)) for _ in range(self.concurrency)]
+            flusher = asyncio.create_task(self._flush_loop())
+            try:
+                await self._feed(queue)
+            finally:
+                for _ in consumers:
+                    await queue.put(None)
+                results = await asyncio.gather(*consumers, return_exceptions=True)
+                flusher.cancel()
+                await self._flush(force=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        return self.persisted
+
+    async def _feed(self, queue: asyncio.Queue) -> None:
+        while not self.stopping:
+            shard = await self._call("next_shard", self.worker_id)
+            if shard is None:
+                return
+            prompts = self.shard_prompts[shard]
+            if not isinstance(prompts, list):  # a Ray object ref
+                prompts = await prompts
+            done, next_part = await asyncio.to_thread(scan_shard, self._store(), shard)
+            self.writers[shard] = PartWriter(self._store(), shard, next_part)
+            todo = [p for p in prompts if p[0] not in done]
+            self.pending[shard] = len(todo)
+            for item in todo:
+                if self.stopping:
+                    break
+                await queue.put((shard, item))
+            self.fed.add(shard)
+            if not todo:
+                await self._shard_finished(shard)
+
+    async def _consume(self, queue: asyncio.Queue) -> None:
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            shard, (sid, prompt) = item
+            if self.stopping:
+                continue
+            rec = await self._process(sid, prompt)
+            if rec is not None:
+                self.writers[shard].add(rec)
+                self.pending[shard] -= 1
+                if len(self.writers[shard].buffer) >= self.spec.generation.part_records:
+                    await self._write(self.writers[shard])
+                if self.pending[shard] == 0 and shard in self.fed:
+                    await self._shard_finished(shard)
+
+    async def _shard_finished(self, shard: int) -> None:
+        await self._write(self.writers[shard])
+        await self._call("shard_done", shard)
+
+    async def _write(self, writer: PartWriter) -> None:
+        taken = writer.take()
+        if taken is not None:
+            key, recs = taken
+            await asyncio.to_thread(writer.store.put, key, records.encode_part(recs))
+            self.persisted += len(recs)
+
+    async def _flush(self, force: bool = False) -> None:
+        horizon = time.monotonic() - self.spec.generation.flush_seconds
+        for w in list(self.writers.values()):
+            if w.buffer and (force or w.oldest <= horizon):
+                await self._write(w)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.05, self.spec.generation.flush_seconds / 4))
+            await self._flush()
+
+    def _base_record(self, sid: str, prompt: Prompt | BadRow) -> records.Record:
+        return {"sample_id": sid, "source": prompt.source, "row": prompt.row, "attempt": self.attempt,
+                "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0", "attempts": 0,
+                "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
+
+    async def _process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
+        """One prompt -> one record, or None when the run stopped before it was sent."""
+        rec = self._base_record(sid, prompt)
+        if isinstance(prompt, BadRow):
+            rec.update(status="rejected", request=None, error={"type": "bad_row", "message": prompt.reason})
+            self._stop_if(await self._call("finish", None, None, False, Observation("rejected")))
+            return rec
+        prepared = tools.prepare_prompt(prompt, self.mode)
+        if isinstance(prepared, tools.Rejected):
+            rec.update(status="rejected", request=None,
+                       error={"type": "bad_declaration", "message": prepared.reason})
+            self._stop_if(await self._call("finish", None, None, False, Observation("rejected")))
+            return rec
+        body = build_body(self.spec, prepared.messages, prepared.tools)
+        rec["request"] = body
+        declared = bool(prepared.declared_tools)
+        est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools)
+        try:
+            amount = worst_case(self.pricing, est, self.max_out) if self.pricing else Decimal(0)
+        except UnpriceableRequest as e:
+            await self._call("stop", Outcome.FAILED, str(e))
+            self.stopping = True
+            return None
+        rid = await self._call("reserve", self.worker_id, amount)
+        if rid is None:
+            self.stopping = True
+            return None
+        try:
+            done = await self.client.complete(body, est_tokens=est)
+        except InsufficientCredits as e:
+            await self._call("finish", rid, None, False, Observation("failed", error_kind="402"))
+            await self._call("stop", Outcome.INSUFFICIENT_CREDITS, f"the provider reports insufficient "
+                             f"credits (HTTP 402): {e}; add credits, then resume")
+            self.stopping = True
+            return None
+        except AuthError as e:
+            await self._call("finish", rid, None, False, Observation("failed", error_kind="auth"))
+            await self._call("stop", Outcome.FAILED, str(e))
+            self.stopping = True
+            return None
+        except RequestFailed as e:
+            rec.update(status="failed", attempts=e.attempts, error={"type": e.kind, "message": str(e)})
+            obs = Observation("failed", declared=declared, retries=max(0, e.attempts - 1), error_kind=e.kind)
+            self._stop_if(await self._call("finish", rid, None, False, obs))
+            return rec
+        cost = actual_cost(self.pricing, done.usage, done.cost)
+        if cost is None and self.pricing is None:
+            cost = Decimal(0)  # the simulator without pricing and without usage: nothing to charge
+        check = tools.check_response(prepared, done.response)
+        verdict = tools.policy(check, self.spec.tools.on_invalid_call)
+        usage = done.usage or {}
+        rec.update(status="ok", response=done.response, usage=done.usage, attempts=done.attempts,
+                   costUSD=str(cost if cost is not None else amount), checks=check.to_record(),
+                   policy=verdict)
+        obs = Observation("ok", policy=verdict, declared=declared, called=check.called,
+                          calls=len(done.response.get("tool_calls") or ()), invalid_calls=check.invalid_calls,
+                          leaked=check.leaked, input_tokens=int(usage.get("prompt_tokens") or 0),
+                          output_tokens=int(usage.get("completion_tokens") or 0),
+                          retries=done.attempts - 1)
+        self._stop_if(await self._call("finish", rid, cost, True, obs))
+        return rec
+
+    def _stop_if(self, stop: bool) -> None:
+        if stop:
+            self.stopping = True
