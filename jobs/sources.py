@@ -1,0 +1,314 @@
+"""Prompt readers: JSONL, JSONL.gz and Parquet rows in the `openai`, `sharegpt` and `glaive` formats.
+
+A source yields one `Prompt` per good row and one `BadRow` per row it cannot use, so a single bad row
+is counted and reported (with its 0-based row number) instead of stopping a paid run. Only a source
+that cannot be opened at all raises `SourceError`; `check_source` finds that before any request.
+
+Row numbers are stable: for JSONL they are the 0-based line index (blank lines keep their number but
+yield nothing), for Parquet the 0-based row index. They feed the sample id, so they must not shift.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlparse
+
+import orjson
+from eyrie.jobs.spec import SourceSpec
+from eyrie.jobs.store import NotFound, StoreError, open_store, read_uri, split_uri
+
+PARQUET_BATCH_ROWS = 1024
+
+
+class SourceError(RuntimeError):
+    """A source that cannot be read at all (missing, unreadable, unsupported); names source and URI."""
+
+
+@dataclass
+class Prompt:
+    """One request's worth of conversation: `messages` end with the user turn to answer.
+
+    `tools` are the OpenAI tools the row gives structurally (None when it gives none); tools declared
+    as text in the system message stay there until `eyrie.jobs.tools.prepare_prompt` moves them.
+    """
+
+    source: str
+    row: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    fmt: str
+
+    def content(self) -> dict[str, Any]:
+        """What identifies the prompt for `records.sample_id` (messages and row tools)."""
+        return {"messages": self.messages, "tools": self.tools}
+
+
+@dataclass
+class BadRow:
+    """A row that yields no prompt; `reason` says what is wrong in terms a user can fix."""
+
+    source: str
+    row: int
+    reason: str
+
+
+class _RowError(ValueError):
+    """Internal: a row-level problem, turned into a BadRow by the reader."""
+
+
+# ------------------------------------------------------------------------------------------ I/O
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _local_path(uri: str) -> Path:
+    return Path(urlparse(uri).path if uri.startswith("file://") else uri).expanduser()
+
+
+def _is_parquet(uri: str) -> bool:
+    return uri.rstrip("/").lower().endswith(".parquet")
+
+
+def check_source(source: SourceSpec, endpoint: str | None = None) -> None:
+    """Raise SourceError if the source's file is missing or unreadable; cheap (a stat, no download).
+
+    Call it for every source before the first paid request so a typo in a URI costs nothing.
+    """
+    uri = source.uri
+    try:
+        if _is_local(uri):
+            path = _local_path(uri)
+            if not path.is_file():
+                raise SourceError(f"source {source.name!r}: {uri} does not exist or is not a file")
+            with path.open("rb") as f:
+                f.read(1)
+            return
+        folder, name = split_uri(uri)
+        if not name:
+            raise SourceError(f"source {source.name!r}: {uri} names a bucket, not a file")
+        open_store(folder, endpoint).size(name)
+    except NotFound:
+        raise SourceError(f"source {source.name!r}: {uri} does not exist") from None
+    except StoreError as e:
+        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e}") from None
+    except OSError as e:
+        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e.strerror or e}") from None
+
+
+def _open_binary(source: SourceSpec, endpoint: str | None) -> IO[bytes]:
+    """A binary stream over the file: local files stream from disk, S3 objects are fetched once."""
+    check_source(source, endpoint)
+    uri = source.uri
+    try:
+        if _is_local(uri):
+            return _local_path(uri).open("rb")
+        # BytesIO shares the downloaded buffer (no copy), so the object is held once.
+        return io.BytesIO(read_uri(uri, endpoint))
+    except StoreError as e:
+        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e}") from None
+    except OSError as e:
+        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e.strerror or e}") from None
+
+
+def _raw_rows(source: SourceSpec, endpoint: str | None) -> Iterator[tuple[int, Any]]:
+    """(row number, decoded row or _RowError) in file order."""
+    f = _open_binary(source, endpoint)
+    with f:
+        if _is_parquet(source.uri):
+            yield from _parquet_rows(source, f)
+            return
+        magic = f.read(2)
+        f.seek(0)
+        stream: IO[bytes] = gzip.GzipFile(fileobj=f) if magic == b"\x1f\x8b" else f
+        i = -1
+        try:
+            for i, line in enumerate(stream):
+                if line.strip():
+                    yield i, _decode_line(line)
+        except (OSError, EOFError) as e:  # a truncated .gz: report it like a bad row, keep the rest
+            yield i + 1, _RowError(f"the file is corrupt from here on ({type(e).__name__}: {e})")
+
+
+def _decode_line(line: bytes) -> Any:
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as u:
+            return _RowError(f"invalid UTF-8 at byte {u.start}")
+        return _RowError(f"invalid JSON: {e}")
+
+
+def _parquet_rows(source: SourceSpec, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(f)
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"source {source.name!r}: {source.uri} is not a readable Parquet file: {e}"
+                          ) from None
+    i = 0
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+        for row in batch.to_pylist():
+            yield i, row
+            i += 1
+
+
+# ------------------------------------------------------------------------------------- formats
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
+               bool: "boolean", type(None): "null"}
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages ("array", not "list")."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "model": "assistant",
+    "function_call": "assistant",
+    "tool": "tool", "observation": "tool", "function_response": "tool", "ipython": "tool",
+}
+
+
+def _field(row: dict[str, Any], name: str) -> Any:
+    if name not in row or row[name] is None:
+        raise _RowError(f"missing field {name!r}")
+    return row[name]
+
+
+def _maybe_json(value: Any, what: str) -> Any:
+    """Parquet dumps often store nested fields as JSON text; accept both forms."""
+    if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as e:
+            raise _RowError(f"{what} is a string but not JSON: {e}") from None
+    return value
+
+
+def _clean_message(m: Any, i: int) -> dict[str, Any]:
+    if not isinstance(m, dict):
+        raise _RowError(f"message {i} is not an object")
+    role = m.get("role")
+    if role not in _ROLES:
+        raise _RowError(f"message {i} has unknown role {role!r}")
+    # Parquet struct columns fill absent keys with None; an API may reject e.g. "name": null.
+    return {k: v for k, v in m.items() if v is not None}
+
+
+def _up_to_last_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation up to and including the last user turn: the answer to it is what we buy."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "user":
+            return messages[: i + 1]
+    raise _RowError("no user turn")
+
+
+def _tools_field(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    tools = _maybe_json(row.get("tools"), "'tools'")
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _RowError("'tools' must be a list of objects")
+    return tools
+
+
+def _openai(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    messages = _maybe_json(_field(row, "messages"), "'messages'")
+    if not isinstance(messages, list):
+        raise _RowError("'messages' must be a list")
+    msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
+    return _up_to_last_user(msgs), _tools_field(row)
+
+
+def _sharegpt(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    conv = _maybe_json(_field(row, "conversations"), "'conversations'")
+    if not isinstance(conv, list):
+        raise _RowError("'conversations' must be a list")
+    msgs: list[dict[str, Any]] = []
+    system = row.get("system")  # LLaMA-Factory's sharegpt variant keeps it beside the turns
+    if isinstance(system, str) and system.strip():
+        msgs.append({"role": "system", "content": system})
+    for i, turn in enumerate(conv):
+        if not isinstance(turn, dict):
+            raise _RowError(f"turn {i} is not an object")
+        who, value = turn.get("from"), turn.get("value")
+        if who not in _SHAREGPT_ROLES:
+            raise _RowError(f"turn {i} has unknown 'from' {who!r}")
+        if not isinstance(value, str):
+            raise _RowError(f"turn {i} has no string 'value'")
+        msgs.append({"role": _SHAREGPT_ROLES[who], "content": value})
+    return _up_to_last_user(msgs), _tools_field(row)
+
+
+_GLAIVE_USER = re.compile(r"(?:^|\s)USER:[ \t]*")
+_GLAIVE_NEXT = re.compile(r"\s(?:ASSISTANT|USER|FUNCTION RESPONSE):")
+
+
+def glaive_first_user(chat: str) -> str:
+    """The first `USER:` turn of a glaive `chat` text (up to the next speaker tag)."""
+    m = _GLAIVE_USER.search(chat)
+    if not m:
+        raise _RowError("no USER turn in 'chat'")
+    rest = chat[m.end():]
+    end = _GLAIVE_NEXT.search(rest)
+    text = (rest[: end.start()] if end else rest).replace("<|endoftext|>", "").strip()
+    if not text:
+        raise _RowError("the first USER turn in 'chat' is empty")
+    return text
+
+
+def _glaive(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    system, chat = _field(row, "system"), _field(row, "chat")
+    if not isinstance(system, str) or not isinstance(chat, str):
+        raise _RowError("'system' and 'chat' must be strings")
+    msgs: list[dict[str, Any]] = []
+    text = system.strip().removeprefix("SYSTEM:").strip()
+    if text:  # declarations stay in the text; tools.prepare_prompt decides how to send them
+        msgs.append({"role": "system", "content": text})
+    msgs.append({"role": "user", "content": glaive_first_user(chat)})
+    return msgs, None
+
+
+_FORMATS = {"openai": _openai, "sharegpt": _sharegpt, "glaive": _glaive}
+
+
+def iter_source(source: SourceSpec, endpoint: str | None = None) -> Iterator[Prompt | BadRow]:
+    """Stream a source's prompts in file order; bad rows come out as BadRow, never as an exception.
+
+    `limit` counts rows taken, bad rows included (a row is taken once it yields a Prompt or a
+    BadRow; blank lines are not rows), so a limit of N always means the first N rows of the file.
+    The S3 endpoint defaults to EYRIE_S3_ENDPOINT (see `store.open_store`). Raises SourceError when
+    the file cannot be opened or is corrupt as a whole.
+    """
+    parse = _FORMATS[source.format]
+    taken = 0
+    for i, raw in _raw_rows(source, endpoint):
+        if source.limit is not None and taken >= source.limit:
+            return
+        taken += 1
+        try:
+            if isinstance(raw, _RowError):
+                raise raw
+            if not isinstance(raw, dict):
+                raise _RowError(f"row is a JSON {json_type_name(raw)}, not an object")
+            messages, tools = parse(raw)
+        except _RowError as e:
+            yield BadRow(source.name, i, str(e))
+            continue
+        yield Prompt(source.name, i, messages, tools, source.format)
