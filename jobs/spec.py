@@ -464,4 +464,8 @@ def load_spec(path: str | Path) -> DatasetGeneration:
     dg = parse_spec(docs[0])
     if dg.metadata.name is None:
         dg.metadata.name = p.stem
+    # a relative source path means "next to the spec file", as users of examples expect
+    for src in dg.spec.sources:
+        if "://" not in src.uri and not Path(src.uri).is_absolute():
+            src.uri = str((p.parent / src.uri).resolve())
     return dg
