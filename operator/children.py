@@ -1,0 +1,214 @@
+"""Pure manifest builders for the children of a DatasetGeneration: ConfigMap, RayJob, extraction Job.
+
+Names are deterministic functions of the parent (and the generation attempt), so a restarted
+operator finds what it created instead of creating it twice. Secrets are never copied into a
+manifest: the jobs receive them as env from `secretKeyRef`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
+
+ATTEMPT_ANNOTATION = "eyrie.dev/attempt"
+STOP_ANNOTATION = "eyrie.dev/stop-requested-at"
+DATASET_LABEL = "eyrie.dev/dataset"
+ROLE_LABEL = "eyrie.dev/role"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "eyrie"}
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+SPEC_DIR = "/etc/eyrie"
+SPEC_KEY = "spec.yaml"
+SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
+RAYJOB_API = ("ray.io", "v1", "rayjobs")
+GENERATION_ENTRYPOINT = f"eyrie run {SPEC_PATH} --until samples"
+
+
+class ChildSpecError(ValueError):
+    """The spec lacks something a cluster child needs; `field` is the spec path to fix."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+def configmap_name(name: str) -> str:
+    return f"{name}-spec"
+
+
+def generation_name(name: str, attempt: str) -> str:
+    return f"{name}-gen-{attempt}"
+
+
+def extraction_name(name: str) -> str:
+    return f"{name}-extract"
+
+
+def submission_id(namespace: str, name: str, attempt: str) -> str:
+    """The Ray submission id of one attempt: the same on every operator restart, never reused."""
+    return f"eyrie-{namespace}-{name}-{attempt}"
+
+
+def extraction_count(spec: DatasetGenerationSpec) -> int:
+    """Shard groups = pods: each pod loads the model once and extracts its share of the shards."""
+    return spec.extraction.pods
+
+
+def kueue_labels(labels: dict[str, str] | None) -> dict[str, str]:
+    return {k: v for k, v in (labels or {}).items() if k.startswith(KUEUE_PREFIX)}
+
+
+def _labels(name: str, role: str, parent_labels: dict[str, str] | None) -> dict[str, str]:
+    return {**MANAGED_BY, DATASET_LABEL: name, ROLE_LABEL: role, **kueue_labels(parent_labels)}
+
+
+def resolved_spec_yaml(name: str, namespace: str, spec: DatasetGenerationSpec) -> str:
+    """The spec with every default filled in, as the jobs read it (references to Secrets only)."""
+    doc = DatasetGeneration(metadata={"name": name, "namespace": namespace}, spec=spec).dump()
+    doc.pop("status", None)
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def configmap(name: str, namespace: str, spec: DatasetGenerationSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": configmap_name(name), "namespace": namespace,
+                     "labels": _labels(name, "spec", None)},
+        "data": {SPEC_KEY: resolved_spec_yaml(name, namespace, spec)},
+    }
+
+
+def _secret_env(var: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def secret_env(spec: DatasetGenerationSpec) -> list[dict[str, Any]]:
+    """API key and S3 credentials as env from the referenced Secrets (values never leave them)."""
+    env = []
+    if spec.api.api_key_secret_ref is not None:
+        ref = spec.api.api_key_secret_ref
+        env.append(_secret_env("EYRIE_API_KEY", ref.name, ref.key))
+    creds = spec.output.credentials_secret_ref
+    if creds is not None:
+        env.append(_secret_env("EYRIE_S3_ACCESS_KEY", creds.name, creds.access_key_key))
+        env.append(_secret_env("EYRIE_S3_SECRET_KEY", creds.name, creds.secret_key_key))
+    return env
+
+
+def _env(spec: DatasetGenerationSpec, attempt: str | None) -> list[dict[str, Any]]:
+    env = [{"name": "EYRIE_ATTEMPT", "value": attempt}] if attempt is not None else []
+    if spec.output.endpoint:
+        env.append({"name": "EYRIE_S3_ENDPOINT", "value": spec.output.endpoint})
+    return env + secret_env(spec)
+
+
+def _spec_volume(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    volume = {"name": "eyrie-spec", "configMap": {"name": configmap_name(name)}}
+    mount = {"name": "eyrie-spec", "mountPath": SPEC_DIR, "readOnly": True}
+    return volume, mount
+
+
+def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
+           parent_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A KubeRay RayJob running the generation job on its own cluster, torn down when it ends."""
+    ray = spec.generation.ray
+    if not ray.image:
+        raise ChildSpecError("spec.generation.ray.image", "required when generation.ray.mode is RayJob")
+    volume, mount = _spec_volume(name)
+    env = _env(spec, attempt)
+    worker_resources: dict[str, Any] = {"cpu": str(ray.cpus_per_worker)}
+    if ray.memory_per_worker:
+        worker_resources["memory"] = ray.memory_per_worker
+    labels = _labels(name, "generation", parent_labels)
+
+    def pod(container: str, resources: dict[str, Any]) -> dict[str, Any]:
+        return {"spec": {
+            "containers": [{"name": container, "image": ray.image, "env": env, "volumeMounts": [mount],
+                            "resources": {"requests": resources, "limits": resources}}],
+            "volumes": [volume]}}
+
+    body: dict[str, Any] = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": generation_name(name, attempt), "namespace": namespace, "labels": labels,
+                     "annotations": {ATTEMPT_ANNOTATION: attempt}},
+        "spec": {
+            "entrypoint": GENERATION_ENTRYPOINT,
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": 300,
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    # the driver runs on the head; work is scheduled on the workers
+                    "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
+                    "template": pod("ray-head", {"cpu": "1", "memory": "2Gi"}),
+                },
+                "workerGroupSpecs": [{
+                    "groupName": "workers",
+                    "replicas": ray.workers,
+                    "minReplicas": ray.workers,
+                    "maxReplicas": ray.workers,
+                    "rayStartParams": {},
+                    "template": pod("ray-worker", worker_resources),
+                }],
+            },
+        },
+    }
+    if kueue_labels(parent_labels):
+        body["spec"]["suspend"] = True  # Kueue admits it by unsuspending; from then on Kueue owns it
+    return body
+
+
+def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
+                   parent_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """An Indexed batch/v1 Job: one index per shard group, GPUs per pod, scheduled as the spec says."""
+    ext = spec.extraction
+    if not ext.image:
+        raise ChildSpecError("spec.extraction.image", "required when extraction.enabled is true")
+    count = extraction_count(spec)
+    volume, mount = _spec_volume(name)
+    labels = _labels(name, "extraction", parent_labels)
+    container: dict[str, Any] = {
+        "name": "extract",
+        "image": ext.image,
+        # $(VAR) is expanded by the kubelet from the container env; the Job controller sets this one.
+        "command": ["eyrie", "extract", SPEC_PATH, "--index", "$(JOB_COMPLETION_INDEX)",
+                    "--count", str(count)],
+        "env": _env(spec, None),
+        "volumeMounts": [mount],
+    }
+    if ext.gpus_per_pod > 0:
+        container["resources"] = {"limits": {"nvidia.com/gpu": ext.gpus_per_pod}}
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container], "volumes": [volume]}
+    if ext.node_selector:
+        pod_spec["nodeSelector"] = dict(ext.node_selector)
+    if ext.tolerations:
+        pod_spec["tolerations"] = [t.dump() for t in ext.tolerations]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": extraction_name(name), "namespace": namespace, "labels": labels},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": count,
+            "parallelism": ext.pods,
+            "backoffLimit": 3 * count,
+            "suspend": bool(kueue_labels(parent_labels)),
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+
+def check_cluster_spec(spec: DatasetGenerationSpec) -> None:
+    """What the CRD accepts but a cluster cannot run; raises ChildSpecError naming the field."""
+    ray = spec.generation.ray
+    if ray.mode == "Local":
+        raise ChildSpecError("spec.generation.ray.mode",
+                             "Local runs only with `eyrie run` on one machine; "
+                             "use RayJob or Submit in a cluster")
+    if ray.mode == "RayJob" and not ray.image:
+        raise ChildSpecError("spec.generation.ray.image", "required when generation.ray.mode is RayJob")
+    if spec.extraction.enabled and not spec.extraction.image:
+        raise ChildSpecError("spec.extraction.image", "required when extraction.enabled is true")

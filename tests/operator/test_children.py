@@ -1,0 +1,82 @@
+"""The children's manifests: what KubeRay, the Job controller and Kueue will read."""
+
+from __future__ import annotations
+
+import yaml
+from eyrie.jobs.spec import parse_spec
+from eyrie.operator import children
+
+from .test_reconcile import spec, spec_doc
+
+
+def test_rayjob_cluster_from_generation_ray() -> None:
+    body = children.rayjob("dg", "ns", spec(), "3", {"kueue.x-k8s.io/queue-name": "q", "team": "x"})
+    assert body["apiVersion"] == "ray.io/v1" and body["kind"] == "RayJob"
+    assert body["metadata"]["name"] == "dg-gen-3"
+    assert body["metadata"]["annotations"] == {"eyrie.dev/attempt": "3"}
+    assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert "team" not in body["metadata"]["labels"]
+    s = body["spec"]
+    assert s["shutdownAfterJobFinishes"] is True
+    assert s["suspend"] is True  # Kueue-labelled: created suspended, Kueue admits it
+    assert s["entrypoint"] == "eyrie run /etc/eyrie/spec.yaml --until samples"
+    (group,) = s["rayClusterSpec"]["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
+    worker = group["template"]["spec"]["containers"][0]
+    assert worker["image"] == "ray:1"
+    assert worker["resources"]["limits"] == {"cpu": "2.0", "memory": "4Gi"}
+    env = {e["name"]: e for e in worker["env"]}
+    assert env["EYRIE_ATTEMPT"] == {"name": "EYRIE_ATTEMPT", "value": "3"}
+    assert env["EYRIE_API_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "openrouter", "key": "api-key"}}
+    assert env["EYRIE_S3_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "minio", "key": "accessKey"}}
+    assert env["EYRIE_S3_SECRET_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "minio", "key": "secretKey"}}
+    head = s["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["volumes"] == [{"name": "eyrie-spec", "configMap": {"name": "dg-spec"}}]
+    assert head["containers"][0]["volumeMounts"][0]["mountPath"] == "/etc/eyrie"
+
+
+def test_rayjob_without_kueue_is_not_suspended() -> None:
+    assert "suspend" not in children.rayjob("dg", "ns", spec(), "1", {})["spec"]
+
+
+def test_extraction_job_is_indexed_on_gpus() -> None:
+    body = children.extraction_job(
+        "dg", "ns", spec(extraction__enabled=True), {"kueue.x-k8s.io/queue-name": "q"}
+    )
+    s = body["spec"]
+    assert (s["completionMode"], s["completions"], s["parallelism"], s["suspend"]) == ("Indexed", 2, 2, True)
+    pod = s["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == "sgl:1"
+    assert c["command"] == [
+        "eyrie",
+        "extract",
+        "/etc/eyrie/spec.yaml",
+        "--index",
+        "$(JOB_COMPLETION_INDEX)",
+        "--count",
+        "2",
+    ]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert pod["nodeSelector"] == {"gpu": "h200"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["restartPolicy"] == "Never"
+    assert "EYRIE_ATTEMPT" not in {e["name"] for e in c["env"]}
+
+
+def test_configmap_holds_the_resolved_spec_and_no_secret() -> None:
+    cm = children.configmap("dg", "ns", spec())
+    assert cm["metadata"]["name"] == "dg-spec"
+    doc = yaml.safe_load(cm["data"]["spec.yaml"])
+    assert doc["metadata"] == {"name": "dg", "namespace": "ns"}
+    again = parse_spec(doc)
+    assert again.spec == spec()
+    assert doc["spec"]["api"]["apiKeySecretRef"] == {"name": "openrouter", "key": "api-key"}
+    assert doc["spec"]["generation"]["partRecords"] == 256  # defaults filled in
+
+
+def test_deterministic_names() -> None:
+    assert children.submission_id("ns", "dg", "2") == "eyrie-ns-dg-2"
+    assert children.generation_name("dg", "2") == "dg-gen-2"
+    assert children.extraction_name("dg") == "dg-extract"
+    assert spec_doc()["output"]["uri"] == "s3://out/run"

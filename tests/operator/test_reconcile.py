@@ -1,0 +1,547 @@
+"""Table-driven tests of the operator's pure decisions: (spec, children, progress) -> (actions, status)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from eyrie.jobs.spec import parse_spec
+from eyrie.operator import children, conditions
+from eyrie.operator.reconcile import (
+    CreateExtraction,
+    CreateGeneration,
+    Event,
+    ExtractionChild,
+    GenerationChild,
+    Observation,
+    Progress,
+    ProgressError,
+    parse_progress,
+    reconcile,
+)
+
+NOW = "2026-01-01T00:00:00Z"
+T0 = 1_000_000.0
+
+
+def spec_doc(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "sources": [{"name": "s", "uri": "s3://prompts/s.jsonl"}],
+        "target": {"model": "m", "tokenizer": "t"},
+        "api": {"baseUrl": "simulated", "apiKeySecretRef": {"name": "openrouter", "key": "api-key"}},
+        "budget": {"maxUSD": "10"},
+        "generation": {
+            "shards": 4,
+            "ray": {
+                "mode": "RayJob",
+                "image": "ray:1",
+                "workers": 3,
+                "cpusPerWorker": 2,
+                "memoryPerWorker": "4Gi",
+            },
+        },
+        "extraction": {
+            "enabled": False,
+            "image": "sgl:1",
+            "pods": 2,
+            "gpusPerPod": 8,
+            "nodeSelector": {"gpu": "h200"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        "output": {
+            "uri": "s3://out/run",
+            "endpoint": "http://minio:9000",
+            "credentialsSecretRef": {"name": "minio"},
+        },
+    }
+    for path, value in over.items():
+        node = doc
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return doc
+
+
+def spec(**over: Any):
+    return parse_spec(spec_doc(**over)).spec
+
+
+def prog(
+    outcome: str = "Running",
+    attempt: str = "1",
+    spent: str = "1",
+    done: int = 500,
+    stage: str = "generate",
+    message: str = "",
+) -> Progress:
+    return parse_progress(
+        {
+            "attempt": attempt,
+            "outcome": outcome,
+            "message": message,
+            "spentUSD": spent,
+            "reservedUSD": "0.5",
+            "maxUSD": "10",
+            "stage": stage,
+            "samples": {"total": 1000, "done": done, "dropped": 1, "failed": 2},
+            "tokens": {"input": 10, "output": 20},
+            "tools": {"declaredPrompts": 7, "callRate": 0.5, "invalidCalls": 1, "leaks": 0},
+        }
+    )
+
+
+def gen(attempt: str = "1", state: str = "Running", **kw: Any) -> GenerationChild:
+    return GenerationChild(attempt=attempt, name=f"dg-gen-{attempt}", state=state, **kw)  # type: ignore[arg-type]
+
+
+def cond(type_: str, status: str, reason: str) -> dict[str, Any]:
+    return conditions.make(type_, status, reason, "", "2025-12-31T00:00:00Z", 1)  # type: ignore[arg-type]
+
+
+SUSPENDED_BUDGET = {
+    "attempt": "1",
+    "phase": "Suspended",
+    "conditions": [cond("Suspended", "True", "BudgetExceeded")],
+}
+DONE_STATUS = {"attempt": "1", "phase": "Extracting"}
+
+
+def obs(sp=None, status: dict[str, Any] | None = None, **kw: Any) -> Observation:
+    sp = sp or spec()
+    base = Observation(
+        name="dg",
+        namespace="ns",
+        generation=3,
+        labels={},
+        spec=sp,
+        status=status or {},
+        now=NOW,
+        now_ts=T0,
+        configmap_data=children.configmap("dg", "ns", sp)["data"],
+    )
+    return replace(base, **kw)
+
+
+@dataclass
+class Case:
+    id: str
+    observation: Observation
+    actions: list[str]  # action class names, in order, Events as "Event:Type:Reason"
+    phase: str
+    attempt: str = "1"
+    conds: dict[str, tuple[str, str]] = field(default_factory=dict)  # type -> (status, reason)
+
+
+def names(actions: list[Any]) -> list[str]:
+    out = []
+    for a in actions:
+        out.append(f"Event:{a.type}:{a.reason}" if isinstance(a, Event) else type(a).__name__)
+    return out
+
+
+CASES = [
+    Case(
+        "fresh: configmap and first attempt",
+        obs(configmap_data=None),
+        ["ApplyConfigMap", "CreateGeneration"],
+        "Pending",
+        conds={"SecretsReady": ("True", "SecretsFound"), "Suspended": ("False", "NotSuspended")},
+    ),
+    Case(
+        "missing secret waits",
+        obs(missing_secrets=("spec.api.apiKeySecretRef: Secret 'openrouter' not found",)),
+        [],
+        "Pending",
+        conds={"SecretsReady": ("False", "SecretNotFound")},
+    ),
+    Case(
+        "unreachable output waits",
+        obs(progress_error="spec.output.uri: cannot read"),
+        [],
+        "Pending",
+        conds={"OutputReachable": ("False", "OutputUnreachable")},
+    ),
+    Case(
+        "canary while under canarySamples",
+        obs(generation_children=(gen(),), progress=prog(done=10)),
+        [],
+        "Canary",
+        conds={"Queued": ("False", "Admitted")},
+    ),
+    Case(
+        "generating past the canary",
+        obs(generation_children=(gen(),), progress=prog(done=500)),
+        [],
+        "Generating",
+    ),
+    Case("child created, no progress yet", obs(generation_children=(gen(),)), [], "Pending"),
+    Case(
+        "budget exhausted suspends",
+        obs(generation_children=(gen(),), progress=prog("BudgetExhausted", spent="9.9")),
+        ["SuspendSpec", "Event:Warning:BudgetExceeded", "StopGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "BudgetExceeded")},
+    ),
+    Case(
+        "spend reaching maxUSD suspends (maxUSD lowered)",
+        obs(spec(budget__maxUSD="0.5"), generation_children=(gen(),), progress=prog("Running", spent="1")),
+        ["SuspendSpec", "Event:Warning:BudgetExceeded", "StopGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "BudgetExceeded")},
+    ),
+    Case(
+        "tool drift suspends",
+        obs(
+            generation_children=(gen(state="Succeeded"),),
+            progress=prog("ToolSemanticsDrift", message="callRate 0.01 < minToolCallRate 0.1"),
+        ),
+        ["SuspendSpec", "Event:Warning:ToolSemanticsDrift", "DeleteGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "ToolSemanticsDrift")},
+    ),
+    Case(
+        "insufficient credits suspends",
+        obs(progress=prog("InsufficientCredits", message="402")),
+        ["SuspendSpec", "Event:Warning:InsufficientCredits"],
+        "Suspended",
+        conds={"Suspended": ("True", "InsufficientCredits")},
+    ),
+    Case(
+        "an old attempt's outcome is never acted on",
+        obs(
+            status={"attempt": "2"},
+            generation_children=(gen("2"),),
+            progress=prog("BudgetExhausted", attempt="1"),
+        ),
+        [],
+        "Pending",
+        attempt="2",
+        conds={"Suspended": ("False", "NotSuspended")},
+    ),
+    Case(
+        "already suspended: delete the stopped child, no second event",
+        obs(
+            spec(suspend=True),
+            status=SUSPENDED_BUDGET,
+            generation_children=(gen(state="Stopped"),),
+            progress=prog("BudgetExhausted", spent="9.9"),
+        ),
+        ["DeleteGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "BudgetExceeded")},
+    ),
+    Case(
+        "resume after budget raised starts attempt 2",
+        obs(
+            spec(budget__maxUSD="20"), status=SUSPENDED_BUDGET, progress=prog("BudgetExhausted", spent="9.9")
+        ),
+        ["Event:Normal:Resumed", "CreateGeneration"],
+        "Pending",
+        attempt="2",
+        conds={"Suspended": ("False", "Resumed")},
+    ),
+    Case(
+        "resume waits for the old attempt to stop",
+        obs(
+            spec(budget__maxUSD="20"),
+            status=SUSPENDED_BUDGET,
+            generation_children=(gen(),),
+            progress=prog("BudgetExhausted", spent="9.9"),
+        ),
+        ["StopGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "Stopping")},
+    ),
+    Case(
+        "resume with the budget still spent re-suspends",
+        obs(status=SUSPENDED_BUDGET, progress=prog("BudgetExhausted", spent="10")),
+        ["SuspendSpec", "Event:Warning:BudgetExceeded"],
+        "Suspended",
+        conds={"Suspended": ("True", "BudgetExceeded")},
+    ),
+    Case(
+        "user suspend stops gracefully",
+        obs(spec(suspend=True), generation_children=(gen(),), progress=prog()),
+        ["Event:Normal:SuspendedByUser", "StopGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "SuspendedByUser")},
+    ),
+    Case(
+        "stop requested long ago: delete anyway",
+        obs(
+            spec(suspend=True),
+            status={"attempt": "1", "conditions": [cond("Suspended", "True", "SuspendedByUser")]},
+            generation_children=(gen(stop_requested_at=T0 - 1000),),
+        ),
+        ["DeleteGeneration"],
+        "Suspended",
+    ),
+    Case(
+        "stop requested recently: wait",
+        obs(
+            spec(suspend=True),
+            status={"attempt": "1", "conditions": [cond("Suspended", "True", "SuspendedByUser")]},
+            generation_children=(gen(stop_requested_at=T0 - 5),),
+        ),
+        [],
+        "Suspended",
+    ),
+    Case(
+        "failed child without an outcome fails the run",
+        obs(
+            generation_children=(gen(state="Failed", reason="DeadlineExceeded", message="too slow"),),
+            progress=prog(),
+        ),
+        ["Event:Warning:DeadlineExceeded"],
+        "Failed",
+        conds={"Failed": ("True", "DeadlineExceeded")},
+    ),
+    Case(
+        "child ended without Done",
+        obs(generation_children=(gen(state="Succeeded"),), progress=prog()),
+        ["Event:Warning:GenerationEnded"],
+        "Failed",
+        conds={"Failed": ("True", "GenerationEnded")},
+    ),
+    Case(
+        "outcome Failed",
+        obs(generation_children=(gen(state="Failed"),), progress=prog("Failed", message="boom")),
+        ["Event:Warning:GenerationFailed"],
+        "Failed",
+        conds={"Failed": ("True", "GenerationFailed")},
+    ),
+    Case(
+        "kueue holds the RayJob",
+        obs(labels={"kueue.x-k8s.io/queue-name": "q"}, generation_children=(gen(state="Queued"),)),
+        [],
+        "Pending",
+        conds={"Queued": ("True", "WaitingForAdmission")},
+    ),
+    Case(
+        "restart after create, before status: adopt the newer attempt",
+        obs(
+            status={"attempt": "1", "conditions": [cond("Suspended", "True", "BudgetExceeded")]},
+            generation_children=(gen("2"),),
+            progress=prog("BudgetExhausted", attempt="1", spent="5"),
+        ),
+        [],
+        "Pending",
+        attempt="2",
+        conds={"Suspended": ("False", "NotSuspended")},
+    ),
+    Case(
+        "stale attempt still running is stopped",
+        obs(status={"attempt": "2"}, generation_children=(gen("1"), gen("2"))),
+        ["StopGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "done without extraction, manifest present -> Succeeded",
+        obs(progress=prog("Done", stage="done"), manifest_uri="s3://out/run/manifest.json"),
+        ["Event:Normal:Succeeded"],
+        "Succeeded",
+        conds={"Succeeded": ("True", "ManifestWritten")},
+    ),
+    Case(
+        "done without extraction, no manifest -> finalize",
+        obs(progress=prog("Done", stage="done")),
+        ["FinalizeManifest"],
+        "Generating",
+    ),
+    Case(
+        "done -> extraction job",
+        obs(spec(extraction__enabled=True), progress=prog("Done", stage="done")),
+        ["CreateExtraction"],
+        "Extracting",
+    ),
+    Case(
+        "extraction queued by kueue",
+        obs(
+            spec(extraction__enabled=True),
+            progress=prog("Done"),
+            labels={"kueue.x-k8s.io/queue-name": "q"},
+            extraction=ExtractionChild("dg-extract", suspended=True, kueue=True),
+        ),
+        [],
+        "Extracting",
+        conds={"Queued": ("True", "WaitingForAdmission")},
+    ),
+    Case(
+        "extraction unsuspended when not kueue-managed",
+        obs(
+            spec(extraction__enabled=True),
+            progress=prog("Done"),
+            extraction=ExtractionChild("dg-extract", suspended=True, kueue=False),
+        ),
+        ["SetExtractionSuspend"],
+        "Extracting",
+    ),
+    Case(
+        "user suspend during extraction suspends the Job",
+        obs(
+            spec(extraction__enabled=True, suspend=True),
+            progress=prog("Done"),
+            extraction=ExtractionChild("dg-extract", suspended=False, kueue=False),
+        ),
+        ["Event:Normal:SuspendedByUser", "SetExtractionSuspend"],
+        "Suspended",
+        conds={"Suspended": ("True", "SuspendedByUser")},
+    ),
+    Case(
+        "user suspend of a kueue-managed Job deletes it (Kueue owns its suspend)",
+        obs(
+            spec(extraction__enabled=True, suspend=True),
+            progress=prog("Done"),
+            extraction=ExtractionChild("dg-extract", suspended=False, kueue=True),
+        ),
+        ["Event:Normal:SuspendedByUser", "DeleteExtraction"],
+        "Suspended",
+    ),
+    Case(
+        "all pod summaries present -> finalize",
+        obs(
+            spec(extraction__enabled=True),
+            progress=prog("Done"),
+            summaries_done=2,
+            extraction=ExtractionChild(
+                "dg-extract", suspended=False, kueue=False, succeeded=2, completions=2
+            ),
+        ),
+        ["FinalizeManifest"],
+        "Extracting",
+    ),
+    Case(
+        "extraction failed",
+        obs(
+            spec(extraction__enabled=True),
+            progress=prog("Done"),
+            extraction=ExtractionChild(
+                "dg-extract", False, False, failed=True, reason="BackoffLimitExceeded", message="3 failures"
+            ),
+        ),
+        ["Event:Warning:BackoffLimitExceeded"],
+        "Failed",
+        conds={"Failed": ("True", "BackoffLimitExceeded")},
+    ),
+    Case(
+        "Local mode cannot run in a cluster",
+        obs(spec(generation__ray={"mode": "Local"})),
+        ["Event:Warning:PermanentError"],
+        "Failed",
+        conds={"Failed": ("True", "PermanentError")},
+    ),
+    Case(
+        "RayJob without an image",
+        obs(spec(generation__ray={"mode": "RayJob"})),
+        ["Event:Warning:PermanentError"],
+        "Failed",
+        conds={"Failed": ("True", "PermanentError")},
+    ),
+    Case(
+        "Succeeded is terminal",
+        obs(status={"phase": "Succeeded", "attempt": "1"}, configmap_data=None),
+        [],
+        "Succeeded",
+    ),
+    Case(
+        "Submit mode submits without a RayJob body",
+        obs(spec(generation__ray={"mode": "Submit", "address": "http://ray:8265"})),
+        ["CreateGeneration"],
+        "Pending",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_reconcile_table(case: Case) -> None:
+    d = reconcile(case.observation)
+    assert names(d.actions) == case.actions
+    assert d.status["phase"] == case.phase
+    assert d.status.get("attempt", "1") == case.attempt
+    got = {c["type"]: (c["status"], c["reason"]) for c in d.status["conditions"]}
+    for type_, want in case.conds.items():
+        assert got[type_] == want, type_
+    for c in d.status["conditions"]:
+        if c["lastTransitionTime"] == NOW:
+            assert c["observedGeneration"] == 3
+
+
+def test_status_figures_come_from_progress() -> None:
+    d = reconcile(obs(generation_children=(gen(),), progress=prog(spent="3.25")))
+    s = d.status
+    assert (s["spentUSD"], s["reservedUSD"]) == ("3.25", "0.5")
+    assert s["samples"] == {"total": 1000, "done": 500, "dropped": 1, "failed": 2}
+    assert s["tokens"] == {"input": 10, "output": 20}
+    assert s["tools"] == {"declaredPrompts": 7, "callRate": 0.5, "invalidCalls": 1, "leaks": 0}
+    assert s["observedGeneration"] == 3
+    assert "extraction" not in s
+
+
+def test_budget_message_names_spend_and_budget() -> None:
+    d = reconcile(obs(progress=prog("BudgetExhausted", spent="9.97")))
+    ev = next(a for a in d.actions if isinstance(a, Event))
+    assert ev.message.startswith("spent 9.97 USD of the 10 USD budget (spec.budget.maxUSD)")
+    c = conditions.find(d.status["conditions"], "Suspended")
+    assert c is not None and c["message"] == ev.message
+    assert d.suspended_reason == "BudgetExceeded"
+
+
+def test_drift_message_comes_from_the_job() -> None:
+    d = reconcile(
+        obs(progress=prog("ToolSemanticsDrift", message="callRate 0.01 below minToolCallRate 0.10"))
+    )
+    c = conditions.find(d.status["conditions"], "Suspended")
+    assert c is not None and c["message"] == "callRate 0.01 below minToolCallRate 0.10"
+
+
+def test_resume_creates_rayjob_for_the_new_attempt() -> None:
+    d = reconcile(obs(spec(budget__maxUSD="20"), status=SUSPENDED_BUDGET, progress=prog("BudgetExhausted")))
+    create = next(a for a in d.actions if isinstance(a, CreateGeneration))
+    assert create.attempt == "2"
+    assert create.body is not None
+    assert create.body["metadata"]["name"] == "dg-gen-2"
+    assert create.body["metadata"]["annotations"] == {"eyrie.dev/attempt": "2"}
+    env = create.body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "EYRIE_ATTEMPT", "value": "2"} in env
+
+
+def test_lastTransitionTime_is_kept_while_status_unchanged() -> None:
+    st = {"attempt": "1", "conditions": [cond("SecretsReady", "True", "SecretsFound")]}
+    d = reconcile(obs(status=st, generation_children=(gen(),)))
+    c = conditions.find(d.status["conditions"], "SecretsReady")
+    assert c is not None and c["lastTransitionTime"] == "2025-12-31T00:00:00Z"
+    st2 = {"attempt": "1", "conditions": [cond("SecretsReady", "False", "SecretNotFound")]}
+    d2 = reconcile(obs(status=st2, generation_children=(gen(),)))
+    c2 = conditions.find(d2.status["conditions"], "SecretsReady")
+    assert c2 is not None and c2["lastTransitionTime"] == NOW
+
+
+def test_extraction_status_counts_summaries() -> None:
+    d = reconcile(
+        obs(
+            spec(extraction__enabled=True),
+            progress=prog("Done"),
+            summaries_done=1,
+            extraction=ExtractionChild("dg-extract", suspended=False, kueue=False, succeeded=0),
+        )
+    )
+    assert d.status["extraction"] == {"shardsDone": 1, "shardsTotal": 2}
+
+
+def test_create_extraction_body() -> None:
+    d = reconcile(obs(spec(extraction__enabled=True), progress=prog("Done")))
+    body = next(a for a in d.actions if isinstance(a, CreateExtraction)).body
+    assert body["spec"]["completionMode"] == "Indexed"
+    assert (body["spec"]["completions"], body["spec"]["parallelism"]) == (2, 2)
+
+
+def test_parse_progress_rejects_unknown_outcome() -> None:
+    with pytest.raises(ProgressError, match="outcome 'Weird'"):
+        parse_progress({"attempt": "1", "outcome": "Weird"})
+    with pytest.raises(ProgressError, match="spentUSD 'x'"):
+        parse_progress({"attempt": "1", "outcome": "Running", "spentUSD": "x"})
+    assert parse_progress({"attempt": 3, "outcome": "Done"}).spent == Decimal(0)
