@@ -15,17 +15,22 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
-from enum import Enum
+from enum import StrEnum
 
 MILLION = Decimal(1_000_000)
 CENT_PRECISION = Decimal("0.0000000001")
+
+
+def usd(d: Decimal) -> str:
+    """A decimal amount as plain text: "0" rather than "0E-10", never an exponent."""
+    return format(d.normalize(), "f") if d else "0"
 
 
 class UnpriceableRequest(ValueError):
     """No price is known for a request: it is refused rather than sent (fail closed)."""
 
 
-class Verdict(str, Enum):
+class Verdict(StrEnum):
     GRANTED = "granted"
     WAIT = "wait"
     EXHAUSTED = "exhausted"

@@ -158,7 +158,7 @@ def run_main(argv: list[str]) -> int:
     try:
         dg = load_spec(args.spec)
     except SpecError as e:
-        err.print(f"[red]{e}[/red]", markup=True, highlight=False)
+        print(e, file=sys.stderr)
         return 2
     from eyrie.jobs.generate import PreflightError
 
@@ -166,16 +166,16 @@ def run_main(argv: list[str]) -> int:
         outcome, message = run_stages(dg, args.until, progress=not args.no_progress and err.is_terminal,
                                       inline=args.inline)
     except PreflightError as e:
-        err.print(f"eyrie: cannot start: {e}", markup=False, highlight=False)
+        print(f"eyrie: cannot start: {e}", file=sys.stderr)
         return 2
     store = open_output(dg.spec)
     prog = _read_json(store, records.PROGRESS) or {}
     s = prog.get("samples", {})
-    err.print(f"outcome: {outcome}  samples done {s.get('done')}/{s.get('total')} "
-              f"(dropped {s.get('dropped')}, failed {s.get('failed')})  spent ${prog.get('spentUSD')} "
-              f"of ${prog.get('maxUSD')}  output {store.uri}", markup=False, highlight=False)
+    print(f"outcome: {outcome}  samples done {s.get('done')}/{s.get('total')} "
+          f"(dropped {s.get('dropped')}, failed {s.get('failed')})  spent ${prog.get('spentUSD')} "
+          f"of ${prog.get('maxUSD')}  output {store.uri}", file=sys.stderr)
     if message:
-        err.print(f"why: {message}", markup=False, highlight=False)
+        print(f"why: {message}", file=sys.stderr)
     return EXIT_CODES.get(outcome, 1)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from eyrie.jobs.budget import AsyncLedger, Ledger
+from eyrie.jobs.budget import AsyncLedger, Ledger, usd
 
 
 class Outcome:
@@ -40,6 +40,7 @@ class Observation:
     output_tokens: int = 0
     retries: int = 0
     error_kind: str | None = None
+    check: Any = None  # eyrie.jobs.tools.ResponseCheck of an answer (per-tool counts, gate)
 
 
 @dataclass
@@ -138,9 +139,8 @@ class RunCoordinator:
             self.requests += 1 + obs.retries
         if obs.error_kind:
             self.errors[obs.error_kind] += 1
-        if self.gate is not None and obs.status == "ok":
-            drift = self.gate.observe(declared=obs.declared, called=obs.called,
-                                      invalid_calls=obs.invalid_calls, calls=obs.calls, leaked=obs.leaked)
+        if self.gate is not None and obs.check is not None:
+            drift = self.gate.observe_check(obs.check)
             if drift is not None:
                 self._stop(Outcome.TOOL_SEMANTICS_DRIFT, drift.message)
         return self.outcome != Outcome.RUNNING
@@ -163,10 +163,10 @@ class RunCoordinator:
         return {
             "outcome": self.outcome,
             "message": self.message,
-            "spentUSD": str(self.ledger.spent),
-            "reservedUSD": str(self.ledger.reserved),
-            "maxUSD": str(self.ledger.max_usd),
-            "priceFactor": str(self.ledger.price_factor),
+            "spentUSD": usd(self.ledger.spent),
+            "reservedUSD": usd(self.ledger.reserved),
+            "maxUSD": usd(self.ledger.max_usd),
+            "priceFactor": usd(self.ledger.price_factor),
             "samples": {"total": self.total, "done": c.done, "dropped": c.dropped, "failed": c.failed},
             "tokens": {"input": c.input_tokens, "output": c.output_tokens},
             "tools": tools,

@@ -9,6 +9,7 @@ workers own their shards' parts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -24,6 +25,7 @@ import orjson
 
 from eyrie.jobs import records, sources
 from eyrie.jobs.coordinator import Counts, Outcome, RunCoordinator
+from eyrie.jobs.gate import ToolGate
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import NotFound, Store
 from eyrie.jobs.worker import ShardWorker, now_iso
@@ -141,10 +143,8 @@ class _Stopper:
 
     def __enter__(self) -> _Stopper:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers then
                 self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -199,13 +199,9 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
         asyncio.run(preflight(spec, base_url, store))
         shard_prompts, total, _bad = load_prompts(spec)
         ckpt = read_checkpoint(store)
-        gate = None
-        if spec.tools.gate.enabled and spec.tools.mode != "text":
-            from eyrie.jobs.tools import ToolGate
-
-            gate = ToolGate(spec.tools.gate)
+        gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         coord_args = (spec.budget.max_usd, ckpt.spent, ckpt.counts, total, sorted(shard_prompts), gate)
-        run = _run_inline if inline or spec.generation.ray.mode == "Local" and _no_ray() else _run_ray
+        run = _run_inline if inline or (spec.generation.ray.mode == "Local" and _no_ray()) else _run_ray
         snapshot = run(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
                        on_progress or (lambda s: None))
     if snapshot["outcome"] == Outcome.RUNNING:
@@ -277,10 +273,13 @@ def _run_ray(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
 
     monitor = _Monitor(store, attempt, on_progress)
     if not ray.is_initialized():
-        if spec.generation.ray.mode == "Local":
+        # Workers inherit this process's environment (a local cluster) or their pod's (RayJob),
+        # which is how the API key reaches them: never through a runtime_env, which Ray records.
+        if spec.generation.ray.mode == "Local" and not os.environ.get("RAY_ADDRESS"):
+            # a private cluster bound to loopback for this run only (DESIGN §9)
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     runtime_env={"env_vars": {k: v for k, v in os.environ.items()
-                                               if k.startswith("EYRIE_")}})
+                     _node_ip_address="127.0.0.1")
         else:
             ray.init(log_to_driver=True)
     n = spec.generation.ray.workers

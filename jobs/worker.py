@@ -18,7 +18,7 @@ from typing import Any
 
 from eyrie.jobs import records, tools
 from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed
-from eyrie.jobs.budget import Pricing, UnpriceableRequest, actual_cost, worst_case
+from eyrie.jobs.budget import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
 from eyrie.jobs.coordinator import Observation, Outcome
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.spec import DatasetGenerationSpec
@@ -297,13 +297,13 @@ class ShardWorker:
         verdict = tools.policy(check, self.spec.tools.on_invalid_call)
         usage = done.usage or {}
         rec.update(status="ok", response=done.response, usage=done.usage, attempts=done.attempts,
-                   costUSD=str(cost if cost is not None else amount), checks=check.to_record(),
+                   costUSD=usd(cost if cost is not None else amount), checks=check.to_record(),
                    policy=verdict)
         obs = Observation("ok", policy=verdict, declared=declared, called=check.called,
                           calls=len(done.response.get("tool_calls") or ()), invalid_calls=check.invalid_calls,
                           leaked=check.leaked, input_tokens=int(usage.get("prompt_tokens") or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),
-                          retries=done.attempts - 1)
+                          retries=done.attempts - 1, check=check)
         self._stop_if(await self._call("finish", rid, cost, True, obs))
         return rec
 

@@ -1,0 +1,228 @@
+"""The generation job end to end: real HTTP to the simulator, real Ray, a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import yaml
+
+from eyrie.jobs import records
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.store import open_store
+
+API_KEY = "sk-or-v1-eyrie-test-key-0123456789abcdef"
+PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
+
+
+def write_prompts(path: Path, n: int, tools_every: int = 3) -> Path:
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}}
+    with path.open("w") as f:
+        for i in range(n):
+            row = {"messages": [{"role": "user", "content": f"Question number {i}: explain topic {i * 7}."}]}
+            if tools_every and i % tools_every == 0:
+                row["tools"] = [weather]
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def make_spec(tmp_path: Path, prompts: Path, output: str, *, max_usd="5.00", base_url="simulated",
+              simulator=None, mode="Local", workers=1, shards=3, concurrency=8, extra=None) -> Path:
+    spec = {
+        "apiVersion": "eyrie.dev/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "t"},
+        "spec": {
+            "sources": [{"name": "p", "uri": str(prompts), "format": "openai"}],
+            "target": {"model": "test/model"},
+            "api": {"baseUrl": base_url, "maxConcurrency": concurrency, "maxRetries": 6,
+                    "requestTimeoutSeconds": 10, "sampling": {"maxTokens": 256},
+                    **({"simulator": simulator} if simulator else {})},
+            "tools": {"gate": {"enabled": False}},
+            "budget": {"maxUSD": max_usd, "pricing": PRICING},
+            "generation": {"shards": shards, "flushSeconds": 0.2, "ray": {"mode": mode, "workers": workers}},
+            "output": {"uri": output},
+        },
+    }
+    for dotted, value in (extra or {}).items():
+        node = spec["spec"]
+        *head, last = dotted.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    path = tmp_path / f"spec-{time.time_ns()}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def run_cli(spec: Path, *args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "EYRIE_API_KEY": API_KEY, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress", *args],
+                          capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+def persisted(store_uri: str) -> list[dict]:
+    return list(records.iter_records(open_store(store_uri)))
+
+
+def progress(store_uri: str) -> dict:
+    return json.loads(open_store(store_uri).get(records.PROGRESS))
+
+
+def test_local_ray_run_persists_every_prompt_once_and_spend_matches_the_provider(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 30)
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig(latency_ms=20, fault_rate=0.3,
+                                          faults=["429", "500", "stream-cut", "200-error"])) as sim:
+        spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, workers=2)
+        r = run_cli(spec)
+        stats = sim.stats()
+    assert r.returncode == 0, r.stderr
+    recs = persisted(out)
+    ids = [x["sample_id"] for x in recs]
+    assert len(ids) == 30 and len(set(ids)) == 30
+    assert all(x["status"] == "ok" for x in recs)
+    assert {x["row"] for x in recs} == set(range(30))
+    # parts land in the shard their ids hash to
+    for s, _p, key in records.list_parts(open_store(out)):
+        assert all(records.shard_of(x["sample_id"], 3) == s for x in records.decode_part(open_store(out).get(key)))
+    prog = progress(out)
+    assert prog["outcome"] == "Done" and prog["samples"] == {"total": 30, "done": 30, "dropped": 0, "failed": 0}
+    assert Decimal(prog["spentUSD"]) == Decimal(stats["billedUSD"]) == sum(Decimal(x["costUSD"]) for x in recs)
+    assert prog["retries"] > 0 and sum(x["attempts"] for x in recs) == 30 + prog["retries"]
+    with_tools = [x for x in recs if x["request"].get("tools")]
+    assert len(with_tools) == 10 and all("messages" in x["request"] for x in recs)
+
+
+def test_budget_exhaustion_then_resume_pays_nothing_twice(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 60, tools_every=0)
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig(latency_ms=5)) as sim:
+        # worst case per request: ~(prompt bytes) x 0.6/M + 256 x 2.5/M ~= 0.00069
+        spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, max_usd="0.01", mode="Local")
+        r = run_cli(spec, env={"EYRIE_NO_RAY": "1"})
+        assert r.returncode == 3, r.stderr
+        assert "budget exhausted" in r.stderr
+        first = progress(out)
+        spent1 = Decimal(first["spentUSD"])
+        assert first["outcome"] == "BudgetExhausted"
+        assert spent1 <= Decimal("0.01")
+        assert spent1 > Decimal("0.01") - Decimal("0.0007")  # no stop earlier than one worst case
+        n1 = len(persisted(out))
+        assert 0 < n1 < 60
+        assert Decimal(sim.stats()["billedUSD"]) == spent1
+        spec2 = make_spec(tmp_path, prompts, out, base_url=sim.base_url, max_usd="1.00")
+        r = run_cli(spec2, env={"EYRIE_NO_RAY": "1"})
+        assert r.returncode == 0, r.stderr
+        stats = sim.stats()
+    recs = persisted(out)
+    assert len(recs) == 60 and len({x["sample_id"] for x in recs}) == 60
+    final = progress(out)
+    assert final["outcome"] == "Done"
+    # spend is cumulative over both attempts and equals what the provider billed in total
+    assert Decimal(final["spentUSD"]) == Decimal(stats["billedUSD"])
+    assert stats["completed"] == 60
+
+
+def test_insufficient_credits_stops_without_retrying(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 10)
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig(fault_rate=1.0, faults=["402"])) as sim:
+        spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, concurrency=2)
+        r = run_cli(spec, env={"EYRIE_NO_RAY": "1"})
+        stats = sim.stats()
+    assert r.returncode == 5, r.stderr
+    assert "insufficient credits" in r.stderr
+    assert progress(out)["outcome"] == "InsufficientCredits"
+    assert stats["requests"] <= 2  # in-flight ones only, never retried
+    assert persisted(out) == []
+
+
+def test_kill_minus_9_then_rerun_is_exactly_once(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 80, tools_every=0)
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig(latency_ms=150)) as sim:
+        spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, concurrency=4)
+        env = {**os.environ, "EYRIE_API_KEY": API_KEY, "EYRIE_NO_RAY": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline and len(persisted(out)) < 12:
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = len(persisted(out))
+        assert 0 < before < 80
+        r = run_cli(spec, env={"EYRIE_NO_RAY": "1"})
+        assert r.returncode == 0, r.stderr
+        stats = sim.stats()
+    recs = persisted(out)
+    counts = Counter(x["sample_id"] for x in recs)
+    assert len(counts) == 80 and max(counts.values()) == 1
+    # paid twice: only answers in flight or not yet flushed when killed (concurrency 4, 0.2 s flush)
+    assert 80 <= stats["completed"] <= 80 + 4 + 8
+
+
+def test_s3_output_keeps_secrets_out_of_every_byte(tmp_path, s3_bucket, s3_env):
+    prompts = write_prompts(tmp_path / "p.jsonl", 12)
+    out = f"{s3_bucket}/runs/one"
+    with SimulatorProcess(SimulatorConfig(fault_rate=0.3, faults=["500", "429"])) as sim:
+        spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, extra={"output.endpoint": s3_env.endpoint})
+        r = run_cli(spec, env=s3_env.env())
+    assert r.returncode == 0, r.stderr
+    store = open_store(out)
+    keys = store.list()
+    assert records.PROGRESS in keys and len(persisted(out)) == 12
+    blobs = [r.stdout, r.stderr] + [store.get(k) for k in keys]
+    for k in keys:
+        if k.endswith(".gz"):
+            import gzip
+
+            blobs.append(gzip.decompress(store.get(k)))
+    for secret in (API_KEY, s3_env.secret_key, s3_env.access_key):
+        for b in blobs:
+            assert secret not in (b if isinstance(b, str) else b.decode("utf-8", "replace"))
+
+
+def test_preflight_failures_cost_nothing(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", 3)
+    # unreachable API
+    spec = make_spec(tmp_path, prompts, f"file://{tmp_path}/o1", base_url="http://127.0.0.1:9/v1")
+    r = run_cli(spec)
+    assert r.returncode == 2 and "api.baseUrl" in r.stderr
+    # missing key for a real (non-loopback) provider
+    spec = make_spec(tmp_path, prompts, f"file://{tmp_path}/o2", base_url="https://openrouter.ai/api/v1")
+    env = {k: v for k, v in os.environ.items() if k != "EYRIE_API_KEY"}
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "EYRIE_API_KEY" in r.stderr
+    # unwritable store
+    (tmp_path / "file").write_text("x")
+    with SimulatorProcess(SimulatorConfig()) as sim:
+        spec = make_spec(tmp_path, prompts, f"file://{tmp_path}/file/out", base_url=sim.base_url)
+        r = run_cli(spec)
+        assert r.returncode == 2 and "output.uri" in r.stderr
+        assert sim.stats()["requests"] == 0
+
+
+def test_bad_rows_are_recorded_with_their_row_and_never_sent(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(b'{"messages": [{"role": "user", "content": "ok"}]}\n[1, 2]\n{"broken": \n\xff\xfe\n'
+                  b'{"messages": [{"role": "user", "content": "fine too"}]}\n')
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig()) as sim:
+        r = run_cli(make_spec(tmp_path, p, out, base_url=sim.base_url), env={"EYRIE_NO_RAY": "1"})
+        stats = sim.stats()
+    assert r.returncode == 0, r.stderr
+    recs = {x["row"]: x for x in persisted(out)}
+    assert sorted(recs) == [0, 1, 2, 3, 4]
+    assert [recs[i]["status"] for i in range(5)] == ["ok", "rejected", "rejected", "rejected", "ok"]
+    assert stats["requests"] == 2
+    assert progress(out)["samples"] == {"total": 5, "done": 2, "dropped": 3, "failed": 0}
