@@ -136,7 +136,7 @@ class ToolGate:
         if w.leak_rate > g.max_leak_rate:
             return DriftStop("leakRate", w.leak_rate, g.max_leak_rate,
                              f"leak rate {_fmt(w.leak_rate)} above maxLeakRate {_fmt(g.max_leak_rate)} "
-                             f"{self._where()} ({w.leaked} answers with leaked tool-call markers)")
+                             f"{self._where()} ({w.leaked} of {w.answers} answers with leaked tool-call markers)")
         return None
 
     def metrics(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import IO, Any
 from urllib.parse import urlparse
 
 import orjson
+
 from eyrie.jobs.spec import SourceSpec
 from eyrie.jobs.store import NotFound, StoreError, open_store, read_uri, split_uri
 

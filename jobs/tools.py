@@ -21,10 +21,11 @@ from functools import lru_cache
 from typing import Any, Literal
 
 import orjson
-from eyrie.jobs.sources import Prompt, json_type_name
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import SchemaError
 from referencing.exceptions import Unresolvable
+
+from eyrie.jobs.sources import Prompt, json_type_name
 
 Mode = Literal["structured", "text"]
 Policy = Literal["keep", "drop", "flag"]
@@ -43,7 +44,7 @@ class ToolLimits:
 
     max_tools: int = 512
     max_declaration_bytes: int = 512 * 1024
-    max_schema_depth: int = 48
+    max_schema_depth: int = 64  # JSON nesting levels: about 30 nested object properties
     max_argument_bytes: int = 1 << 20
     max_errors_per_call: int = 10
     max_message_chars: int = 300
@@ -58,8 +59,9 @@ class DeclarationError(ValueError):
 
 # --------------------------------------------------------------------------------- declarations
 
-_GLAIVE_RE = re.compile(r"\s*Use them if required\s*-?[ \t]*")
-_TOOLS_BLOCK_RE = re.compile(r"<tools>(.*?)</tools>", re.S)
+_GLAIVE_RE = re.compile(r"\s*Use them if required\s*-[ \t]*")
+# The block, not the prose "within <tools> </tools> XML tags" that precedes it in Hermes prompts.
+_TOOLS_BLOCK_RE = re.compile(r"<tools>(\s*[\[{].*?)</tools>", re.S)
 _DECODER = json.JSONDecoder()
 
 
@@ -83,15 +85,19 @@ def _json_values(text: str, pos: int, what: str) -> tuple[list[Any], int]:
         values.extend(value if isinstance(value, list) else [value])
 
 
-def _tools_block(inner: str) -> list[Any]:
+def _tools_block(text: str, start: int, end: int) -> list[Any]:
     """A Hermes `<tools>` block: JSON, or the Python-literal repr that hermes-function-calling uses."""
-    values, end = _json_values(inner, 0, "<tools> block") if inner.lstrip()[:1] in ("{", "[") else ([], 0)
-    if values and not inner[end:].strip():
-        return values
     try:
-        value = ast.literal_eval(inner.strip())
+        values, stop = _json_values(text[:end], start, "<tools> block")
+        if not text[stop:end].strip():
+            return values
+        problem = f"<tools> block: unexpected text {text[stop:stop + 40].strip()!r} after the declarations"
+    except DeclarationError as e:
+        problem = str(e)
+    try:
+        value = ast.literal_eval(text[start:end].strip())
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise DeclarationError("<tools> block is neither JSON nor a Python literal") from None
+        raise DeclarationError(f"{problem} (and it is not a Python literal either)") from None
     return value if isinstance(value, list) else [value]
 
 
@@ -124,7 +130,7 @@ def parse_text_declarations(system_text: str, limits: ToolLimits = DEFAULT_LIMIT
         if len(b.group(1)) > limits.max_declaration_bytes:
             raise DeclarationError(f"<tools> block is {len(b.group(1))} characters, over the "
                                    f"{limits.max_declaration_bytes} limit")
-        found.extend(_tools_block(b.group(1)))
+        found.extend(_tools_block(text, b.start(1), b.end(1)))
         text = _join(text[: b.start()], text[b.end():])
     return found, (text if found else system_text)
 
@@ -165,10 +171,9 @@ def _schema_problem(key: bytes) -> str | None:
 def _schema_problem_uncached(key: bytes) -> str | None:
     try:
         Draft202012Validator.check_schema(orjson.loads(key))
-    except SchemaError as e:
-        err = best_match([e]) or e
-        where = "/" + "/".join(str(p) for p in err.absolute_path) if err.absolute_path else "(root)"
-        return f"{err.message[:200]} at {where}"
+    except SchemaError as e:  # check_schema already raises the best-matching error
+        where = _pointer(e.absolute_path) or "(root)"
+        return f"{e.message[:200]} at {where}"
     except RecursionError:
         return "nested too deeply"
     return None
@@ -195,11 +200,16 @@ def _normalize_tool(item: Any, index: int, limits: ToolLimits) -> dict[str, Any]
     elif not isinstance(params, dict):
         raise DeclarationError(f"tool {name!r}: parameters must be a JSON Schema object")
     elif "type" not in params:
+        if "properties" not in params:  # e.g. xlam's {param: {"type": "str"}} maps
+            raise DeclarationError(f"tool {name!r}: parameters have neither \"type\" nor \"properties\"; "
+                                   "not a JSON Schema of an object")
         # Real dumps omit it; OpenAI-compatible APIs reject a parameters schema without it.
         params = {"type": "object", **params}
     elif params["type"] != "object":
+        t = params["type"]
+        got = repr(t) if isinstance(t, str) else f"a JSON {json_type_name(t)}"
         raise DeclarationError(f"tool {name!r}: parameters must be an object schema (\"type\": \"object\"), "
-                               f"got {params['type']!r}")
+                               f"got {got}")
     if _depth(params, limits.max_schema_depth) > limits.max_schema_depth:
         raise DeclarationError(f"tool {name!r}: parameters nest deeper than {limits.max_schema_depth} levels")
     problem = _schema_problem(_canonical(params))
@@ -305,8 +315,8 @@ def prepare_prompt(prompt: Prompt, mode: Mode, limits: ToolLimits = DEFAULT_LIMI
         declared = normalize_tools(raw, limits)
     except DeclarationError as e:
         return Rejected(str(e))
-    except RecursionError:
-        return Rejected("declarations are nested too deeply")
+    except (RecursionError, orjson.JSONEncodeError):  # orjson refuses depth > 255 or non-JSON values
+        return Rejected("declarations are nested too deeply or hold values that are not JSON")
     if not declared:
         return Prepared(messages, None, [], None, mode)
     if mode == "structured":
