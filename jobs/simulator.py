@@ -1,0 +1,817 @@
+"""A local OpenAI-compatible chat-completions provider for demos and tests. Not a real model.
+
+It answers like OpenRouter does (reasoning, content, structured tool calls, `usage.cost`, SSE with
+comment lines), deterministically per prompt, and injects the failures a real provider produces
+(429, 5xx, 402, hangs, cut streams, errors inside HTTP 200, malformed JSON, leaked tool-call
+markers) so the client, the budget and the tool checks can be exercised over real HTTP on loopback.
+It bills only the responses it completed, so a test can compare eyrie's spend with the provider's.
+
+`api.baseUrl: simulated` starts it as a child process (`SimulatorProcess`); `eyrie simulate` runs it
+in the foreground. It binds 127.0.0.1 unless told otherwise and must never stand in for a real API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+from typing import Any, get_args
+
+import orjson
+from aiohttp import web
+
+from eyrie.jobs.spec import SimulatorSpec
+
+# One source of truth for the fault names: the spec's Literal.
+FAULTS: tuple[str, ...] = get_args(get_args(SimulatorSpec.model_fields["faults"].annotation)[0])
+# Drawn when fault_rate > 0 but no fault is named: every transient failure a client must survive
+# quickly ("timeout" hangs until the client gives up, so it is only used when asked for).
+DEFAULT_FAULTS: tuple[str, ...] = (
+    "429", "500", "502", "503", "stream-cut", "200-error", "malformed-json", "empty-choices",
+)
+PROVIDER = "eyrie-simulator"
+MODEL_ID = "eyrie/simulated"
+TEXT_DECL_MARKER = "Use them if required -"
+_MILLION = Decimal(1_000_000)
+_COMMENT = b": OPENROUTER PROCESSING\n\n"
+_DONE = b"data: [DONE]\n\n"
+
+_WORDS = (
+    "the", "model", "weighs", "each", "option", "before", "it", "answers", "and", "checks", "the",
+    "result", "against", "the", "question", "data", "flows", "through", "shards", "workers", "retry",
+    "politely", "under", "a", "hard", "budget", "every", "token", "counts", "drafter", "training",
+    "needs", "faithful", "hidden", "states", "speculative", "decoding", "accepts", "longer", "drafts",
+    "a", "small", "careful", "plan", "beats", "a", "large", "hurried", "one", "tools", "are",
+    "declared", "once", "and", "called", "with", "valid", "arguments", "results", "are", "verified",
+    "twice"
+)
+_NON_ASCII = ("café", "naïve", "Grüße", "東京", "数据", "résumé", "Ωmega", "🦅")
+
+
+@dataclass
+class SimulatorConfig:
+    """Behaviour of the simulated provider; prices are USD per million tokens."""
+
+    latency_ms: float = 0
+    fault_rate: float = 0
+    faults: list[str] = field(default_factory=list)
+    seed: int = 0
+    input_per_million: Decimal = Decimal("0.60")
+    output_per_million: Decimal = Decimal("2.50")
+    tool_call_rate: float = 0.8
+    text_tool_call_rate: float = 0.3
+    text_leak_rate: float = 0.5
+    max_completion_tokens: int = 512
+    retry_after_s: int = 1  # the Retry-After header of the "429" fault
+    hang_s: float = 3600.0  # how long the "timeout" fault holds a request (until the client leaves)
+    api_key: str | None = None  # when set, requests must carry `Authorization: Bearer <api_key>`
+
+    def __post_init__(self) -> None:
+        self.input_per_million = Decimal(str(self.input_per_million))
+        self.output_per_million = Decimal(str(self.output_per_million))
+        unknown = [f for f in self.faults if f not in FAULTS]
+        if unknown:
+            raise ValueError(f"simulator faults: unknown {unknown}; known: {list(FAULTS)}")
+        for name in ("fault_rate", "tool_call_rate", "text_tool_call_rate", "text_leak_rate"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
+        if self.latency_ms < 0 or self.max_completion_tokens < 1 or self.retry_after_s < 0:
+            raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
+
+    @classmethod
+    def from_spec(cls, sim: SimulatorSpec | None) -> SimulatorConfig:
+        if sim is None:
+            return cls()
+        return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
+                   seed=sim.seed)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["input_per_million"] = str(self.input_per_million)
+        d["output_per_million"] = str(self.output_per_million)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> SimulatorConfig:
+        d = json.loads(text)
+        if not isinstance(d, dict):
+            raise ValueError("simulator config JSON must be an object")
+        known = set(cls.__dataclass_fields__)
+        extra = sorted(set(d) - known)
+        if extra:
+            raise ValueError(f"simulator config JSON: unknown fields {extra}; known: {sorted(known)}")
+        return cls(**d)
+
+
+# ------------------------------------------------------------------------------ deterministic answers
+
+
+def _schema_value(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+    """A value that validates against a (practical subset of) JSON Schema."""
+    if not isinstance(schema, dict):
+        return rng.choice(_WORDS)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return rng.choice(schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            return _schema_value(schema[key][0], rng, depth)
+    if schema.get("allOf"):
+        merged: dict[str, Any] = {}
+        for part in schema["allOf"]:
+            if isinstance(part, dict):
+                for k, v in part.items():
+                    if k in ("properties",) and k in merged:
+                        merged[k] = {**merged[k], **v}
+                    elif k == "required" and k in merged:
+                        merged[k] = [*merged[k], *v]
+                    else:
+                        merged[k] = v
+        return _schema_value({**{k: v for k, v in schema.items() if k != "allOf"}, **merged}, rng, depth)
+    typ = schema.get("type")
+    if isinstance(typ, list):
+        typ = next((t for t in typ if t != "null"), "null")
+    if typ is None:
+        typ = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if typ == "object":
+        props = schema.get("properties") or {}
+        required = [r for r in schema.get("required") or [] if isinstance(r, str)]
+        out: dict[str, Any] = {}
+        for name, sub in props.items():
+            if name in required or (depth < 3 and rng.random() < 0.5):
+                out[name] = _schema_value(sub, rng, depth + 1)
+        for name in required:  # required but not described: any string will do
+            if name not in out:
+                out[name] = rng.choice(_WORDS)
+        return out
+    if typ == "array":
+        lo = int(schema.get("minItems", 1 if depth < 3 else 0))
+        hi = max(lo, min(int(schema.get("maxItems", lo + 2)), lo + 2))
+        items = schema.get("items", {"type": "string"})
+        n = rng.randint(lo, hi)
+        if schema.get("uniqueItems"):
+            vals: list[Any] = []
+            for _ in range(n * 4):
+                v = _schema_value(items, rng, depth + 1)
+                if v not in vals:
+                    vals.append(v)
+                if len(vals) == n:
+                    break
+            return vals
+        return [_schema_value(items, rng, depth + 1) for _ in range(n)]
+    if typ in ("integer", "number"):
+        return _number(schema, typ, rng)
+    if typ == "boolean":
+        return rng.random() < 0.5
+    if typ == "null":
+        return None
+    # string
+    fmt = schema.get("format")
+    if fmt == "date":
+        return f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    if fmt == "date-time":
+        return f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z"
+    if fmt == "email":
+        return f"{rng.choice(_WORDS)}@example.com"
+    if fmt in ("uri", "url"):
+        return f"https://example.com/{rng.choice(_WORDS)}"
+    s = " ".join(rng.choices(_WORDS, k=rng.randint(1, 3)))
+    lo_s, hi_s = int(schema.get("minLength", 0)), schema.get("maxLength")
+    while len(s) < lo_s:
+        s += " " + rng.choice(_WORDS)
+    return s[: int(hi_s)] if hi_s is not None else s
+
+
+def _number(schema: dict[str, Any], typ: str, rng: random.Random) -> int | float:
+    """An integer inside the schema's bounds (draft-4 boolean or numeric exclusive bounds)."""
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    xlo, xhi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    lo_i = math.ceil(lo) if isinstance(lo, (int, float)) else None
+    hi_i = math.floor(hi) if isinstance(hi, (int, float)) else None
+    if xlo is True and lo_i is not None and lo_i == lo:
+        lo_i += 1
+    elif isinstance(xlo, (int, float)) and not isinstance(xlo, bool):
+        lo_i = max(lo_i if lo_i is not None else -(10**9), math.floor(xlo) + 1)
+    if xhi is True and hi_i is not None and hi_i == hi:
+        hi_i -= 1
+    elif isinstance(xhi, (int, float)) and not isinstance(xhi, bool):
+        hi_i = min(hi_i if hi_i is not None else 10**9, math.ceil(xhi) - 1)
+    if lo_i is None:
+        lo_i = 0 if hi_i is None or hi_i >= 0 else hi_i - 100
+    if hi_i is None or hi_i < lo_i:
+        hi_i = lo_i + 100
+    mult = schema.get("multipleOf")
+    if isinstance(mult, int) and not isinstance(mult, bool) and mult > 0:
+        k_lo, k_hi = -(-lo_i // mult), hi_i // mult
+        v = mult * rng.randint(k_lo, max(k_lo, k_hi))
+    else:
+        v = rng.randint(lo_i, hi_i)
+    return v if typ == "integer" else float(v)
+
+
+def _text(rng: random.Random, words: int) -> str:
+    """Sentences of simple words; about one response in three carries non-ASCII text."""
+    picked = rng.choices(_WORDS, k=words)
+    if rng.random() < 0.35:
+        picked.insert(rng.randrange(len(picked) + 1), rng.choice(_NON_ASCII))
+    out, i = [], 0
+    while i < len(picked):
+        n = rng.randint(6, 12)
+        sent = " ".join(picked[i:i + n])
+        out.append(sent[:1].upper() + sent[1:] + ".")
+        i += n
+    return " ".join(out)
+
+
+def declared_text_functions(messages: list[Any]) -> list[dict[str, Any]]:
+    """Functions declared as JSON objects after `Use them if required -` in a system message."""
+    for m in messages:
+        if not (isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str)):
+            continue
+        text = m["content"]
+        at = text.find(TEXT_DECL_MARKER)
+        if at < 0:
+            continue
+        dec, pos, found = json.JSONDecoder(), at + len(TEXT_DECL_MARKER), []
+        while (pos := text.find("{", pos)) >= 0:
+            try:
+                obj, end = dec.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                pos += 1
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+                found.append(obj)
+            pos = end
+        return found
+    return []
+
+
+def kimi_markers(calls: list[tuple[str, str]]) -> str:
+    """Raw Kimi tool-call markers, as a provider that failed to parse them passes them on."""
+    inner = "".join(
+        f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+        for i, (name, args) in enumerate(calls)
+    )
+    return f"<|tool_calls_section_begin|>{inner}<|tool_calls_section_end|>"
+
+
+@dataclass
+class Answer:
+    """One deterministic answer; `text_len` counts what is billed as completion tokens."""
+
+    gen_id: str
+    reasoning: str | None
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+
+
+def _prompt_chars(messages: list[Any], tools: Any) -> int:
+    n = 0
+    for m in messages:
+        if not isinstance(m, dict):
+            continue
+        c = m.get("content")
+        if isinstance(c, str):
+            n += len(c)
+        elif isinstance(c, list):
+            n += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+        if m.get("tool_calls"):
+            n += len(orjson.dumps(m["tool_calls"]))
+    if tools:
+        n += len(orjson.dumps(tools))
+    return n
+
+
+def _tool_call(rng: random.Random, fn: dict[str, Any]) -> dict[str, Any]:
+    args = _schema_value(fn.get("parameters") or {"type": "object", "properties": {}}, rng)
+    return {"id": f"call_{rng.getrandbits(96):024x}", "type": "function",
+            "function": {"name": str(fn.get("name", "tool")), "arguments": orjson.dumps(args).decode()}}
+
+
+def completion_limit(body: dict[str, Any], cfg: SimulatorConfig) -> int:
+    """The request's max_completion_tokens/max_tokens, capped by the simulator's own limit."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return min(cfg.max_completion_tokens, v)
+    return cfg.max_completion_tokens
+
+
+def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
+    """The answer to `body`: a pure function of (messages, tools, seed) and the length cap."""
+    messages, tools = body.get("messages") or [], body.get("tools") or None
+    digest = hashlib.sha256(orjson.dumps([messages, tools, cfg.seed], option=orjson.OPT_SORT_KEYS)).digest()
+    rng = random.Random(digest)
+    limit = completion_limit(body, cfg)
+    r_cfg = body.get("reasoning")
+    wants_reasoning = (isinstance(r_cfg, dict) and r_cfg.get("enabled", True) is not False
+                       and not r_cfg.get("exclude")) or bool(body.get("reasoning_effort"))
+    reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning else None
+    content: str | None = None
+    calls: list[dict[str, Any]] = []
+    fns = [t["function"] for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    if fns and rng.random() < cfg.tool_call_rate:
+        n = 2 if rng.random() < 0.25 else 1
+        calls = [_tool_call(rng, rng.choice(fns)) for _ in range(n)]
+    elif (not fns and (declared := declared_text_functions(messages))
+          and rng.random() < cfg.text_tool_call_rate):
+        if rng.random() < cfg.text_leak_rate:
+            call = _tool_call(rng, rng.choice(declared))["function"]
+            content = "Let me call the tool. " + kimi_markers([(call["name"], call["arguments"])])
+        else:
+            content = _text(rng, rng.randint(5, 60))
+    else:
+        content = _text(rng, rng.randint(5, 120))
+    finish = "tool_calls" if calls else "stop"
+    budget = limit * 4  # characters; the simulator's tokens are 4 characters
+    if reasoning and len(reasoning) > budget:
+        reasoning, content, calls, finish = reasoning[:budget], None, [], "length"
+    left = budget - len(reasoning or "")
+    if calls and sum(len(c["function"]["arguments"]) for c in calls) > left:
+        content, calls, finish = None, [], "length"
+    elif content and len(content) > left:
+        content, finish = content[:left] or None, "length"
+    args_chars = sum(len(c["function"]["arguments"]) for c in calls)
+    out_chars = len(reasoning or "") + len(content or "") + args_chars
+    return Answer(
+        gen_id=f"gen-{digest[:12].hex()}",
+        reasoning=reasoning,
+        content=content,
+        tool_calls=calls,
+        finish_reason=finish,
+        prompt_tokens=math.ceil(_prompt_chars(messages, tools) / 4),
+        completion_tokens=math.ceil(out_chars / 4),
+        reasoning_tokens=math.ceil(len(reasoning or "") / 4),
+    )
+
+
+def apply_content_fault(ans: Answer, fault: str, body: dict[str, Any], limit: int) -> Answer:
+    """The faults that still complete (and bill): leaked markers, `length` with nothing returned."""
+    if fault == "length-empty":
+        return Answer(ans.gen_id, None, "", [], "length", ans.prompt_tokens, limit, 0)
+    # leak: the calls the model made come back as raw markers in the content
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in ans.tool_calls]
+    if not calls:
+        calls = [("lookup", orjson.dumps({"query": body.get("model", "")}).decode())]
+    content = (ans.content or "") + kimi_markers(calls)
+    chars = len(ans.reasoning or "") + len(content)
+    return Answer(ans.gen_id, ans.reasoning, content, [], "stop", ans.prompt_tokens,
+                  math.ceil(chars / 4), ans.reasoning_tokens)
+
+
+# -------------------------------------------------------------------------------------- the server
+
+
+def _error_body(code: int, message: str, **meta: Any) -> bytes:
+    err: dict[str, Any] = {"code": code, "message": message}
+    if meta:
+        err["metadata"] = meta
+    return orjson.dumps({"error": err})
+
+
+_HTTP_FAULTS: dict[str, tuple[int, str]] = {
+    "429": (429, "Rate limit exceeded: simulated upstream limit"),
+    "429-no-retry-after": (429, "Rate limit exceeded: simulated upstream limit"),
+    "500": (500, "Internal Server Error (simulated)"),
+    "502": (502, "Provider returned error (simulated)"),
+    "503": (503, "No instances available (simulated)"),
+    "402": (402, "Insufficient credits. Add more using https://openrouter.ai/settings/credits (simulated)"),
+}
+
+
+class _Sim:
+    """Request handling and counters; one per server."""
+
+    def __init__(self, cfg: SimulatorConfig):
+        self.cfg = cfg
+        self.faults = tuple(cfg.faults) or DEFAULT_FAULTS
+        self.reset()
+
+    def reset(self) -> None:
+        self.rng = random.Random(self.cfg.seed)
+        self.requests = 0
+        self.completed = 0
+        self.billed = Decimal(0)
+        self.fault_counts: Counter[str] = Counter()
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"requests": self.requests, "completed": self.completed, "billedUSD": str(self.billed),
+                "faults": dict(self.fault_counts), "inFlight": self.in_flight,
+                "maxInFlight": self.max_in_flight}
+
+    def _cost(self, ans: Answer) -> float:
+        c = (ans.prompt_tokens * self.cfg.input_per_million
+             + ans.completion_tokens * self.cfg.output_per_million) / _MILLION
+        return float(c)
+
+    def _bill(self, cost: float) -> None:
+        # bill exactly what the client reads back from usage.cost
+        self.completed += 1
+        self.billed += Decimal(str(cost))
+
+    def _usage(self, ans: Answer, cost: float) -> dict[str, Any]:
+        return {"prompt_tokens": ans.prompt_tokens, "completion_tokens": ans.completion_tokens,
+                "total_tokens": ans.prompt_tokens + ans.completion_tokens, "cost": cost,
+                "is_byok": False, "prompt_tokens_details": {"cached_tokens": 0},
+                "completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        return web.Response(body=orjson.dumps({"object": "list", "data": [
+            {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": PROVIDER}]}),
+            content_type="application/json")
+
+    async def get_stats(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
+
+    async def post_reset(self, request: web.Request) -> web.StreamResponse:
+        self.reset()
+        return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
+
+    def _auth(self, request: web.Request) -> web.Response | None:
+        if self.cfg.api_key is None or request.headers.get("Authorization") == f"Bearer {self.cfg.api_key}":
+            return None
+        return web.Response(status=401, body=_error_body(401, "No auth credentials found"),
+                            content_type="application/json")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await self._chat(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as e:
+            return web.Response(status=400, body=_error_body(400, f"request body is not JSON: {e}"),
+                                content_type="application/json")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return web.Response(status=400, body=_error_body(400, "messages: a non-empty array is required"),
+                                content_type="application/json")
+        if not isinstance(body.get("model"), str):
+            return web.Response(status=400, body=_error_body(400, "model: a string is required"),
+                                content_type="application/json")
+        fault = None
+        if self.cfg.fault_rate and self.rng.random() < self.cfg.fault_rate:
+            fault = self.rng.choice(self.faults)
+            self.fault_counts[fault] += 1
+        if self.cfg.latency_ms:
+            await asyncio.sleep(self.cfg.latency_ms / 1000)
+        if fault in _HTTP_FAULTS:
+            status, msg = _HTTP_FAULTS[fault]
+            headers = {"Retry-After": str(self.cfg.retry_after_s)} if fault == "429" else None
+            return web.Response(status=status, body=_error_body(status, msg, provider_name=PROVIDER),
+                                headers=headers, content_type="application/json")
+        if fault == "timeout":
+            await asyncio.sleep(self.cfg.hang_s)  # cancelled when the client hangs up
+            return web.Response(status=504, body=_error_body(504, "simulated hang ended"),
+                                content_type="application/json")
+        ans = make_answer(body, self.cfg)
+        if fault in ("leak", "length-empty"):
+            ans = apply_content_fault(ans, fault, body, completion_limit(body, self.cfg))
+        if body.get("stream"):
+            return await self._stream(request, body, ans, fault)
+        return await self._plain(request, body, ans, fault)
+
+    def _head(self, body: dict[str, Any], ans: Answer, obj: str) -> dict[str, Any]:
+        return {"id": ans.gen_id, "provider": PROVIDER, "model": body["model"], "object": obj,
+                "created": int(time.time())}
+
+    async def _plain(self, request: web.Request, body: dict[str, Any], ans: Answer,
+                     fault: str | None) -> web.StreamResponse:
+        if fault == "200-error":
+            return web.Response(body=_error_body(502, "Provider returned error (simulated)",
+                                                 provider_name=PROVIDER), content_type="application/json")
+        if fault == "malformed-json":
+            return web.Response(body=orjson.dumps(self._head(body, ans, "chat.completion"))[:-1]
+                                + b', "choices": [{"message": {"content": "unterminated',
+                                content_type="application/json")
+        if fault == "empty-choices":
+            empty = {**self._head(body, ans, "chat.completion"), "choices": []}
+            return web.Response(body=orjson.dumps(empty), content_type="application/json")
+        cost = self._cost(ans)
+        message: dict[str, Any] = {"role": "assistant", "content": ans.content, "refusal": None,
+                                   "reasoning": ans.reasoning}
+        if ans.tool_calls:
+            message["tool_calls"] = ans.tool_calls
+        out = {**self._head(body, ans, "chat.completion"),
+               "choices": [{"index": 0, "logprobs": None, "finish_reason": ans.finish_reason,
+                            "native_finish_reason": ans.finish_reason, "message": message}],
+               "usage": self._usage(ans, cost)}
+        data = orjson.dumps(out)
+        if fault == "stream-cut":  # the body stops half-way; the connection closes
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.content_length = len(data)
+            await resp.prepare(request)
+            await resp.write(data[: len(data) // 2])
+            _hang_up(request)
+            return resp
+        self._bill(cost)
+        return web.Response(body=data, content_type="application/json")
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], ans: Answer,
+                      fault: str | None) -> web.StreamResponse:
+        head = self._head(body, ans, "chat.completion.chunk")
+        rng = random.Random(ans.gen_id)
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            c = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                      "native_finish_reason": finish, "logprobs": None}], **extra}
+            return b"data: " + orjson.dumps(c) + b"\n\n"
+
+        def pieces(text: str) -> list[str]:
+            out, i = [], 0
+            while i < len(text):
+                n = rng.randint(8, 48)
+                out.append(text[i:i + n])
+                i += n
+            return out
+
+        parts: list[bytes] = [_COMMENT, chunk({"role": "assistant", "content": ""})]
+        for p in pieces(ans.reasoning or ""):
+            parts.append(chunk({"role": "assistant", "content": "", "reasoning": p}))
+        if rng.random() < 0.5:
+            parts.append(_COMMENT)
+        for p in pieces(ans.content or ""):
+            parts.append(chunk({"role": "assistant", "content": p}))
+        for i, call in enumerate(ans.tool_calls):
+            fn = call["function"]
+            parts.append(chunk({"role": "assistant", "content": None, "tool_calls": [
+                {"index": i, "id": call["id"], "type": "function",
+                 "function": {"name": fn["name"], "arguments": ""}}]}))
+            for p in pieces(fn["arguments"]):
+                parts.append(chunk({"role": "assistant", "content": None, "tool_calls": [
+                    {"index": i, "function": {"arguments": p}}]}))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        half = max(1, len(parts) // 2)
+        if fault == "stream-cut":
+            await resp.write(b"".join(parts[:half]))
+            _hang_up(request)
+            return resp
+        if fault == "200-error":
+            parts[half:] = [chunk({"content": ""}, "error", error={
+                "code": 502, "message": "Provider disconnected (simulated)",
+                "metadata": {"provider_name": PROVIDER}})]
+            await resp.write(b"".join(parts))
+            await resp.write_eof()
+            return resp
+        if fault == "malformed-json":
+            parts[half:] = [b'data: {"id": "' + ans.gen_id.encode() + b'", "choices": [{"delta": {"cont\n\n',
+                            _DONE]
+            await resp.write(b"".join(parts))
+            await resp.write_eof()
+            return resp
+        if fault == "empty-choices":
+            await resp.write(_COMMENT + b"data: " + orjson.dumps({**head, "choices": []}) + b"\n\n" + _DONE)
+            await resp.write_eof()
+            return resp
+        cost = self._cost(ans)
+        parts.append(chunk({}, ans.finish_reason, usage=self._usage(ans, cost)))
+        parts.append(_DONE)
+        data = b"".join(parts)
+        cut = rng.randrange(1, len(data))  # a byte-level split: clients must buffer partial lines
+        await resp.write(data[:cut])
+        self._bill(cost)
+        await resp.write(data[cut:])
+        await resp.write_eof()
+        return resp
+
+
+def _hang_up(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
+
+
+class SimulatorServer:
+    """An in-process simulator on the running event loop."""
+
+    def __init__(self, sim: _Sim, runner: web.AppRunner, base_url: str):
+        self._sim = sim
+        self._runner = runner
+        self.base_url = base_url
+        self.config = sim.cfg
+
+    @property
+    def port(self) -> int:
+        return int(self.base_url.rsplit(":", 1)[1].split("/", 1)[0])
+
+    async def stats(self) -> dict[str, Any]:
+        return self._sim.stats()
+
+    def reset(self) -> None:
+        self._sim.reset()
+
+    async def close(self) -> None:
+        await self._runner.cleanup()
+
+    async def __aenter__(self) -> SimulatorServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def build_app(sim: _Sim) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", sim.chat)
+    app.router.add_post("/chat/completions", sim.chat)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/models", sim.models)
+    app.router.add_get("/sim/stats", sim.get_stats)
+    app.router.add_post("/sim/reset", sim.post_reset)
+    return app
+
+
+async def start_simulator(config: SimulatorConfig | None = None, host: str = "127.0.0.1",
+                          port: int = 0) -> SimulatorServer:
+    """Serve on host:port (0 = a free port); handlers are cancelled when their client hangs up."""
+    sim = _Sim(config or SimulatorConfig())
+    runner = web.AppRunner(build_app(sim), handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=8192)
+    await site.start()
+    bound = runner.addresses[0][1]
+    url_host = f"[{host}]" if ":" in host else host
+    return SimulatorServer(sim, runner, f"http://{url_host}:{bound}/v1")
+
+
+# ------------------------------------------------------------------------------- child process
+
+
+_LISTENING_RE = re.compile(r"listening on (http://\S+)")
+
+
+class SimulatorProcess:
+    """The simulator in a child process on loopback (reachable from Ray workers); stopped by PID."""
+
+    def __init__(self, config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
+                 startup_timeout: float = 30.0):
+        self.config = config or SimulatorConfig()
+        self.host, self.port = host, port
+        self.startup_timeout = startup_timeout
+        self.base_url = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("simulator process not started")
+        return self._proc.pid
+
+    def start(self) -> SimulatorProcess:
+        cmd = [sys.executable, "-m", "eyrie.jobs.simulator", "--host", self.host, "--port", str(self.port),
+               "--config-json", self.config.to_json(), "--parent-pid", str(os.getpid())]
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child; closed in stop()
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
+                                      stdin=subprocess.DEVNULL)
+        assert self._proc.stdout is not None
+        deadline = time.monotonic() + self.startup_timeout
+        line = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self._proc.stdout], [], [], 0.1)
+            if ready:
+                line = self._proc.stdout.readline()
+                if m := _LISTENING_RE.search(line.decode(errors="replace")):
+                    self.base_url = m.group(1)
+                    return self
+                if not line:
+                    break
+            elif self._proc.poll() is not None:
+                break
+        self._stderr.seek(0)
+        tail = self._stderr.read()[-2000:].decode(errors="replace")
+        self.stop()
+        raise RuntimeError(f"simulator did not start within {self.startup_timeout}s: {tail or line!r}")
+
+    def stats(self) -> dict[str, Any]:
+        import httpx
+
+        r = httpx.get(self.base_url.removesuffix("/v1") + "/sim/stats", timeout=10, trust_env=False)
+        r.raise_for_status()
+        return r.json()
+
+    def stop(self, grace: float = 3.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def __enter__(self) -> SimulatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def _raise_nofile_limit() -> None:
+    """Thousands of concurrent connections need as many descriptors as the hard limit allows."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 65536 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+async def _serve(config: SimulatorConfig, host: str, port: int, parent_pid: int | None) -> None:
+    server = await start_simulator(config, host, port)
+    print(f"eyrie simulator (a demo/test tool, not a real model) listening on {server.base_url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            if parent_pid is not None and os.getppid() != parent_pid:
+                break  # the parent died (e.g. kill -9): do not linger as an orphan
+    finally:
+        await server.close()
+
+
+def cli_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="eyrie simulate",
+        description="Run the built-in SIMULATED OpenAI-compatible provider, a tool for demos and tests: "
+        "scripted deterministic answers (reasoning, content, tool calls), usage.cost, latency and "
+        "injected faults. It is not a model; never point real work at it. Binds 127.0.0.1 by default.",
+    )
+    p.add_argument("--port", type=int, default=0, help="port (0 = a free one; the URL is printed)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1, loopback only)")
+    p.add_argument("--latency-ms", type=float, help="delay before each answer")
+    p.add_argument("--fault-rate", type=float, help="share of requests that get a fault, 0..1")
+    p.add_argument("--fault", action="append", choices=FAULTS, metavar="NAME",
+                   help=f"a fault to inject (repeatable): {', '.join(FAULTS)}")
+    p.add_argument("--seed", type=int, help="seed of answers and fault draws")
+    p.add_argument("--config-json", help="a full SimulatorConfig as JSON (flags above override it)")
+    p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    try:
+        config = SimulatorConfig.from_json(a.config_json) if a.config_json else SimulatorConfig()
+        for name in ("latency_ms", "fault_rate", "seed"):
+            if getattr(a, name) is not None:
+                setattr(config, name, getattr(a, name))
+        if a.fault:
+            config.faults = list(a.fault)
+        config.__post_init__()
+    except (ValueError, TypeError) as e:
+        print(f"eyrie simulate: {e}", file=sys.stderr)
+        return 2
+    _raise_nofile_limit()
+    try:
+        asyncio.run(_serve(config, a.host, a.port, a.parent_pid))
+    except OSError as e:
+        print(f"eyrie simulate: cannot listen on {a.host}:{a.port}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main(sys.argv[1:]))
