@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
 ATTEMPT_ANNOTATION = "eyrie.dev/attempt"

@@ -19,7 +19,8 @@ from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 from . import children, conditions
 from .conditions import FAILED, OUTPUT_REACHABLE, QUEUED, SECRETS_READY, SUCCEEDED, SUSPENDED
 
-OUTCOMES = ("Running", "Done", "BudgetExhausted", "ToolSemanticsDrift", "InsufficientCredits", "Failed")
+OUTCOMES = ("Running", "Done", "BudgetExhausted", "ToolSemanticsDrift", "InsufficientCredits", "Failed",
+            "Stopped")
 # outcome -> the Suspended condition's reason
 STOP_REASONS = {"BudgetExhausted": "BudgetExceeded", "ToolSemanticsDrift": "ToolSemanticsDrift",
                 "InsufficientCredits": "InsufficientCredits"}

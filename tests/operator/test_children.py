@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+
 from eyrie.jobs.spec import parse_spec
 from eyrie.operator import children
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+
 from eyrie.jobs.spec import parse_spec
 from eyrie.operator import children, conditions
 from eyrie.operator.reconcile import (

@@ -1,0 +1,500 @@
+"""Thin kopf handlers: observe (API server, Ray, store), call `reconcile`, carry out its actions.
+
+A timer polls every resource; an event handler reacts at once to spec changes (a new
+`metadata.generation`). Both go through one lock per resource, so passes never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kopf
+import orjson
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from eyrie.jobs import records
+from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
+from eyrie.jobs.store import NotFound, S3Credentials, Store, StoreError, open_store
+
+from . import children, metrics
+from .reconcile import (
+    ApplyConfigMap,
+    CreateExtraction,
+    CreateGeneration,
+    Decision,
+    DeleteExtraction,
+    DeleteGeneration,
+    Event,
+    ExtractionChild,
+    FinalizeManifest,
+    GenerationChild,
+    Observation,
+    ProgressError,
+    SetExtractionSuspend,
+    StopGeneration,
+    SuspendSpec,
+    invalid_spec,
+    parse_progress,
+    reconcile,
+)
+
+T = TypeVar("T")
+log = logging.getLogger("eyrie.operator")
+INTERVAL = float(os.environ.get("EYRIE_OPERATOR_INTERVAL", "5"))
+RAY_TIMEOUT = 10.0
+
+
+class SecretMissing(LookupError):
+    """A referenced Secret or key is absent; the message names the spec field, never a value."""
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------------------ Kubernetes access
+
+
+class Kube:
+    """Raw JSON calls through the official client (typed models choke on partial objects)."""
+
+    def __init__(self) -> None:
+        try:
+            k8s_config.load_incluster_config()
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config()
+        self.api = k8s_client.ApiClient()
+
+    @staticmethod
+    def path(group: str, version: str, plural: str, namespace: str, name: str | None = None) -> str:
+        base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
+        return f"{base}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
+
+    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None,
+              query: list[tuple[str, str]] | None = None) -> Any:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        m, url, hdrs, data, post = self.api.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body,
+            auth_settings=["BearerToken"])
+        resp = self.api.call_api(m, url, header_params=hdrs, body=data, post_params=post,
+                                 _request_timeout=30)
+        raw = resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason)
+        return orjson.loads(raw) if raw else None
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return await asyncio.to_thread(self._call, "GET", path)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    async def list(self, path: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in selector.items()))]
+        doc = await asyncio.to_thread(self._call, "GET", path, None, None, query)
+        items = (doc or {}).get("items") or []
+        # a server that ignores labelSelector must not make us act on someone else's objects
+        return [i for i in items if all((i.get("metadata", {}).get("labels") or {}).get(k) == v
+                                        for k, v in selector.items())]
+
+    async def create(self, path: str, body: dict[str, Any]) -> bool:
+        """Create; False when it already exists (a restarted operator meets its own children)."""
+        try:
+            await asyncio.to_thread(self._call, "POST", path, body)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+
+    async def patch(self, path: str, body: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._call, "PATCH", path, body, "application/merge-patch+json")
+
+    async def delete(self, path: str) -> None:
+        try:
+            await asyncio.to_thread(self._call, "DELETE", path, {"propagationPolicy": "Background"})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+# ------------------------------------------------------------------------------------ Ray access
+
+
+def _ray_client(address: str) -> Any:
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address)
+
+
+def _ray_status(address: str, submission_id: str) -> str | None:
+    try:
+        return str(_ray_client(address).get_job_status(submission_id).value)
+    except RuntimeError as e:  # the client raises RuntimeError for an unknown submission id
+        if "does not exist" in str(e) or "404" in str(e):
+            return None
+        raise
+
+
+RAY_STATES = {"PENDING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
+              "STOPPED": "Stopped"}
+
+
+# --------------------------------------------------------------------------------------- observe
+
+
+async def _secret(kube: Kube, namespace: str, name: str, keys: list[tuple[str, str]]) -> dict[str, str]:
+    """The Secret's values for `keys` ([(field, key)]); SecretMissing names the field otherwise."""
+    import base64
+
+    doc = await kube.get(kube.path("", "v1", "secrets", namespace, name))
+    field0 = keys[0][0]
+    if doc is None:
+        raise SecretMissing(f"{field0}: Secret {name!r} not found in namespace {namespace!r}")
+    data = doc.get("data") or {}
+    out = {}
+    for field, key in keys:
+        if key not in data:
+            raise SecretMissing(f"{field}: Secret {name!r} has no key {key!r}")
+        out[key] = base64.b64decode(data[key]).decode()
+    return out
+
+
+async def _credentials(kube: Kube, namespace: str, spec: DatasetGenerationSpec) -> S3Credentials | None:
+    ref = spec.output.credentials_secret_ref
+    if ref is None:
+        return None
+    vals = await _secret(kube, namespace, ref.name, [
+        ("spec.output.credentialsSecretRef.accessKeyKey", ref.access_key_key),
+        ("spec.output.credentialsSecretRef.secretKeyKey", ref.secret_key_key)])
+    return S3Credentials(vals[ref.access_key_key], vals[ref.secret_key_key])
+
+
+def _rayjob_child(doc: dict[str, Any]) -> GenerationChild:
+    meta = doc.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    st = doc.get("status") or {}
+    deploy = st.get("jobDeploymentStatus", "")
+    job = st.get("jobStatus", "")
+    state: str
+    if (doc.get("spec") or {}).get("suspend") and deploy in ("", "New", "Suspended", "Suspending"):
+        state = "Queued"
+    elif deploy == "Failed" or job == "FAILED":
+        state = "Failed"
+    elif job == "STOPPED":
+        state = "Stopped"
+    elif deploy == "Complete" or job == "SUCCEEDED":
+        state = "Succeeded"
+    elif job == "RUNNING":
+        state = "Running"
+    else:
+        state = "Pending"
+    stop = ann.get(children.STOP_ANNOTATION)
+    return GenerationChild(attempt=ann.get(children.ATTEMPT_ANNOTATION, "0"), name=meta.get("name", ""),
+                           state=state,  # type: ignore[arg-type]
+                           reason=st.get("reason", ""), message=st.get("message", ""),
+                           stop_requested_at=float(stop) if stop else None)
+
+
+def _job_child(doc: dict[str, Any]) -> ExtractionChild:
+    spec = doc.get("spec") or {}
+    st = doc.get("status") or {}
+    labels = (doc.get("metadata") or {}).get("labels") or {}
+    failed = next((c for c in st.get("conditions") or []
+                   if c.get("type") == "Failed" and c.get("status") == "True"), None)
+    return ExtractionChild(
+        name=doc["metadata"]["name"], suspended=bool(spec.get("suspend")),
+        kueue=bool(children.kueue_labels(labels)), succeeded=int(st.get("succeeded") or 0),
+        completions=int(spec.get("completions") or 0), failed=failed is not None,
+        reason=(failed or {}).get("reason", ""), message=(failed or {}).get("message", ""))
+
+
+def _read_output(store: Store, spec: DatasetGenerationSpec) -> tuple[Any, str | None, int]:
+    """(progress document, complete manifest URL, pod summaries present) from the output store."""
+    try:
+        prog = orjson.loads(store.get(records.PROGRESS))
+    except NotFound:
+        prog = None
+    manifest_url = None
+    try:
+        manifest = orjson.loads(store.get(records.MANIFEST))
+        # with extraction on, only a manifest that includes it closes the run
+        if not spec.extraction.enabled or manifest.get("extraction"):
+            manifest_url = store.url(records.MANIFEST)
+    except NotFound:
+        pass
+    summaries = 0
+    if spec.extraction.enabled:
+        n = children.extraction_count(spec)
+        summaries = sum(1 for k in store.list(records.HIDDEN)
+                        if k.startswith(f"{records.HIDDEN}/summary-") and k.endswith(f"-of-{n:05d}.json"))
+    return prog, manifest_url, summaries
+
+
+async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
+    meta = body["metadata"]
+    name, ns = meta["name"], meta["namespace"]
+    status = dict(body.get("status") or {})
+    missing: list[str] = []
+    ref = spec.api.api_key_secret_ref
+    if ref is not None:
+        try:
+            await _secret(kube, ns, ref.name, [("spec.api.apiKeySecretRef", ref.key)])
+        except SecretMissing as e:
+            missing.append(str(e))
+    creds = None
+    try:
+        creds = await _credentials(kube, ns, spec)
+    except SecretMissing as e:
+        missing.append(str(e))
+
+    cm = await kube.get(kube.path("", "v1", "configmaps", ns, children.configmap_name(name)))
+    attempt = status.get("attempt") or "1"
+    gens: list[GenerationChild] = []
+    ray = spec.generation.ray
+    if ray.mode == "RayJob":
+        g, v, p = children.RAYJOB_API
+        docs = await kube.list(kube.path(g, v, p, ns), {children.DATASET_LABEL: name})
+        gens = [_rayjob_child(d) for d in docs]
+    elif ray.mode == "Submit" and ray.address:
+        for a in (attempt, str(int(attempt) + 1)):
+            sid = children.submission_id(ns, name, a)
+            st = await asyncio.wait_for(asyncio.to_thread(_ray_status, ray.address, sid), RAY_TIMEOUT)
+            if st is not None:
+                gens.append(GenerationChild(a, sid, RAY_STATES.get(st, "Pending"),  # type: ignore[arg-type]
+                                            stop_requested_at=memo.stops.get(sid)))
+    ext = None
+    if spec.extraction.enabled:
+        doc = await kube.get(kube.path("batch", "v1", "jobs", ns, children.extraction_name(name)))
+        ext = _job_child(doc) if doc else None
+
+    # progress after the children: what it says is at least as fresh as their status
+    prog = error = manifest = None
+    summaries = 0
+    if not (spec.output.credentials_secret_ref and creds is None):
+        try:
+            store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
+            doc, manifest, summaries = await asyncio.to_thread(_read_output, store, spec)
+            prog = parse_progress(doc) if doc is not None else None
+        except (StoreError, ProgressError, orjson.JSONDecodeError) as e:
+            error = f"spec.output.uri: {e}"
+    return Observation(
+        name=name, namespace=ns, generation=meta.get("generation"), labels=dict(meta.get("labels") or {}),
+        spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
+        configmap_data=(cm or {}).get("data"), generation_children=tuple(gens), extraction=ext,
+        missing_secrets=tuple(missing), progress=prog, progress_error=error, manifest_uri=manifest,
+        summaries_done=summaries)
+
+
+# ----------------------------------------------------------------------------------------- act
+
+
+def _submit(address: str, sid: str, spec_yaml: str, env: dict[str, str]) -> None:
+    """Submit one attempt unless Ray already knows its id (a restart must not submit twice)."""
+    if _ray_status(address, sid) is not None:
+        return
+    with tempfile.TemporaryDirectory(prefix="eyrie-submit-") as d:
+        Path(d, children.SPEC_KEY).write_text(spec_yaml)
+        _ray_client(address).submit_job(
+            entrypoint=f"eyrie run {children.SPEC_KEY} --until samples", submission_id=sid,
+            runtime_env={"working_dir": d, "env_vars": env})
+
+
+def _stop_ray(address: str, job_id: str) -> None:
+    _ray_client(address).stop_job(job_id)
+
+
+async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt: str) -> dict[str, str]:
+    env = {"EYRIE_ATTEMPT": attempt}
+    if spec.output.endpoint:
+        env["EYRIE_S3_ENDPOINT"] = spec.output.endpoint
+    ref = spec.api.api_key_secret_ref
+    if ref is not None:
+        vals = await _secret(kube, ns, ref.name, [("spec.api.apiKeySecretRef", ref.key)])
+        env["EYRIE_API_KEY"] = vals[ref.key]
+    creds = await _credentials(kube, ns, spec)
+    if creds is not None:
+        env["EYRIE_S3_ACCESS_KEY"], env["EYRIE_S3_SECRET_KEY"] = creds.access_key, creds.secret_key
+    return env
+
+
+async def act(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpec, decision: Decision,
+              patch: kopf.Patch, logger: logging.Logger) -> None:
+    meta = body["metadata"]
+    name, ns = meta["name"], meta["namespace"]
+    g, v, p = children.RAYJOB_API
+    for action in decision.actions:
+        if isinstance(action, ApplyConfigMap):
+            cm = action.body
+            kopf.adopt(cm, owner=body)
+            if not await kube.create(kube.path("", "v1", "configmaps", ns), cm):
+                await kube.patch(kube.path("", "v1", "configmaps", ns, cm["metadata"]["name"]),
+                                 {"data": cm["data"]})
+        elif isinstance(action, CreateGeneration):
+            if action.body is not None:
+                kopf.adopt(action.body, owner=body)
+                if await kube.create(kube.path(g, v, p, ns), action.body):
+                    logger.info(f"created RayJob {action.body['metadata']['name']} "
+                                f"(attempt {action.attempt})")
+            else:
+                sid = children.submission_id(ns, name, action.attempt)
+                env = await _submit_env(kube, ns, spec, action.attempt)
+                spec_yaml = children.resolved_spec_yaml(name, ns, spec)
+                assert spec.generation.ray.address is not None  # the spec model requires it for Submit
+                await asyncio.to_thread(_submit, spec.generation.ray.address, sid, spec_yaml, env)
+                logger.info(f"submitted Ray job {sid} (attempt {action.attempt})")
+        elif isinstance(action, StopGeneration):
+            await _stop_generation(kube, memo, ns, spec, action, logger)
+        elif isinstance(action, DeleteGeneration):
+            if spec.generation.ray.mode == "RayJob":
+                await kube.delete(kube.path(g, v, p, ns, action.name))
+                logger.info(f"deleted RayJob {action.name}")
+        elif isinstance(action, CreateExtraction):
+            kopf.adopt(action.body, owner=body)
+            await kube.create(kube.path("batch", "v1", "jobs", ns), action.body)
+        elif isinstance(action, SetExtractionSuspend):
+            await kube.patch(kube.path("batch", "v1", "jobs", ns, action.name),
+                             {"spec": {"suspend": action.suspend}})
+        elif isinstance(action, DeleteExtraction):
+            await kube.delete(kube.path("batch", "v1", "jobs", ns, action.name))
+        elif isinstance(action, SuspendSpec):
+            patch.spec["suspend"] = True
+        elif isinstance(action, Event):
+            kopf.event(body, type=action.type, reason=action.reason, message=action.message)
+        elif isinstance(action, FinalizeManifest):
+            from eyrie.jobs.commands import finalize_manifest
+
+            creds = await _credentials(kube, ns, spec)
+            store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
+            await asyncio.to_thread(finalize_manifest, spec, store)
+            logger.info(f"wrote {store.url(records.MANIFEST)}")
+
+
+async def _stop_generation(kube: Kube, memo: Any, ns: str, spec: DatasetGenerationSpec,
+                           action: StopGeneration, logger: logging.Logger) -> None:
+    """Ask Ray to stop the job (SIGTERM: the job drains and flushes), then mark the request."""
+    ray = spec.generation.ray
+    now = time.time()
+    try:
+        if ray.mode == "Submit" and ray.address:
+            await asyncio.wait_for(asyncio.to_thread(_stop_ray, ray.address, action.name), RAY_TIMEOUT)
+            memo.stops[action.name] = now
+            return
+        g, v, p = children.RAYJOB_API
+        doc = await kube.get(kube.path(g, v, p, ns, action.name)) or {}
+        st = doc.get("status") or {}
+        if st.get("dashboardURL") and st.get("jobId"):
+            url = st["dashboardURL"]
+            url = url if "://" in url else f"http://{url}"
+            await asyncio.wait_for(asyncio.to_thread(_stop_ray, url, st["jobId"]), RAY_TIMEOUT)
+    except Exception as e:  # the deletion after the grace period still stops it
+        logger.warning(f"graceful stop of {action.name} failed ({type(e).__name__}: {e}); "
+                       "it is deleted after the grace period")
+    if ray.mode == "RayJob":
+        g, v, p = children.RAYJOB_API
+        await kube.patch(kube.path(g, v, p, ns, action.name),
+                         {"metadata": {"annotations": {children.STOP_ANNOTATION: str(now)}}})
+    logger.info(f"requested a graceful stop of {action.name}")
+
+
+# ------------------------------------------------------------------------------------- handlers
+
+
+class Memo:
+    """Process-wide state kept by kopf's memo: API client, per-resource locks, Submit stop times."""
+
+    def __init__(self) -> None:
+        self.kube: Kube | None = None
+        self.locks: dict[str, asyncio.Lock] = {}
+        self.stops: dict[str, float] = {}
+
+
+async def reconcile_resource(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger) -> None:
+    """One pass for one DatasetGeneration; errors are logged and counted, the next tick retries."""
+    meta = body["metadata"]
+    key = f"{meta['namespace']}/{meta['name']}"
+    lock = memo.locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        metrics.RECONCILES.inc()
+        try:
+            await _reconcile(body, patch, memo, logger)
+        except Exception as e:
+            metrics.ERRORS.labels(type(e).__name__).inc()
+            logger.error(f"reconcile failed: {type(e).__name__}: {e}")
+
+
+async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger) -> None:
+    if memo.kube is None:
+        memo.kube = await asyncio.to_thread(Kube)
+    meta = body["metadata"]
+    status = dict(body.get("status") or {})
+    try:
+        spec = parse_spec({"spec": dict(body.get("spec") or {})}).spec
+    except SpecError as e:
+        new = invalid_spec(e, status, meta.get("generation"), now_rfc3339())
+        _patch_status(patch, status, new)
+        if status.get("phase") != "Failed":
+            kopf.event(body, type="Warning", reason="PermanentError", message=str(e).replace("\n", " "))
+        return
+    obs = await observe(memo.kube, memo, body, spec)
+    decision = reconcile(obs)
+    await act(memo.kube, memo, body, spec, decision, patch, logger)
+    _patch_status(patch, status, decision.status)
+    if decision.suspended_reason:
+        metrics.SUSPENSIONS.labels(decision.suspended_reason).inc()
+    metrics.TRACKER.observe(meta["namespace"], meta["name"], decision.status.get("phase"), decision.status)
+    metrics.BUDGET.labels(meta["namespace"], meta["name"]).set(float(spec.budget.max_usd))
+
+
+def _patch_status(patch: kopf.Patch, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Patch only what changed; `conditions` always goes as the whole list."""
+    for k, v in new.items():
+        if old.get(k) != v:
+            patch.status[k] = v
+
+
+def _spec_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
+    if type == "DELETED":
+        return False
+    gen = (body.get("metadata") or {}).get("generation")
+    return gen is None or gen != (body.get("status") or {}).get("observedGeneration")
+
+
+@kopf.on.startup()
+async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    memo.state = Memo()
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=0.1)
+async def poll(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger, **_: Any) -> None:
+    await reconcile_resource(body, patch, memo.state, logger)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_changed)
+async def changed(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger, **_: Any) -> None:
+    await reconcile_resource(body, patch, memo.state, logger)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
+async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
+    meta = body["metadata"]
+    metrics.TRACKER.forget(meta["namespace"], meta["name"])
+    memo.state.locks.pop(f"{meta['namespace']}/{meta['name']}", None)
+

@@ -1,0 +1,48 @@
+"""`eyrie operator`: run the kopf operator (what the Helm chart's Deployment runs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="eyrie operator",
+                                 description="Watch DatasetGenerations and run them (kopf operator).")
+    ap.add_argument("--namespace", "-n", action="append", default=[],
+                    help="serve only this namespace (repeatable; glob patterns allowed); default: all")
+    ap.add_argument("--standalone", action="store_true",
+                    help="no peering with other operator replicas (one replica, or tests)")
+    ap.add_argument("--liveness", default=None, metavar="URL",
+                    help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    ap.add_argument("--metrics-port", type=int, default=int(os.environ.get("EYRIE_METRICS_PORT", "9090")),
+                    help="Prometheus /metrics port (0 disables)")
+    ap.add_argument("--metrics-address", default="0.0.0.0")
+    ap.add_argument("--interval", type=float, default=None,
+                    help="seconds between progress polls of each resource (default 5)")
+    ap.add_argument("--verbose", "-v", action="store_true")
+    return ap.parse_args(argv)
+
+
+def operator_main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.interval is not None:  # read by the handlers module when it registers its timer
+        os.environ["EYRIE_OPERATOR_INTERVAL"] = str(args.interval)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import kopf
+
+    from eyrie.operator import handlers, metrics
+
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_address)
+    logging.getLogger("eyrie.operator").info(
+        f"serving {', '.join(args.namespace) or 'all namespaces'}; poll interval {handlers.INTERVAL}s")
+    kopf.run(
+        standalone=args.standalone,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+    )
+    return 0

@@ -1,0 +1,274 @@
+"""A Kubernetes API for the operator tests: kmock's emulator, made close enough for kopf and kubectl.
+
+kmock 0.8 stores objects and streams watch events but leaves out what an API server adds: uid,
+resourceVersion, metadata.generation, creationTimestamp, generateName, `kind` on lists, server-side
+tables (printer columns) and the core group's `v1` groupVersion. `Emulator` adds those; `Cluster`
+runs it on 127.0.0.1 in a thread of its own and gives the test a plain HTTP client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import kmock
+import yaml
+from kmock._internal import enums, rendering
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "crds" / "datasetgenerations.eyrie.dev.yaml"
+
+BUILTIN: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("", "v1", "configmaps"): {"kind": "ConfigMap", "namespaced": True},
+    ("", "v1", "secrets"): {"kind": "Secret", "namespaced": True},
+    ("", "v1", "events"): {"kind": "Event", "namespaced": True},
+    ("", "v1", "namespaces"): {"kind": "Namespace", "namespaced": False},
+    ("batch", "v1", "jobs"): {"kind": "Job", "namespaced": True, "subresources": ["status"]},
+    ("ray.io", "v1", "rayjobs"): {"kind": "RayJob", "namespaced": True, "subresources": ["status"]},
+}
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _human_age(ts: str) -> str:
+    """What the API server's table convertor shows for a `date` column."""
+    try:
+        secs = int((datetime.now(UTC) - datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC))
+                   .total_seconds())
+    except (TypeError, ValueError):
+        return "<unknown>"
+    if secs < 120:
+        return f"{max(secs, 0)}s"
+    if secs < 7200:
+        return f"{secs // 60}m"
+    return f"{secs // 3600}h"
+
+
+def _jsonpath(obj: Any, path: str) -> Any:
+    for part in path.strip(".").split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+@attrs.define(kw_only=True)
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus the object bookkeeping a real API server does."""
+
+    _columns: dict[Any, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
+    _kinds: dict[Any, str] = attrs.field(factory=dict, init=False)
+    _rv: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    def declare(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
+                subresources: list[str] | None = None, shortnames: list[str] | None = None,
+                columns: list[dict[str, Any]] | None = None) -> None:
+        res = kmock.resource(group=group, version=version, plural=plural)
+        self.resources[res] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, singular=kind.lower(),
+                                                 verbs=VERBS, shortnames=shortnames or [],
+                                                 subresources=subresources or [])
+        self._kinds[res] = kind
+        if columns:
+            self._columns[res] = columns
+
+    def install_crd(self, crd: dict[str, Any]) -> None:
+        spec = crd["spec"]
+        names = spec["names"]
+        for v in spec["versions"]:
+            self.declare(spec["group"], v["name"], names["plural"], names["kind"],
+                         spec.get("scope", "Namespaced") == "Namespaced", list(v.get("subresources") or {}),
+                         names.get("shortNames"), v.get("additionalPrinterColumns"))
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        data = request.data
+        if request.resource is not None and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if request.action == enums.action.CREATE:
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _now())
+                meta["generation"] = 1
+                meta["resourceVersion"] = str(next(self._rv))
+                if request.namespace and "namespace" not in meta:
+                    meta["namespace"] = request.namespace
+            elif request.action == enums.action.UPDATE:
+                meta["resourceVersion"] = str(next(self._rv))
+                if request.subresource is None and "spec" in data:
+                    key = (request.resource, request.namespace, request.name)
+                    if key in self.objects and not self.objects[key].deleted:
+                        meta["generation"] = int(self.objects[key].get("metadata", {}).get("generation", 1)) + 1
+        return await super()._handle(request)
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        result = await super()._serve_list(request)
+        assert request.resource is not None
+        kind = self._kinds.get(request.resource, "")
+        gv = "/".join(p for p in (request.resource.group, request.resource.version) if p)
+        if "as=Table" in request.headers.get("Accept", ""):
+            return self._table(request.resource, result["items"])
+        return {"kind": f"{kind}List", "apiVersion": gv, **result}
+
+    async def _serve_fetch(self, request: rendering.Request) -> Any:
+        result = await super()._serve_fetch(request)
+        if "as=Table" in request.headers.get("Accept", "") and request.subresource is None:
+            assert request.resource is not None
+            return self._table(request.resource, [result])
+        return result
+
+    async def _serve_version(self, request: rendering.Request) -> Any:
+        result = await super()._serve_version(request)
+        result["groupVersion"] = result["groupVersion"].lstrip("/")
+        return result
+
+    def _table(self, resource: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
+        cols = self._columns.get(resource, [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}])
+        defs = [{"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}]
+        defs += [{"name": c["name"], "type": c["type"], "format": "", "description": "", "priority": 0}
+                 for c in cols]
+        rows = []
+        for obj in items:
+            cells: list[Any] = [obj["metadata"]["name"]]
+            for c in cols:
+                v = _jsonpath(obj, c["jsonPath"])
+                cells.append(_human_age(v) if c["type"] == "date" else ("<none>" if v is None else v))
+            rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
+                                                    "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}})
+        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": "1"},
+                "columnDefinitions": defs, "rows": rows}
+
+
+def path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None,
+         sub: str | None = None) -> str:
+    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{ns}/{plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+DSG = ("eyrie.dev", "v1alpha1", "datasetgenerations")
+RAYJOBS = ("ray.io", "v1", "rayjobs")
+JOBS = ("batch", "v1", "jobs")
+CONFIGMAPS = ("", "v1", "configmaps")
+SECRETS = ("", "v1", "secrets")
+EVENTS = ("", "v1", "events")
+
+
+class Cluster:
+    """The emulator on 127.0.0.1 in its own thread and event loop; `api` is a sync HTTP client."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="kmock")
+        self.emulator: Emulator | None = None
+        self._server: kmock.Server | None = None
+        self.url = ""
+        self.api: httpx.Client | None = None
+
+    def start(self) -> Cluster:
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+        self.api = httpx.Client(base_url=self.url, timeout=10)
+        return self
+
+    async def _start(self) -> None:
+        self.emulator = Emulator()
+        await self.emulator.__aenter__()
+        for (g, v, p), info in BUILTIN.items():
+            self.emulator.declare(g, v, p, info["kind"], info["namespaced"], info.get("subresources"))
+        self.emulator.install_crd(yaml.safe_load(CRD_PATH.read_text()))
+        self._server = kmock.Server(self.emulator)
+        await self._server.__aenter__()
+        self.url = str(self._server.url).rstrip("/")
+
+    def stop(self) -> None:
+        if self.api is not None:
+            self.api.close()
+
+        async def _stop() -> None:
+            assert self._server is not None and self.emulator is not None
+            await self._server.__aexit__(None, None, None)
+            await self.emulator.__aexit__(None, None, None)
+
+        asyncio.run_coroutine_threadsafe(_stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def kubeconfig(self, where: Path) -> Path:
+        where.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test",
+                                                        "namespace": "default"}}],
+        }))
+        return where
+
+    # --- plain REST, as kubectl or a controller would do it
+
+    def get(self, res: tuple[str, str, str], ns: str, name: str) -> dict[str, Any] | None:
+        assert self.api is not None
+        r = self.api.get(path(*res, ns, name))
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return r.json()
+
+    def list(self, res: tuple[str, str, str], ns: str) -> list[dict[str, Any]]:
+        assert self.api is not None
+        r = self.api.get(path(*res, ns))
+        r.raise_for_status()
+        return r.json()["items"]
+
+    def create(self, res: tuple[str, str, str], ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self.api is not None
+        r = self.api.post(path(*res, ns), json=body)
+        r.raise_for_status()
+        return r.json()
+
+    def patch(self, res: tuple[str, str, str], ns: str, name: str, body: dict[str, Any],
+              sub: str | None = None) -> dict[str, Any]:
+        assert self.api is not None
+        r = self.api.patch(path(*res, ns, name, sub), json=body,
+                           headers={"Content-Type": "application/merge-patch+json"})
+        r.raise_for_status()
+        return r.json()
+
+    def delete(self, res: tuple[str, str, str], ns: str, name: str) -> None:
+        assert self.api is not None
+        r = self.api.delete(path(*res, ns, name))
+        if r.status_code != 404:
+            r.raise_for_status()
+
+    def secret(self, ns: str, name: str, data: dict[str, str]) -> None:
+        self.create(SECRETS, ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                                  "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+
+    def secret_value(self, ns: str, name: str, key: str) -> str:
+        doc = self.get(SECRETS, ns, name)
+        assert doc is not None, f"Secret {name} missing"
+        return base64.b64decode(doc["data"][key]).decode()
+
+    def events(self, ns: str, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.list(EVENTS, ns) if (e.get("involvedObject") or {}).get("name") == name]
+
+
+@contextmanager
+def running_cluster() -> Iterator[Cluster]:
+    cluster = Cluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
