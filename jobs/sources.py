@@ -133,7 +133,7 @@ def _raw_rows(source: SourceSpec, endpoint: str | None) -> Iterator[tuple[int, A
         try:
             for i, line in enumerate(stream):
                 if line.strip():
-                    yield i, _decode_line(line)
+                    yield i, _decode_line(line.rstrip(b"\r\n"))  # error positions within the line
         except (OSError, EOFError) as e:  # a truncated .gz: report it like a bad row, keep the rest
             yield i + 1, _RowError(f"the file is corrupt from here on ({type(e).__name__}: {e})")
 

@@ -1,0 +1,201 @@
+"""Prompt sources: formats, containers (JSONL, gzip, Parquet), file:// and s3://, limits, bad rows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from eyrie.jobs.sources import BadRow, Prompt, SourceError, check_source, iter_source
+from eyrie.jobs.spec import SourceSpec
+from eyrie.jobs.store import open_store
+
+CORPUS = Path(__file__).parent / "data" / "tools"
+FORMATS = {"glaive": "glaive", "hermes": "sharegpt", "xlam": "openai"}
+
+
+def src(uri: str | Path, fmt: str = "openai", limit: int | None = None, name: str = "s") -> SourceSpec:
+    return SourceSpec(name=name, uri=str(uri), format=fmt, limit=limit)
+
+
+def jsonl(path: Path, rows: list) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows))
+    return path
+
+
+def summary(items: list[Prompt | BadRow]) -> list[tuple]:
+    """(row, roles or reason) per item: enough to compare readers exactly."""
+    return [(i.row, [m["role"] for m in i.messages], bool(i.tools)) if isinstance(i, Prompt)
+            else (i.row, i.reason) for i in items]
+
+
+def test_openai_prompt_ends_at_the_last_user_turn(tmp_path):
+    row = {"messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!", "name": None},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function",
+                                                                "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "1", "content": "{}"},
+        {"role": "assistant", "content": "Sunny."}],
+        "tools": json.dumps([{"type": "function", "function": {"name": "w"}}])}
+    [p] = list(iter_source(src(jsonl(tmp_path / "a.jsonl", [row]))))
+    assert p == Prompt("s", 0, [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Weather in Oslo?"}],
+        [{"type": "function", "function": {"name": "w"}}], "openai")
+    assert p.content() == {"messages": p.messages, "tools": p.tools}
+
+
+def test_sharegpt_roles_system_and_tools_fields(tmp_path):
+    row = {"system": "You are terse.", "tools": [{"name": "f"}], "conversations": [
+        {"from": "human", "value": "a"}, {"from": "function_call", "value": "{\"name\": \"f\"}"},
+        {"from": "observation", "value": "42"}, {"from": "gpt", "value": "It is 42."},
+        {"from": "user", "value": "thanks"}, {"from": "assistant", "value": "bye"}]}
+    [p] = list(iter_source(src(jsonl(tmp_path / "s.jsonl", [row]), "sharegpt")))
+    assert p.messages == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "a"},
+                          {"role": "assistant", "content": "{\"name\": \"f\"}"}, {"role": "tool", "content": "42"},
+                          {"role": "assistant", "content": "It is 42."}, {"role": "user", "content": "thanks"}]
+    assert p.tools == [{"name": "f"}] and p.fmt == "sharegpt"
+
+
+def test_glaive_system_text_intact_and_first_user_turn():
+    items = list(iter_source(src(CORPUS / "glaive.jsonl", "glaive")))
+    first = items[0]
+    assert isinstance(first, Prompt)
+    raw = json.loads((CORPUS / "glaive.jsonl").read_text().splitlines()[0])
+    assert first.messages == [
+        {"role": "system", "content": raw["system"].removeprefix("SYSTEM: ").strip()},
+        {"role": "user", "content": "Can you tell me the latest news headlines for the United States?"}]
+    assert first.tools is None
+    assert items[2].messages[0] == {"role": "system",
+                                    "content": "You are a helpful assistant, with no access to external functions."}
+    assert items[10] == BadRow("s", 10, "no USER turn in 'chat'")
+    assert items[11].messages[1] == {"role": "user", "content": "Give me a quote please"}
+
+
+def test_corpus_rows_exactly():
+    got = {name: summary(list(iter_source(src(CORPUS / f"{name}.jsonl", fmt)))) for name, fmt in FORMATS.items()}
+    assert got["glaive"] == [(i, ["system", "user"], False) for i in range(10)] + [
+        (10, "no USER turn in 'chat'"), (11, ["system", "user"], False)]
+    assert got["hermes"] == [(0, ["system", "user"], False),
+                             (1, ["system", "user", "assistant", "tool", "assistant", "user"], False),
+                             (2, ["user"], False), (3, ["system", "user"], False)]
+    assert got["xlam"] == [(0, ["user"], True), (1, ["system", "user", "assistant", "user"], True),
+                           (2, ["user"], True), (3, ["user"], True), (4, ["user"], True), (5, ["user"], False)]
+
+
+def test_bad_rows_carry_row_numbers_and_never_stop_the_source(tmp_path):
+    good = {"messages": [{"role": "user", "content": "ok"}]}
+    path = jsonl(tmp_path / "bad.jsonl", [
+        good,                                                   # 0
+        b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}',  # 1 invalid UTF-8
+        [good],                                                 # 2 an array, not an object
+        {"prompt": "hi"},                                       # 3 missing field
+        b'{"messages": [',                                      # 4 invalid JSON
+        b"",                                                    # 5 blank: no row, keeps its number
+        {"messages": [{"role": "system", "content": "x"}]},     # 6 no user turn
+        {"messages": [{"role": "wizard", "content": "x"}]},     # 7 unknown role
+        {"messages": "hello"},                                  # 8 a string that is not JSON
+        {"messages": [{"role": "user", "content": "x"}], "tools": {"name": "f"}},  # 9 tools not a list
+        good,                                                   # 10
+    ])
+    items = list(iter_source(src(path)))
+    assert summary(items) == [
+        (0, ["user"], False),
+        (1, "invalid UTF-8 at byte 43"),
+        (2, "row is a JSON array, not an object"),
+        (3, "missing field 'messages'"),
+        (4, "invalid JSON: unexpected end of data: line 1 column 15 (char 14)"),
+        (6, "no user turn"),
+        (7, "message 0 has unknown role 'wizard'"),
+        (8, "'messages' is a string but not JSON: unexpected character, expected a JSON value: line 1 column 1 "
+            "(char 0)"),
+        (9, "'tools' must be a list of objects"),
+        (10, ["user"], False),
+    ]
+    # limit counts rows taken, bad ones included
+    assert [i.row for i in iter_source(src(path, limit=3))] == [0, 1, 2]
+    assert [i.row for i in iter_source(src(path, limit=6))] == [0, 1, 2, 3, 4, 6]
+
+
+def test_sharegpt_and_glaive_bad_rows(tmp_path):
+    sg = jsonl(tmp_path / "sg.jsonl", [{"conversations": [{"from": "alien", "value": "x"}]},
+                                       {"conversations": [{"from": "human", "value": 3}]},
+                                       {"conversations": [{"from": "gpt", "value": "only me"}]}])
+    assert summary(list(iter_source(src(sg, "sharegpt")))) == [
+        (0, "turn 0 has unknown 'from' 'alien'"), (1, "turn 0 has no string 'value'"), (2, "no user turn")]
+    gl = jsonl(tmp_path / "gl.jsonl", [{"chat": "USER: hi"}, {"system": "SYSTEM: x", "chat": 5},
+                                       {"system": "", "chat": "USER:   \n\n\nASSISTANT: hm"}])
+    assert summary(list(iter_source(src(gl, "glaive")))) == [
+        (0, "missing field 'system'"), (1, "'system' and 'chat' must be strings"),
+        (2, "the first USER turn in 'chat' is empty")]
+
+
+def test_gzip_and_parquet_read_the_same_prompts(tmp_path):
+    plain = CORPUS / "xlam.jsonl"
+    gz = tmp_path / "xlam.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    rows = [json.loads(line) for line in plain.read_text().splitlines()]
+    # Parquet dumps keep nested fields as JSON text (tools) or as nested columns (messages)
+    table = pa.table({"messages": [r["messages"] for r in rows],
+                      "tools": [t if isinstance(t := r.get("tools"), str) or t is None else json.dumps(t)
+                                for r in rows]})
+    pq.write_table(table, tmp_path / "xlam.parquet", row_group_size=2)
+    expected = list(iter_source(src(plain)))
+    assert list(iter_source(src(gz))) == expected
+    assert list(iter_source(src(f"file://{tmp_path}/xlam.parquet"))) == expected
+    assert [i.row for i in iter_source(src(tmp_path / "xlam.parquet", limit=3))] == [0, 1, 2]
+
+
+def test_truncated_gzip_keeps_earlier_rows_and_reports_the_rest(tmp_path):
+    data = gzip.compress(b"".join(json.dumps({"messages": [{"role": "user", "content": f"q{i} " * 50}]}).encode()
+                                  + b"\n" for i in range(200)))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    items = list(iter_source(src(path)))
+    *prompts, last = items
+    assert all(isinstance(p, Prompt) for p in prompts) and len(prompts) > 0
+    assert last == BadRow("s", len(prompts), "the file is corrupt from here on (EOFError: Compressed file ended "
+                                             "before the end-of-stream marker was reached)")
+
+
+def test_missing_files_raise_source_error_naming_source_and_uri(tmp_path):
+    missing = src(tmp_path / "nope.jsonl", name="prompts")
+    with pytest.raises(SourceError, match=rf"^source 'prompts': {tmp_path}/nope.jsonl does not exist or is not a"):
+        check_source(missing)
+    with pytest.raises(SourceError, match=r"^source 'prompts': "):
+        list(iter_source(missing))
+    bad_parquet = tmp_path / "x.parquet"
+    bad_parquet.write_bytes(b"not parquet")
+    with pytest.raises(SourceError, match=r"x\.parquet is not a readable Parquet file"):
+        list(iter_source(src(bad_parquet)))
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_each_format_from_s3(s3_bucket, name):
+    store = open_store(s3_bucket + "/prompts")
+    body = (CORPUS / f"{name}.jsonl").read_bytes()
+    store.put(f"{name}.jsonl", body)
+    store.put(f"{name}.jsonl.gz", gzip.compress(body))
+    local = list(iter_source(src(CORPUS / f"{name}.jsonl", FORMATS[name])))
+    for key in (f"{name}.jsonl", f"{name}.jsonl.gz"):
+        spec = src(f"{s3_bucket}/prompts/{key}", FORMATS[name])
+        check_source(spec)
+        assert list(iter_source(spec)) == local
+    assert len(list(iter_source(src(f"{s3_bucket}/prompts/{name}.jsonl", FORMATS[name], limit=2)))) == 2
+
+
+def test_parquet_from_s3_and_missing_s3_object(s3_bucket, tmp_path):
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(5)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+    open_store(s3_bucket).put("p.parquet", (tmp_path / "p.parquet").read_bytes())
+    got = list(iter_source(src(f"{s3_bucket}/p.parquet")))
+    assert [(p.row, p.messages) for p in got] == [(i, r["messages"]) for i, r in enumerate(rows)]
+    with pytest.raises(SourceError, match=rf"^source 's': {s3_bucket}/missing.jsonl does not exist$"):
+        check_source(src(f"{s3_bucket}/missing.jsonl"))
