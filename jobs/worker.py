@@ -226,7 +226,8 @@ class ShardWorker:
         taken = writer.take()
         if taken is not None:
             key, recs = taken
-            await asyncio.to_thread(writer.store.put, key, records.encode_part(recs))
+            # compress and write off the event loop: answers keep flowing meanwhile
+            await asyncio.to_thread(lambda: writer.store.put(key, records.encode_part(recs)))
             self.persisted += len(recs)
 
     async def _flush(self, force: bool = False) -> None:

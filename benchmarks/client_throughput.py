@@ -1,0 +1,46 @@
+"""eyrie's full per-request path on one worker vs a bare httpx loop (the ceiling). Target >= 0.7.
+
+The simulator runs at zero latency in its own process, so the figure is the client's own cost:
+send, parse, account (reserve + settle), check tools, persist parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _common import bare_httpx, eyrie_run
+
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+
+TARGET = 0.7
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    args = ap.parse_args()
+    with SimulatorProcess(SimulatorConfig(latency_ms=0)) as sim:
+        asyncio.run(bare_httpx(sim.base_url, 200, args.concurrency))  # warm both sides
+        plain = asyncio.run(bare_httpx(sim.base_url, args.requests, args.concurrency))
+        same_transport = asyncio.run(bare_httpx(sim.base_url, args.requests, args.concurrency, True))
+        ceiling = max(plain, same_transport)
+        ours, _ = asyncio.run(eyrie_run(sim.base_url, args.requests, args.concurrency, stream=False))
+        ours_sse, _ = asyncio.run(eyrie_run(sim.base_url, args.requests, args.concurrency, stream=True))
+    ratio = ours / ceiling
+    print(f"client_throughput: {args.requests} requests at concurrency {args.concurrency}")
+    print(f"  bare httpx loop:                      {plain:8.1f} req/s")
+    print(f"  bare httpx loop, aiohttp transport:   {same_transport:8.1f} req/s")
+    print(f"  ceiling = the faster of the two:      {ceiling:8.1f} req/s")
+    print(f"  eyrie full path (JSON):               {ours:8.1f} req/s   ratio {ratio:.2f} (target >= {TARGET})")
+    print(f"  eyrie full path (SSE):                {ours_sse:8.1f} req/s   ratio {ours_sse / ceiling:.2f}")
+    print(f"RESULT client_throughput ratio={ratio:.2f} target>={TARGET} {'PASS' if ratio >= TARGET else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
