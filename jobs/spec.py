@@ -305,8 +305,11 @@ class DatasetGenerationSpec(Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"sources: duplicate source names {dupes}")
-        if self.budget.pricing is None and self.api.base_url != SIMULATED:
-            raise ValueError("budget.pricing: required for a real API (reservations need prices)")
+        if self.budget.pricing is None:
+            if self.api.base_url != SIMULATED:
+                raise ValueError("budget.pricing: required for a real API (reservations need prices)")
+            # the simulator bills at these prices unless told otherwise
+            self.budget.pricing = PricingSpec(input_per_million=Decimal("0.60"), output_per_million=Decimal("2.50"))
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):

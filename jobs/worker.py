@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs import records, tools
@@ -133,7 +132,7 @@ class ShardWorker:
         self.store = store
         self.pricing = (Pricing(self.spec.budget.pricing.input_per_million,
                                 self.spec.budget.pricing.output_per_million)
-                        if self.spec.budget.pricing else None)
+                        if self.spec.budget.pricing else None)  # None: every request fails closed
         self.max_out = max_output_tokens(self.spec)
         self.mode = "text" if self.spec.tools.mode == "text" else "structured"
         self.stopping = False
@@ -264,7 +263,7 @@ class ShardWorker:
         declared = bool(prepared.declared_tools)
         est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools)
         try:
-            amount = worst_case(self.pricing, est, self.max_out) if self.pricing else Decimal(0)
+            amount = worst_case(self.pricing, est, self.max_out)
         except UnpriceableRequest as e:
             await self._call("stop", Outcome.FAILED, str(e))
             self.stopping = True
@@ -291,9 +290,7 @@ class ShardWorker:
             obs = Observation("failed", declared=declared, retries=max(0, e.attempts - 1), error_kind=e.kind)
             self._stop_if(await self._call("finish", rid, None, False, obs))
             return rec
-        cost = actual_cost(self.pricing, done.usage, done.cost)
-        if cost is None and self.pricing is None:
-            cost = Decimal(0)  # the simulator without pricing and without usage: nothing to charge
+        cost = actual_cost(self.pricing, done.usage, done.cost)  # None: settled at the reservation
         check = tools.check_response(prepared, done.response)
         verdict = tools.policy(check, self.spec.tools.on_invalid_call)
         usage = done.usage or {}
