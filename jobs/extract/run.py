@@ -1,0 +1,486 @@
+"""The extraction stage: samples/shard-N.parquet -> hidden/shard-N-*.safetensors + index, per pod.
+
+Work is split by input shard (`shard % count == index`), so pods never share a shard. Within a
+shard, parts are planned from token counts alone; a part already in the store is verified and
+kept, and the shard's index is written last, so a killed run resumes where it stopped and a
+finished shard is skipped. Samples that cannot run (too long for the model, ids outside its
+vocabulary, empty, mismatched mask, duplicate id) are skipped with a reason, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from eyrie.jobs import records
+from eyrie.jobs.extract import codec
+from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, resolve_layers
+from eyrie.jobs.extract.shards import (
+    PartSample,
+    ShardError,
+    encode_index,
+    encode_part,
+    index_key,
+    list_indexes,
+    load_index,
+    parse_header,
+    part_entries,
+    part_key,
+    plan_parts,
+    read_header,
+    summary_key,
+)
+from eyrie.jobs.store import NotFound, Store
+
+log = logging.getLogger("eyrie.extract")
+
+SAMPLES_RE_PREFIX = f"{records.SAMPLES}/shard-"
+
+
+class ExtractionError(RuntimeError):
+    """Extraction cannot go on; the message names the shard, sample or setting at fault."""
+
+
+class VocabMismatch(ExtractionError):
+    """The model's vocabulary does not cover the tokenizer's ids (wrong extraction.model?)."""
+
+
+class Backend(Protocol):
+    name: str
+    facts: ModelFacts
+
+    def hidden_states(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int]
+                      ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------- pure logic
+
+
+def assign_shards(shards: Sequence[int], index: int, count: int) -> list[int]:
+    """This pod's input shards: every shard goes to exactly one of `count` pods, by its number."""
+    if count < 1 or not 0 <= index < count:
+        raise ExtractionError(f"--index {index} --count {count}: need 0 <= index < count")
+    return sorted(s for s in shards if s % count == index)
+
+
+def batches_by_length(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group sample positions by length so a padded batch stays within `max_tokens` (longest first).
+
+    A sample longer than the budget runs alone.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        width = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * width > max_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+@dataclass
+class SampleRow:
+    sample_id: str
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+
+@dataclass
+class Skip:
+    sample_id: str
+    reason: str
+    detail: str
+
+    def dump(self) -> dict[str, str]:
+        return {"sampleId": self.sample_id, "reason": self.reason, "detail": self.detail}
+
+
+def screen(rows: Sequence[SampleRow], facts: ModelFacts) -> tuple[list[SampleRow], list[Skip]]:
+    """Split rows into those the model can run and those skipped with a reason."""
+    ok: list[SampleRow] = []
+    skipped: list[Skip] = []
+    seen: set[str] = set()
+    for r in rows:
+        n = len(r.input_ids)
+        if r.sample_id in seen:
+            skipped.append(Skip(r.sample_id, "duplicate", "sample id appears earlier in this shard"))
+            continue
+        seen.add(r.sample_id)
+        if n == 0:
+            skipped.append(Skip(r.sample_id, "empty", "no tokens"))
+        elif len(r.loss_mask) != n:
+            skipped.append(Skip(r.sample_id, "mask_length_mismatch",
+                                f"{n} input ids but {len(r.loss_mask)} loss-mask values"))
+        elif facts.max_context is not None and n > facts.max_context:
+            skipped.append(Skip(r.sample_id, "too_long", f"{n} tokens > model context {facts.max_context}"))
+        elif (hi := int(r.input_ids.max())) >= facts.vocab_size or int(r.input_ids.min()) < 0:
+            bad = hi if hi >= facts.vocab_size else int(r.input_ids.min())
+            skipped.append(Skip(r.sample_id, "token_out_of_vocab",
+                                f"token id {bad} outside the model's vocabulary of {facts.vocab_size}"))
+        else:
+            ok.append(r)
+    return ok, skipped
+
+
+def read_samples(store: Store, shard: int) -> list[SampleRow]:
+    """Rows of samples/shard-N.parquet, ids and masks as numpy views (no per-token Python objects)."""
+    key = records.samples_key(shard)
+    try:
+        data = store.get(key)
+    except NotFound:
+        raise ShardError(f"{store.url(key)}: samples shard is missing") from None
+    try:
+        table = pq.read_table(io.BytesIO(data), columns=["sample_id", "input_ids", "loss_mask"])
+    except (pa.ArrowException, OSError, KeyError) as e:
+        raise ShardError(f"{store.url(key)}: not a samples parquet file "
+                         f"(sample_id, input_ids, loss_mask): {e}") from None
+    sids = table.column("sample_id").to_pylist()
+
+    def flat(name: str, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+        col = table.column(name).combine_chunks()
+        return col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+    id_off, ids = flat("input_ids", np.int64)
+    mask_off, masks = flat("loss_mask", np.int8)
+    return [SampleRow(str(sid), ids[id_off[i]:id_off[i + 1]], masks[mask_off[i]:mask_off[i + 1]])
+            for i, sid in enumerate(sids)]
+
+
+def list_sample_shards(store: Store) -> list[int]:
+    out = []
+    for key in store.list(records.SAMPLES):
+        name = key.removeprefix(SAMPLES_RE_PREFIX)
+        if key.startswith(SAMPLES_RE_PREFIX) and name.endswith(".parquet") and name[:-8].isdigit():
+            out.append(int(name[:-8]))
+    return sorted(out)
+
+
+# ------------------------------------------------------------------------------------ summary
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    index: str
+    files: list[str]
+    bytes: int
+    samples: int
+    tokens: int
+    skipped: dict[str, int]
+    resumed: bool = False
+
+    @classmethod
+    def from_index(cls, doc: dict[str, Any], key: str, resumed: bool) -> ShardResult:
+        return cls(shard=int(doc["shard"]), index=key, files=list(doc["files"]), bytes=sum(doc["fileBytes"]),
+                   samples=len(doc["samples"]), tokens=int(doc["tokens"]),
+                   skipped=dict(Counter(s["reason"] for s in doc["skipped"])), resumed=resumed)
+
+
+@dataclass
+class ExtractionSummary:
+    """What the manifest's `extraction` section records about this run (or one pod's share)."""
+
+    engine: str
+    model: str
+    aux_layers: list[int]
+    layer_convention: str
+    hidden_size: int
+    num_layers: int
+    dtype: str
+    model_config_sha256: str
+    bytes_per_token: int
+    shards: list[ShardResult] = field(default_factory=list)
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        c: Counter[str] = Counter()
+        for s in self.shards:
+            c.update(s.skipped)
+        return dict(sorted(c.items()))
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine, "model": self.model, "auxLayers": self.aux_layers,
+            "layerConvention": self.layer_convention, "hiddenSize": self.hidden_size,
+            "numLayers": self.num_layers, "dtype": self.dtype, "modelConfigSha256": self.model_config_sha256,
+            "bytesPerToken": self.bytes_per_token, "shardsDone": len(self.shards),
+            "samples": self.samples, "tokens": self.tokens, "bytes": self.bytes, "skipped": self.skipped,
+            "shards": [{"shard": s.shard, "index": s.index, "files": s.files, "samples": s.samples,
+                        "tokens": s.tokens, "bytes": s.bytes, "skipped": s.skipped} for s in self.shards],
+        }
+
+    @classmethod
+    def from_manifest(cls, d: dict[str, Any]) -> ExtractionSummary:
+        shards = [ShardResult(shard=s["shard"], index=s["index"], files=s["files"], bytes=s["bytes"],
+                              samples=s["samples"], tokens=s["tokens"], skipped=s["skipped"])
+                  for s in d["shards"]]
+        return cls(d["engine"], d["model"], list(d["auxLayers"]), d["layerConvention"], d["hiddenSize"],
+                   d["numLayers"], d["dtype"], d["modelConfigSha256"], d["bytesPerToken"], shards)
+
+
+def summarize(store: Store) -> ExtractionSummary | None:
+    """Merge every pod's `hidden/summary-*` into one summary (for the manifest); None if none ran.
+
+    Shards are keyed by number, so summaries left by an earlier attempt with another pod count
+    never count a shard twice.
+    """
+    docs = [json.loads(store.get(k)) for k in store.list(records.HIDDEN)
+            if k.startswith(f"{records.HIDDEN}/summary-") and k.endswith(".json")]
+    if not docs:
+        return None
+    merged = ExtractionSummary.from_manifest(docs[0])
+    by_shard = {}
+    for d in docs:
+        s = ExtractionSummary.from_manifest(d)
+        if (s.aux_layers, s.dtype, s.model_config_sha256) != (merged.aux_layers, merged.dtype,
+                                                                merged.model_config_sha256):
+            raise ExtractionError(
+                f"{store.url(records.HIDDEN)}: pod summaries disagree on layers/dtype/model (written by "
+                "different specs); delete hidden/ and extract again")
+        by_shard.update({r.shard: r for r in s.shards})
+    merged.shards = [by_shard[k] for k in sorted(by_shard)]
+    return merged
+
+
+# ------------------------------------------------------------------------------------ the stage
+
+
+@dataclass
+class Plan:
+    layers: LayerChoice
+    layout: codec.Layout
+    meta: dict[str, Any]
+
+
+def _check_compatible(found: dict[str, Any], meta: dict[str, Any], what: str) -> None:
+    for k in ("auxLayers", "dtype", "modelConfigSha256"):
+        have = found.get(k)
+        if isinstance(have, str) and k == "auxLayers":
+            have = json.loads(have)
+        if have != meta[k]:
+            raise ExtractionError(
+                f"{what} was written with {k}={have!r}, this run has {meta[k]!r}; delete the hidden/ "
+                "files of this run (or write to another output) to extract with the new settings")
+
+
+class _Writer:
+    """Serializes and uploads parts on one background thread, at most one part in flight."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyrie-hidden-writer")
+        self.pending: Future[tuple[str, int, dict[str, list[int]]]] | None = None
+
+    def submit(self, key: str, file_no: int, samples: list[PartSample], meta: dict[str, str],
+               layout: codec.Layout) -> None:
+        self.wait()
+
+        def work() -> tuple[str, int, dict[str, list[int]]]:
+            blob = encode_part(samples, meta)
+            header, start = parse_header(blob[: 8 + int.from_bytes(blob[:8], "little")], key)
+            entries = part_entries(header, start, file_no, layout, len(blob), key)
+            self.store.put(key, blob)
+            log.info("wrote %s (%d samples, %d bytes)", self.store.url(key), len(samples), len(blob))
+            return key, len(blob), entries
+
+        self.pending = self.pool.submit(work)
+
+    def wait(self) -> tuple[str, int, dict[str, list[int]]] | None:
+        if self.pending is None:
+            return None
+        done, self.pending = self.pending.result(), None
+        return done
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_bytes: int,
+                  max_tokens: int, on_part: Callable[[str], None] | None = None) -> ShardResult:
+    """Extract one input shard (resuming finished parts); returns its result once the index is written."""
+    ikey = index_key(shard)
+    if store.exists(ikey):
+        doc = load_index(store, ikey)
+        _check_compatible(doc, plan.meta, store.url(ikey))
+        log.info("shard %d already extracted (%s); skipping", shard, store.url(ikey))
+        return ShardResult.from_index(doc, ikey, resumed=True)
+
+    rows = read_samples(store, shard)
+    ok, skipped = screen(rows, backend.facts)
+    oov = [s for s in skipped if s.reason == "token_out_of_vocab"]
+    if oov and len(oov) * 2 > len(rows):
+        raise VocabMismatch(
+            f"{store.url(records.samples_key(shard))}: {len(oov)} of {len(rows)} samples use token ids "
+            f"outside the model's vocabulary of {backend.facts.vocab_size} (e.g. sample {oov[0].sample_id}: "
+            f"{oov[0].detail}); extraction.model does not match target.tokenizer")
+    layout = plan.layout
+    parts = plan_parts([len(r.input_ids) for r in ok], layout.bytes_per_token, shard_bytes)
+    part_meta = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in plan.meta.items()}
+    files: list[tuple[str, int]] = []
+    entries: dict[str, list[int]] = {}
+    writer = _Writer(store)
+
+    def collect() -> None:
+        done = writer.wait()
+        if done:
+            files.append((done[0], done[1]))
+            entries.update(done[2])
+            if on_part:
+                on_part(done[0])
+
+    try:
+        for file_no, members in enumerate(parts):
+            key = part_key(shard, file_no)
+            sids = [ok[i].sample_id for i in members]
+            if store.exists(key):
+                collect()
+                header, start = read_header(store, key)
+                _check_compatible(header["__metadata__"], plan.meta, store.url(key))
+                if json.loads(header["__metadata__"]["sample_ids"]) != sids:
+                    raise ShardError(
+                        f"{store.url(key)}: holds other samples than this run plans (did "
+                        f"{records.samples_key(shard)} change?); delete "
+                        f"{records.HIDDEN}/shard-{shard:05d}-* to extract the shard again")
+                size = store.size(key)
+                files.append((key, size))
+                entries.update(part_entries(header, start, file_no, layout, size, store.url(key)))
+                log.info("kept %s from an earlier run", store.url(key))
+                continue
+            samples = _compute_part([ok[i] for i in members], backend, plan, max_tokens, shard)
+            collect()
+            writer.submit(key, file_no, samples, part_meta, layout)
+        collect()
+    finally:
+        writer.close()
+    doc_meta = dict(plan.meta)
+    store.put(ikey, encode_index(shard, files, entries, [s.dump() for s in skipped], layout, doc_meta))
+    log.info("shard %d done: %d samples, %d skipped", shard, len(entries), len(skipped))
+    return ShardResult.from_index(json.loads(store.get(ikey)), ikey, resumed=False)
+
+
+def _compute_part(rows: list[SampleRow], backend: Backend, plan: Plan, max_tokens: int,
+                  shard: int) -> list[PartSample]:
+    out: list[PartSample | None] = [None] * len(rows)
+    ids = list(plan.layers.ids)
+    for batch in batches_by_length([len(r.input_ids) for r in rows], max_tokens):
+        try:
+            res = backend.hidden_states([rows[i].input_ids for i in batch], ids)
+        except Exception as e:
+            names = ", ".join(rows[i].sample_id for i in batch[:3]) + (" ..." if len(batch) > 3 else "")
+            raise ExtractionError(f"shard {shard}: forward of samples {names} failed: "
+                                  f"{type(e).__name__}: {e}") from e
+        for i, (aux, last) in zip(batch, res, strict=True):
+            r = rows[i]
+            if aux.shape[0] != len(r.input_ids):
+                raise ExtractionError(f"shard {shard}: sample {r.sample_id}: backend returned "
+                                      f"{aux.shape[0]} positions for {len(r.input_ids)} tokens")
+            hidden = {k: v.cpu() for k, v in codec.encode(aux, last, plan.layout).items()}
+            out[i] = PartSample(r.sample_id, torch.from_numpy(r.input_ids.astype(np.int32)),
+                                torch.from_numpy(r.loss_mask.astype(np.int8)), hidden)
+    return [s for s in out if s is not None]
+
+
+def make_plan(spec: Any, backend: Backend) -> Plan:
+    ex = spec.extraction
+    facts = backend.facts
+    layers = resolve_layers(ex.layers, facts.num_layers)
+    layout = codec.Layout(len(layers.ids), facts.hidden_size, ex.dtype)
+    meta = {
+        "engine": backend.name,
+        "model": model_path(spec),
+        "auxLayers": list(layers.ids),
+        "layerConvention": layers.convention,
+        "numLayers": facts.num_layers,
+        "dtype": ex.dtype,
+        "modelConfigSha256": facts.config_sha256,
+        "generationShards": spec.generation.shards,
+    }
+    return Plan(layers, layout, meta)
+
+
+def model_path(spec: Any) -> str:
+    path = spec.extraction.model or spec.target.tokenizer
+    if not path:
+        raise ExtractionError("extraction.model: not set (nor target.tokenizer)")
+    if path.startswith("s3://"):
+        raise ExtractionError(f"extraction.model {path!r}: s3:// weights are not loaded directly; "
+                              "mount them (or bake them into the image) and give the path")
+    return path
+
+
+def open_backend(spec: Any) -> Backend:
+    ex = spec.extraction
+    if ex.engine == "sglang":
+        from eyrie.jobs.extract.sglang_backend import SGLangBackend
+
+        return SGLangBackend(model_path(spec), tp_size=max(1, ex.gpus_per_pod), storage_dtype=ex.dtype,
+                             trust_remote_code=ex.trust_remote_code)
+    from eyrie.jobs.extract.hf_backend import HFBackend
+
+    return HFBackend(model_path(spec), device=ex.device, storage_dtype=ex.dtype,
+                     trust_remote_code=ex.trust_remote_code)
+
+
+def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, backend: Backend | None = None,
+                   on_part: Callable[[str], None] | None = None) -> ExtractionSummary:
+    """Extract this pod's share of the run's sample shards; write its summary object; return it.
+
+    `spec` is a DatasetGenerationSpec; `store` the run's output (`store.open_output(spec)`).
+    """
+    mine = assign_shards(list_sample_shards(store), index, count)
+    own = backend is None
+    be = backend or open_backend(spec)
+    try:
+        plan = make_plan(spec, be)
+        summary = ExtractionSummary(
+            engine=be.name, model=plan.meta["model"], aux_layers=list(plan.layers.ids),
+            layer_convention=plan.layers.convention, hidden_size=plan.layout.hidden,
+            num_layers=be.facts.num_layers, dtype=plan.layout.dtype,
+            model_config_sha256=be.facts.config_sha256, bytes_per_token=plan.layout.bytes_per_token)
+        ex = spec.extraction
+        for shard in mine:
+            summary.shards.append(extract_shard(store, shard, be, plan, ex.shard_bytes,
+                                                ex.max_tokens_per_batch, on_part))
+    finally:
+        if own:
+            be.close()
+    store.put(summary_key(index, count), json.dumps(summary.to_manifest(), indent=1).encode())
+    return summary
+
+
+def completed_shards(store: Store) -> list[int]:
+    """Input shards whose index exists (what the operator reports as shardsDone)."""
+    return [s for s, _ in list_indexes(store)]
+
+
+__all__ = ["ExtractionError", "ExtractionSummary", "ShardResult", "VocabMismatch", "assign_shards",
+           "batches_by_length", "completed_shards", "run_extraction", "summarize"]

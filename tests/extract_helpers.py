@@ -1,0 +1,71 @@
+"""Shared by the extraction tests and benchmarks: samples parquet files, specs, a reference forward."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from eyrie.jobs import records
+from eyrie.jobs.spec import DatasetGenerationSpec, parse_spec
+from eyrie.jobs.store import Store
+
+SAMPLES_SCHEMA = pa.schema([
+    ("sample_id", pa.string()), ("source", pa.string()), ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())), ("n_tokens", pa.int32()), ("flags", pa.list_(pa.string())),
+])
+
+
+def samples_parquet(rows: Sequence[tuple[str, list[int], list[int]]]) -> bytes:
+    """(sample_id, input_ids, loss_mask) rows in the samples/ schema the reconstruction stage writes."""
+    table = pa.table({
+        "sample_id": [r[0] for r in rows], "source": ["src"] * len(rows),
+        "input_ids": [r[1] for r in rows], "loss_mask": [r[2] for r in rows],
+        "n_tokens": [len(r[1]) for r in rows], "flags": [[] for _ in rows],
+    }, schema=SAMPLES_SCHEMA)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def random_rows(shard: int, n: int, vocab: int, seed: int, min_len: int = 3, max_len: int = 40
+                ) -> list[tuple[str, list[int], list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        t = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        ids = torch.randint(0, vocab, (t,), generator=g).tolist()
+        cut = t // 2
+        rows.append((records.sample_id(f"src{shard}", i, ids), ids, [0] * cut + [1] * (t - cut)))
+    return rows
+
+
+def put_samples(store: Store, shard: int, rows: Sequence[tuple[str, list[int], list[int]]]) -> None:
+    store.put(records.samples_key(shard), samples_parquet(rows))
+
+
+def make_spec(output: str, model: str | Path, **extraction: Any) -> DatasetGenerationSpec:
+    doc = {
+        "sources": [{"name": "src", "uri": "file:///dev/null"}],
+        "target": {"model": "m", "tokenizer": str(model)},
+        "api": {"baseUrl": "simulated"},
+        "budget": {"maxUSD": "1"},
+        "generation": {"shards": 4},
+        "extraction": {"enabled": True, "engine": "transformers", "model": str(model), "device": "cpu",
+                       **extraction},
+        "output": {"uri": output},
+    }
+    return parse_spec(doc).spec
+
+
+def reference(model: torch.nn.Module, ids: Sequence[int], layers: Sequence[int]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A direct forward of one sample: (aux [T, kH], last [T, H]) from output_hidden_states."""
+    with torch.inference_mode():
+        hs = model(torch.tensor([list(ids)]), output_hidden_states=True).hidden_states
+    return torch.cat([hs[i][0] for i in layers], dim=-1), hs[-1][0]

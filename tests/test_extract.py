@@ -1,0 +1,416 @@
+"""Hidden-state extraction with the transformers backend on CPU, against a direct forward pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).parent))
+from extract_helpers import make_spec, put_samples, random_rows, reference
+
+from eyrie.jobs import records
+from eyrie.jobs.extract import HiddenReader, SampleNotFound, ShardError, read_sample
+from eyrie.jobs.extract.codec import E4M3_MAX, Layout
+from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model
+from eyrie.jobs.extract.layers import LayerError, model_facts, resolve_layers
+from eyrie.jobs.extract.run import (
+    ExtractionError,
+    VocabMismatch,
+    assign_shards,
+    batches_by_length,
+    extract_shard,
+    make_plan,
+    run_extraction,
+    summarize,
+)
+from eyrie.jobs.extract.shards import index_key, part_key, plan_parts
+from eyrie.jobs.store import open_store
+
+VOCAB = 512
+HIDDEN = 64
+CONTEXT = 64
+LAYERS = (1, 2, 3)  # auto for a 4-layer model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", VOCAB, HIDDEN, layers=4, context=CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def ref_model(tiny):
+    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def backend(tiny) -> HFBackend:
+    return HFBackend(str(tiny), device="cpu", storage_dtype="float32")
+
+
+def _run(tmp_path: Path, tiny: Path, backend=None, rows_per_shard=(6, 5), **extraction):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    rows = {}
+    for shard, n in enumerate(rows_per_shard):
+        rows[shard] = random_rows(shard, n, VOCAB, seed=shard)
+        put_samples(store, shard, rows[shard])
+    spec = make_spec(out, tiny, **extraction)
+    summary = run_extraction(spec, store, backend=backend)
+    return out, store, rows, summary
+
+
+# ------------------------------------------------------------------------------------- layers
+
+
+def test_auto_layers_follow_the_eagle3_convention():
+    assert resolve_layers("auto", 32).ids == (2, 16, 29)
+    assert resolve_layers("auto", 61).ids == (2, 30, 58)  # Kimi-K2 / DeepSeek-V3 depth
+    assert resolve_layers("auto", 7).ids == (2, 3, 4)
+    assert resolve_layers("auto", 4).ids == (1, 2, 3)  # shallow fallback
+    assert "2, 16, 29" in resolve_layers("auto", 32).convention
+    assert resolve_layers([3, 5, 9], 12).ids == (3, 5, 9)
+
+
+@pytest.mark.parametrize("layers,needle", [([1, 2, 9], "layer id 9 is out of range"),
+                                          ([0, 2], "layer id 0 is out of range"),
+                                          ([3, 2], "layer id 2 follows 3"), ([], "at least one")])
+def test_bad_layer_ids_are_named(layers, needle):
+    with pytest.raises(LayerError, match=needle):
+        resolve_layers(layers, 4)
+
+
+def test_model_facts_read_the_config(tiny, backend):
+    f = backend.facts
+    assert (f.num_layers, f.hidden_size, f.vocab_size, f.max_context) == (4, HIDDEN, VOCAB, CONTEXT)
+    assert len(f.config_sha256) == 64
+    assert f.config_sha256 == model_facts(backend.model.config).config_sha256
+
+
+# --------------------------------------------------------------------------------- pure logic
+
+
+def test_batches_by_length_respect_the_token_budget():
+    lengths = [5, 30, 7, 30, 12, 100]
+    batches = batches_by_length(lengths, 64)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert batches[0] == [5]  # longer than the budget: alone
+    for b in batches[1:]:
+        assert len(b) * max(lengths[i] for i in b) <= 64
+    assert batches == [[5], [1, 3], [4, 2, 0]]
+
+
+def test_plan_parts_fill_up_to_shard_bytes_in_order():
+    assert plan_parts([10, 10, 10, 50, 1], 95, 2000) == [[0, 1], [2], [3], [4]]
+    assert plan_parts([], 95, 2000) == []
+
+
+def test_assign_shards_cover_each_shard_exactly_once():
+    shards = [0, 1, 2, 3, 5, 8, 13]
+    for count in (1, 2, 3, 7, 9):
+        got = [assign_shards(shards, i, count) for i in range(count)]
+        flat = sorted(s for g in got for s in g)
+        assert flat == shards
+    assert assign_shards(shards, 1, 3) == [1, 13]
+    with pytest.raises(ExtractionError, match="--index 3 --count 3"):
+        assign_shards(shards, 3, 3)
+
+
+# ------------------------------------------------------------------------------ whole stage
+
+
+def test_float32_equals_a_direct_forward_exactly(tmp_path, tiny, ref_model, backend):
+    # a budget of 1 token runs every sample alone: the same matmul shapes as the direct forward
+    out, _store, rows, summary = _run(tmp_path, tiny, backend=backend, dtype="float32", maxTokensPerBatch=1)
+    assert summary.aux_layers == list(LAYERS) and summary.hidden_size == HIDDEN
+    assert summary.bytes_per_token == 4 * HIDDEN * 4
+    assert summary.samples == 11 and summary.skipped == {}
+    for shard_rows in rows.values():
+        for sid, ids, mask in shard_rows:
+            s = read_sample(out, sid)
+            aux, last = reference(ref_model, ids, LAYERS)
+            assert s["input_ids"].tolist() == ids and s["loss_mask"].tolist() == mask
+            assert s["aux_hidden"].shape == (len(ids), 3 * HIDDEN) and s["last_hidden"].shape == (len(ids), HIDDEN)
+            assert torch.equal(s["aux_hidden"], aux)
+            assert torch.equal(s["last_hidden"], last)
+
+
+def test_length_batches_match_single_forwards_to_float32_rounding(tmp_path, tiny, ref_model, backend):
+    # padded batches change only the summation order of float32 matmuls (a few ulp)
+    out, _store, rows, _summary = _run(tmp_path, tiny, backend=backend, dtype="float32", maxTokensPerBatch=80)
+    for sid, ids, _mask in rows[0] + rows[1]:
+        s = read_sample(out, sid)
+        aux, last = reference(ref_model, ids, LAYERS)
+        torch.testing.assert_close(s["aux_hidden"], aux, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(s["last_hidden"], last, rtol=1e-5, atol=1e-6)
+
+
+def test_bfloat16_is_the_reference_rounded(tmp_path, tiny, ref_model):
+    out, _store, rows, summary = _run(tmp_path, tiny, dtype="bfloat16", maxTokensPerBatch=1)
+    assert summary.bytes_per_token == 4 * HIDDEN * 2
+    for sid, ids, _mask in rows[0] + rows[1]:
+        s = read_sample(out, sid)
+        aux, last = reference(ref_model, ids, LAYERS)
+        assert s["aux_hidden"].dtype == torch.bfloat16
+        assert torch.equal(s["aux_hidden"], aux.to(torch.bfloat16))
+        assert torch.equal(s["last_hidden"], last.to(torch.bfloat16))
+
+
+def test_float8_is_within_e4m3_precision_and_halves_bf16(tmp_path, tiny, ref_model):
+    out, _store, rows, summary = _run(tmp_path, tiny, dtype="float8", maxTokensPerBatch=1)
+    assert summary.bytes_per_token == 4 * HIDDEN + 4 * 4  # 1 byte per value + one scale per layer
+    for sid, ids, _mask in rows[0] + rows[1]:
+        s = read_sample(out, sid)
+        aux, last = reference(ref_model, ids, LAYERS)
+        assert s["aux_hidden"].dtype == torch.float32
+        for got, want in ((s["aux_hidden"].reshape(len(ids), 3, HIDDEN), aux.reshape(len(ids), 3, HIDDEN)),
+                          (s["last_hidden"].reshape(len(ids), 1, HIDDEN), last.reshape(len(ids), 1, HIDDEN))):
+            scale = want.abs().amax(-1, keepdim=True) / E4M3_MAX
+            err = (got - want).abs()
+            # e4m3: 3 mantissa bits -> half-ulp 2^-4 relative; subnormal steps of scale * 2^-9
+            assert bool((err <= want.abs() * 2**-4 + scale * 2**-9 + 1e-12).all())
+            assert float(err.max()) > 0  # really quantized
+
+
+def test_bytes_on_disk_match_bytes_per_token(tmp_path, tiny):
+    _out, store, _rows, summary = _run(tmp_path, tiny, dtype="bfloat16")
+    layout = Layout(3, HIDDEN, "bfloat16")
+    data = 0
+    for shard in summary.shards:
+        for key in shard.files:
+            blob = store.get(key)
+            data += len(blob) - 8 - int.from_bytes(blob[:8], "little")
+    assert data == summary.tokens * (layout.bytes_per_token + 5)  # + int32 id + int8 mask
+    assert summary.bytes == sum(store.size(k) for s in summary.shards for k in s.files)
+
+
+def test_many_parts_and_a_ranged_read_of_one_sample(tmp_path, tiny, ref_model):
+    _out, store, rows, summary = _run(tmp_path, tiny, rows_per_shard=(40,), dtype="float32", shardBytes=1 << 16,
+                                      maxTokensPerBatch=1)
+    files = summary.shards[0].files
+    assert len(files) >= 4
+    assert files[:2] == [part_key(0, 0), part_key(0, 1)]
+
+    calls: list[tuple[str, str, int]] = []
+
+    class Counting:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            fn = getattr(self.inner, name)
+
+            def wrapped(*a, **k):
+                res = fn(*a, **k)
+                calls.append((name, a[0] if a else "", len(res) if isinstance(res, bytes) else 0))
+                return res
+            return wrapped
+
+    reader = HiddenReader(Counting(store))
+    sid, ids, _ = rows[0][17]
+    s = reader.read(sid)
+    assert torch.equal(s["aux_hidden"], reference(ref_model, ids, LAYERS)[0])
+    on_parts = [c for c in calls if c[1].endswith(".safetensors")]
+    assert {c[0] for c in on_parts} == {"get_range"}  # never a whole shard
+    assert sum(c[2] for c in on_parts) == len(ids) * (4 * HIDDEN * 4 + 5)
+
+
+def test_skipped_samples_are_counted_with_reasons(tmp_path, tiny, backend):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    good = random_rows(0, 4, VOCAB, seed=3)
+    bad = [("toolong", list(range(CONTEXT + 1)), [1] * (CONTEXT + 1)),
+           ("oov", [1, 2, VOCAB + 7], [0, 1, 1]),
+           ("empty", [], []),
+           ("badmask", [1, 2, 3], [1, 1]),
+           (good[0][0], good[0][1], good[0][2])]  # duplicate id
+    put_samples(store, 0, good + bad)
+    summary = run_extraction(make_spec(out, tiny, dtype="float32"), store, backend=backend)
+    assert summary.samples == 4
+    assert summary.skipped == {"duplicate": 1, "empty": 1, "mask_length_mismatch": 1,
+                               "token_out_of_vocab": 1, "too_long": 1}
+    idx = json.loads(store.get(index_key(0)))
+    reasons = {s["sampleId"]: s["reason"] for s in idx["skipped"]}
+    assert reasons["toolong"] == "too_long" and reasons["oov"] == "token_out_of_vocab"
+    assert f"token id {VOCAB + 7} outside" in next(s["detail"] for s in idx["skipped"] if s["sampleId"] == "oov")
+    with pytest.raises(SampleNotFound, match="'oov' has no hidden states"):
+        HiddenReader(store).read("oov")
+    manifest = summary.to_manifest()
+    assert manifest["skipped"]["too_long"] == 1 and manifest["samples"] == 4
+    assert manifest["layerConvention"].startswith("eagle3-shallow")
+
+
+def test_a_model_whose_vocabulary_is_too_small_is_an_error(tmp_path, tiny, backend):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    put_samples(store, 0, random_rows(0, 3, VOCAB, seed=1))
+    put_samples(store, 1, random_rows(1, 5, 10 * VOCAB, seed=2, min_len=30))  # a bigger tokenizer's ids
+    spec = make_spec(out, tiny, dtype="float32")
+    with pytest.raises(VocabMismatch, match=f"vocabulary of {VOCAB}.*does not match target.tokenizer"):
+        run_extraction(spec, store, backend=backend)
+    assert store.exists(index_key(0)) and not store.exists(index_key(1))  # shard 0 kept
+
+
+def test_explicit_out_of_range_layer_fails_before_writing(tmp_path, tiny, backend):
+    with pytest.raises(LayerError, match="layer id 7 is out of range for a model with 4"):
+        _run(tmp_path, tiny, backend=backend, layers=[1, 2, 7])
+    assert open_store(f"file://{tmp_path}/out").list(records.HIDDEN) == []
+
+
+def test_missing_or_corrupt_shards_and_unknown_ids_are_named(tmp_path, tiny, backend):
+    out, store, _rows, summary = _run(tmp_path, tiny, backend=backend, rows_per_shard=(8,), dtype="float32",
+                                     shardBytes=1 << 16)
+    reader = HiddenReader(store)
+    with pytest.raises(SampleNotFound, match="'nope' has no hidden states"):
+        reader.read("nope")
+    files = summary.shards[0].files
+    idx = json.loads(store.get(index_key(0)))
+    victim = next(sid for sid, row in idx["samples"].items() if row[0] == len(files) - 1)
+    blob = store.get(files[-1])
+    store.put(files[-1], blob[: len(blob) // 2])
+    with pytest.raises(ShardError, match=f"{files[-1]}: truncated: sample {victim}"):
+        reader.read(victim)
+    store.delete(files[-1])
+    with pytest.raises(ShardError, match=f"{files[-1]}: hidden shard is missing"):
+        reader.read(victim)
+    plan = make_plan(make_spec(out, tiny, dtype="float32"), backend)
+    with pytest.raises(ShardError, match=r"samples/shard-00009\.parquet: samples shard is missing"):
+        extract_shard(store, 9, backend, plan, 1 << 30, 1024)
+    store.put(records.samples_key(7), b"not parquet")
+    with pytest.raises(ShardError, match=r"samples/shard-00007\.parquet: not a samples parquet"):
+        extract_shard(store, 7, backend, plan, 1 << 30, 1024)
+
+
+def test_index_count_split_covers_every_shard_once(tmp_path, tiny, backend):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    for shard in (0, 1, 2, 3, 4):
+        put_samples(store, shard, random_rows(shard, 2, VOCAB, seed=shard))
+    spec = make_spec(out, tiny, dtype="float32")
+    done = [[r.shard for r in run_extraction(spec, store, i, 3, backend=backend).shards] for i in range(3)]
+    assert done == [[0, 3], [1, 4], [2]]
+    merged = summarize(store)
+    assert merged is not None and [s.shard for s in merged.shards] == [0, 1, 2, 3, 4]
+    assert merged.samples == 10
+    assert sorted(store.list(records.HIDDEN))[-3:] == [
+        "hidden/summary-00000-of-00003.json", "hidden/summary-00001-of-00003.json",
+        "hidden/summary-00002-of-00003.json"]
+
+
+def test_rerun_with_other_settings_is_refused(tmp_path, tiny, backend):
+    out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, dtype="float32")
+    with pytest.raises(ExtractionError, match="dtype='float32', this run has 'bfloat16'"):
+        run_extraction(make_spec(out, tiny, dtype="bfloat16"), store)
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from extract_helpers import make_spec
+    from eyrie.jobs.extract.run import run_extraction
+    from eyrie.jobs.store import open_store
+
+    def on_part(key):
+        print(key, flush=True)
+        time.sleep(0.4)
+
+    spec = make_spec({out!r}, {model!r}, dtype="float32", shardBytes=1 << 16, maxTokensPerBatch=1)
+    run_extraction(spec, open_store({out!r}), on_part=on_part)
+    print("finished", flush=True)
+""")
+
+
+def test_resume_after_the_extractor_is_killed_mid_shard(tmp_path, tiny, ref_model):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    rows = random_rows(0, 40, VOCAB, seed=11)
+    put_samples(store, 0, rows)
+    script = CHILD.format(tests=str(Path(__file__).parent), out=out, model=str(tiny))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        seen = [proc.stdout.readline().strip() for _ in range(2)]
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert seen == [part_key(0, 0), part_key(0, 1)]
+    assert not store.exists(index_key(0))
+    kept = {k: os.stat(tmp_path / "out" / k).st_ino for k in store.list(records.HIDDEN)}
+    assert part_key(0, 0) in kept
+
+    summary = run_extraction(make_spec(out, tiny, dtype="float32", shardBytes=1 << 16, maxTokensPerBatch=1), store)
+    files = summary.shards[0].files
+    assert len(files) > len(kept)
+    for k, ino in kept.items():  # parts finished before the kill were kept, not rewritten
+        assert os.stat(tmp_path / "out" / k).st_ino == ino
+    assert summary.samples == 40
+    reader = HiddenReader(store)
+    for sid, ids, mask in rows:
+        s = reader.read(sid)
+        aux, last = reference(ref_model, ids, LAYERS)
+        assert torch.equal(s["aux_hidden"], aux) and torch.equal(s["last_hidden"], last)
+        assert s["loss_mask"].tolist() == mask
+    again = run_extraction(make_spec(out, tiny, dtype="float32", shardBytes=1 << 16, maxTokensPerBatch=1), store)
+    assert [r.resumed for r in again.shards] == [True] and again.samples == 40
+
+
+def test_read_sample_from_s3(s3_bucket, tiny, ref_model, backend):
+    out = f"{s3_bucket}/runs/one"
+    store = open_store(out)
+    rows = random_rows(0, 5, VOCAB, seed=5)
+    put_samples(store, 2, rows)
+    spec = make_spec(out, tiny, dtype="float32", maxTokensPerBatch=1)
+    summary = run_extraction(spec, store, backend=backend)
+    assert summary.shards[0].files == [part_key(2, 0)]
+    for sid, ids, _mask in rows:
+        s = read_sample(out, sid)
+        assert torch.equal(s["last_hidden"], reference(ref_model, ids, LAYERS)[1])
+    with pytest.raises(SampleNotFound):
+        read_sample(out, "missing-id")
+
+
+def test_specforge_export_loads_with_torch_load(tmp_path, tiny, backend):
+    from eyrie.jobs.extract.specforge import export_specforge
+
+    out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, dtype="float32", shardBytes=1 << 16)
+    n = export_specforge(store, tmp_path / "sf")
+    assert n == 11
+    ids = [json.loads(line) for line in (tmp_path / "sf" / "sample_ids.jsonl").read_text().splitlines()]
+    assert [i["index"] for i in ids] == list(range(11))
+    for entry in ids:
+        d = torch.load(tmp_path / "sf" / "rows_0-5000" / f"data_{entry['index']}.ckpt", weights_only=True)
+        s = read_sample(out, entry["sampleId"])
+        t = len(s["input_ids"])
+        assert set(d) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+        assert d["input_ids"].dtype == torch.long and d["input_ids"].tolist() == s["input_ids"].tolist()
+        assert d["loss_mask"].tolist() == s["loss_mask"].tolist()
+        assert d["hidden_state"].shape == (1, t, HIDDEN) and d["aux_hidden_state"].shape == (1, t, 3 * HIDDEN)
+        assert torch.equal(d["aux_hidden_state"][0], s["aux_hidden"])
+        assert torch.equal(d["hidden_state"][0], s["last_hidden"])
+
+
+def test_cli_extract_and_export(tmp_path, tiny, capsys):
+    from eyrie.jobs.extract.cli import export_main, extract_main
+
+    out = f"file://{tmp_path}/out"
+    put_samples(open_store(out), 0, random_rows(0, 3, VOCAB, seed=9))
+    spec_file = tmp_path / "spec.yaml"
+    doc = make_spec(out, tiny, dtype="bfloat16").dump()
+    spec_file.write_text(json.dumps(doc))
+    assert extract_main([str(spec_file), "--index", "0", "--count", "1"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["samples"] == 3 and manifest["dtype"] == "bfloat16" and manifest["auxLayers"] == [1, 2, 3]
+    assert export_main(["specforge", out, str(tmp_path / "sf")]) == 0
+    assert "wrote 3 samples" in capsys.readouterr().out
+    assert export_main(["specforge", f"file://{tmp_path}/empty", str(tmp_path / "sf2")]) == 1
+    assert "no hidden states to export" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: {}\n")
+    assert extract_main([str(bad)]) == 2
