@@ -100,9 +100,10 @@ class TargetSpec(Model):
     model: str = Field(description="Model id sent to the API.")
     tokenizer: str | None = Field(
         default=None,
-        description="HF id, local path or s3:// folder. Without it the run stops after generation.",
+        description="HF id, local path, s3:// folder or bundled:NAME (e.g. bundled:deepseek-v4). Without it "
+        "the run stops after generation.",
     )
-    chat_format: Literal["auto", "kimi-k2.5", "deepseek-v3", "qwen3"] = Field(
+    chat_format: Literal["auto", "kimi-k2.5", "deepseek-v3", "deepseek-v4", "qwen3"] = Field(
         default="auto", description="auto = the tokenizer's chat template; or a named family."
     )
     trust_remote_code: bool = Field(default=False, description="Allow the tokenizer's remote code.")
