@@ -50,6 +50,7 @@ from .reconcile import (
 T = TypeVar("T")
 log = logging.getLogger("eyrie.operator")
 INTERVAL = float(os.environ.get("EYRIE_OPERATOR_INTERVAL", "5"))
+STOP_GRACE = float(os.environ.get("EYRIE_STOP_GRACE_SECONDS", "120"))
 RAY_TIMEOUT = 10.0
 
 
@@ -296,7 +297,7 @@ async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGeneratio
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
         configmap_data=(cm or {}).get("data"), generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, manifest_uri=manifest,
-        summaries_done=summaries)
+        summaries_done=summaries, stop_grace=STOP_GRACE)
 
 
 # ----------------------------------------------------------------------------------------- act
@@ -331,8 +332,8 @@ async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt:
     return env
 
 
-async def act(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpec, decision: Decision,
-              patch: kopf.Patch, logger: logging.Logger) -> None:
+async def act(kube: Kube, memo: Any, body: dict[str, Any], spec: DatasetGenerationSpec, decision: Decision,
+              logger: logging.Logger) -> None:
     meta = body["metadata"]
     name, ns = meta["name"], meta["namespace"]
     g, v, p = children.RAYJOB_API
@@ -371,7 +372,8 @@ async def act(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpe
         elif isinstance(action, DeleteExtraction):
             await kube.delete(kube.path("batch", "v1", "jobs", ns, action.name))
         elif isinstance(action, SuspendSpec):
-            patch.spec["suspend"] = True
+            # before the status: a crash in between re-derives the same stop, never a false resume
+            await kube.patch(kube.path(GROUP, VERSION, PLURAL, ns, name), {"spec": {"suspend": True}})
         elif isinstance(action, Event):
             kopf.event(body, type=action.type, reason=action.reason, message=action.message)
         elif isinstance(action, FinalizeManifest):
@@ -422,48 +424,55 @@ class Memo:
         self.stops: dict[str, float] = {}
 
 
-async def reconcile_resource(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger) -> None:
-    """One pass for one DatasetGeneration; errors are logged and counted, the next tick retries."""
+async def reconcile_resource(body: kopf.Body, memo: Any, logger: logging.Logger) -> None:
+    """One pass for one DatasetGeneration; errors are logged and counted, the next tick retries.
+
+    The pass re-reads the object under the lock and writes its own patches before releasing it,
+    so a second pass (timer or spec change) always starts from what the first one wrote.
+    """
     meta = body["metadata"]
     key = f"{meta['namespace']}/{meta['name']}"
     lock = memo.locks.setdefault(key, asyncio.Lock())
     async with lock:
         metrics.RECONCILES.inc()
         try:
-            await _reconcile(body, patch, memo, logger)
+            if memo.kube is None:
+                memo.kube = await asyncio.to_thread(Kube)
+            fresh = await memo.kube.get(memo.kube.path(GROUP, VERSION, PLURAL, meta["namespace"], meta["name"]))
+            if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            await _reconcile(memo.kube, fresh, memo, logger)
         except Exception as e:
             metrics.ERRORS.labels(type(e).__name__).inc()
             logger.error(f"reconcile failed: {type(e).__name__}: {e}")
 
 
-async def _reconcile(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger) -> None:
-    if memo.kube is None:
-        memo.kube = await asyncio.to_thread(Kube)
+async def _reconcile(kube: Kube, body: dict[str, Any], memo: Any, logger: logging.Logger) -> None:
     meta = body["metadata"]
     status = dict(body.get("status") or {})
     try:
         spec = parse_spec({"spec": dict(body.get("spec") or {})}).spec
     except SpecError as e:
-        new = invalid_spec(e, status, meta.get("generation"), now_rfc3339())
-        _patch_status(patch, status, new)
+        await _patch_status(kube, meta, status, invalid_spec(e, status, meta.get("generation"), now_rfc3339()))
         if status.get("phase") != "Failed":
             kopf.event(body, type="Warning", reason="PermanentError", message=str(e).replace("\n", " "))
         return
-    obs = await observe(memo.kube, memo, body, spec)
+    obs = await observe(kube, memo, body, spec)
     decision = reconcile(obs)
-    await act(memo.kube, memo, body, spec, decision, patch, logger)
-    _patch_status(patch, status, decision.status)
+    await act(kube, memo, body, spec, decision, logger)
+    await _patch_status(kube, meta, status, decision.status)
     if decision.suspended_reason:
         metrics.SUSPENSIONS.labels(decision.suspended_reason).inc()
     metrics.TRACKER.observe(meta["namespace"], meta["name"], decision.status.get("phase"), decision.status)
     metrics.BUDGET.labels(meta["namespace"], meta["name"]).set(float(spec.budget.max_usd))
 
 
-def _patch_status(patch: kopf.Patch, old: dict[str, Any], new: dict[str, Any]) -> None:
+async def _patch_status(kube: Kube, meta: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
     """Patch only what changed; `conditions` always goes as the whole list."""
-    for k, v in new.items():
-        if old.get(k) != v:
-            patch.status[k] = v
+    changed = {k: v for k, v in new.items() if old.get(k) != v}
+    if changed:
+        path = kube.path(GROUP, VERSION, PLURAL, meta["namespace"], meta["name"]) + "/status"
+        await kube.patch(path, {"status": changed})
 
 
 def _spec_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
@@ -483,13 +492,13 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=0.1)
-async def poll(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger, **_: Any) -> None:
-    await reconcile_resource(body, patch, memo.state, logger)
+async def poll(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
+    await reconcile_resource(body, memo.state, logger)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_changed)
-async def changed(body: kopf.Body, patch: kopf.Patch, memo: Any, logger: logging.Logger, **_: Any) -> None:
-    await reconcile_resource(body, patch, memo.state, logger)
+async def changed(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
+    await reconcile_resource(body, memo.state, logger)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")

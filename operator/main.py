@@ -21,6 +21,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--metrics-address", default="0.0.0.0")
     ap.add_argument("--interval", type=float, default=None,
                     help="seconds between progress polls of each resource (default 5)")
+    ap.add_argument("--stop-grace", type=float, default=None,
+                    help="seconds a generation job gets to stop gracefully before its child is deleted "
+                         "(default 120)")
     ap.add_argument("--verbose", "-v", action="store_true")
     return ap.parse_args(argv)
 
@@ -29,6 +32,8 @@ def operator_main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.interval is not None:  # read by the handlers module when it registers its timer
         os.environ["EYRIE_OPERATOR_INTERVAL"] = str(args.interval)
+    if args.stop_grace is not None:
+        os.environ["EYRIE_STOP_GRACE_SECONDS"] = str(args.stop_grace)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import kopf

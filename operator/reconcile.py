@@ -118,6 +118,7 @@ class Observation:
     progress_error: str | None = None
     manifest_uri: str | None = None  # set when <output>/manifest.json exists
     summaries_done: int = 0
+    stop_grace: float = STOP_GRACE_SECONDS
 
 
 # ------------------------------------------------------------------------------------------ actions
@@ -355,7 +356,7 @@ def reconcile(obs: Observation) -> Decision:
         p.cond(SUSPENDED, False, "Resumed", f"resumed as generation attempt {attempt}")
         p.actions.append(Event("Normal", "Resumed", f"resumed as generation attempt {attempt}"))
     else:
-        p.cond(SUSPENDED, False, "NotSuspended")
+        _not_suspended(p)
 
     if outcome == "Failed":
         return _fail(p, attempt, "GenerationFailed", prog.message if prog else "")
@@ -388,11 +389,20 @@ def reconcile(obs: Observation) -> Decision:
     return Decision(p.actions, p.status(phase, attempt))
 
 
+def _not_suspended(p: _Pass) -> None:
+    """Suspended=False; a previous False (e.g. reason Resumed) is kept so the history stays readable."""
+    prev = conditions.find(p.prev, SUSPENDED)
+    if prev is None:
+        p.cond(SUSPENDED, False, "NotSuspended")
+    elif prev.get("status") == "True":
+        p.cond(SUSPENDED, False, "Resumed", "running again")
+
+
 def _stop(p: _Pass, child: GenerationChild) -> None:
     """Graceful first: ask Ray to stop; delete once stopped or after the grace period."""
     if child.running and child.stop_requested_at is None:
         p.actions.append(StopGeneration(child.attempt, child.name))
-    elif not child.running or p.obs.now_ts - (child.stop_requested_at or 0) > STOP_GRACE_SECONDS:
+    elif not child.running or p.obs.now_ts - (child.stop_requested_at or 0) > p.obs.stop_grace:
         p.actions.append(DeleteGeneration(child.attempt, child.name))
 
 
@@ -407,12 +417,12 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
     spec = obs.spec
     p.cond(QUEUED, False, "NotQueued")
     if obs.manifest_uri:
-        p.cond(SUSPENDED, False, "NotSuspended")
+        _not_suspended(p)
         p.cond(SUCCEEDED, True, "ManifestWritten", f"dataset manifest at {obs.manifest_uri}")
         p.actions.append(Event("Normal", "Succeeded", f"dataset manifest at {obs.manifest_uri}"))
         return "Succeeded"
     if not spec.extraction.enabled:
-        p.cond(SUSPENDED, False, "NotSuspended")
+        _not_suspended(p)
         p.actions.append(FinalizeManifest())
         return "Generating"
     if obs.summaries_done >= children.extraction_count(spec):
@@ -433,7 +443,7 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
         p.cond(SUSPENDED, False, "Resumed", "extraction resumed")
         p.actions.append(Event("Normal", "Resumed", "extraction resumed"))
     else:
-        p.cond(SUSPENDED, False, "NotSuspended")
+        _not_suspended(p)
     if job is None:
         p.actions.append(CreateExtraction(children.extraction_job(obs.name, obs.namespace, spec, obs.labels)))
         return "Extracting"

@@ -331,7 +331,7 @@ CASES = [
         [],
         "Pending",
         attempt="2",
-        conds={"Suspended": ("False", "NotSuspended")},
+        conds={"Suspended": ("False", "Resumed")},
     ),
     Case(
         "stale attempt still running is stopped",
