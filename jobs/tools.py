@@ -59,9 +59,9 @@ class DeclarationError(ValueError):
 
 # --------------------------------------------------------------------------------- declarations
 
-_GLAIVE_RE = re.compile(r"\s*Use them if required\s*-[ \t]*")
-# The block, not the prose "within <tools> </tools> XML tags" that precedes it in Hermes prompts.
-_TOOLS_BLOCK_RE = re.compile(r"<tools>(\s*[\[{].*?)</tools>", re.S)
+# No leading \s*: a regex that starts with one goes quadratic on long runs of whitespace.
+_GLAIVE_RE = re.compile(r"Use them if required\s*-[ \t]*")
+_WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
 
 
@@ -125,14 +125,32 @@ def parse_text_declarations(system_text: str, limits: ToolLimits = DEFAULT_LIMIT
             raise DeclarationError(f"expected JSON declarations after {GLAIVE_MARKER!r}, found {snippet!r}")
         found.extend(values)
         text = _join(text[: m.start()], text[end:])
-    b = _TOOLS_BLOCK_RE.search(text)
-    if b:
-        if len(b.group(1)) > limits.max_declaration_bytes:
-            raise DeclarationError(f"<tools> block is {len(b.group(1))} characters, over the "
+    block = _find_tools_block(text)
+    if block:
+        start, end = block
+        if end - start > limits.max_declaration_bytes:
+            raise DeclarationError(f"<tools> block is {end - start} characters, over the "
                                    f"{limits.max_declaration_bytes} limit")
-        found.extend(_tools_block(text, b.start(1), b.end(1)))
-        text = _join(text[: b.start()], text[b.end():])
+        found.extend(_tools_block(text, start, end))
+        text = _join(text[: start - len("<tools>")], text[end + len("</tools>"):])
     return found, (text if found else system_text)
+
+
+def _find_tools_block(text: str) -> tuple[int, int] | None:
+    """(start, end) of the inside of the first `<tools>` tag that opens JSON/a literal and is closed.
+
+    Skips the prose "within <tools> </tools> XML tags" that precedes the block in Hermes prompts.
+    Linear in the text (str.find), whatever a hostile row holds.
+    """
+    at = text.find("<tools>")
+    while at != -1:
+        start = at + len("<tools>")
+        first = _WS.match(text, start).end()
+        if text[first:first + 1] in ("[", "{"):
+            end = text.find("</tools>", start)
+            return (start, end) if end != -1 else None
+        at = text.find("<tools>", start)
+    return None
 
 
 def _join(head: str, tail: str) -> str:

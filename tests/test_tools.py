@@ -100,6 +100,13 @@ def test_text_without_declarations_is_returned_unchanged():
     assert parse_text_declarations(prose) == ([], prose)
 
 
+def test_hostile_system_texts_are_scanned_in_linear_time():
+    t0 = time.perf_counter()
+    for text in (" " * 300_000 + "x", "<tools> " * 50_000, "<tools>[" * 50_000, "Use them if required" * 20_000):
+        assert parse_text_declarations(text) == ([], text)
+    assert time.perf_counter() - t0 < 2
+
+
 def test_broken_json_declaration_names_the_declaration_and_position():
     text = GLAIVE_HEAD + json.dumps(NEWS) + "\n\n" + '{"name": "x", "parameters": {"type": "object",}}'
     with pytest.raises(DeclarationError) as e:
