@@ -31,6 +31,7 @@ Mode = Literal["structured", "text"]
 Policy = Literal["keep", "drop", "flag"]
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+MAX_NAME_CHARS = 128  # a called name is recorded up to this length (declared names are <= 64)
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 # The sentence glaive-function-calling-v2 puts before its declarations; text mode renders row tools
 # after it so a text-mode prompt reads like the data the text convention came from.
@@ -45,7 +46,7 @@ class ToolLimits:
     max_tools: int = 512
     max_declaration_bytes: int = 512 * 1024
     max_schema_depth: int = 64  # JSON nesting levels: about 30 nested object properties
-    max_argument_bytes: int = 1 << 20
+    max_argument_chars: int = 1 << 20
     max_errors_per_call: int = 10
     max_message_chars: int = 300
 
@@ -399,8 +400,8 @@ class ToolValidator:
         key = _canonical(tools)
         return _validator_cached(key) if len(key) <= 8 * CACHE_MAX_KEY_BYTES else cls(tools)
 
-    def _bad(self, i: int, name: str | None, message: str, path: str = "") -> CallVerdict:
-        return CallVerdict(i, name, False, [{"path": path, "message": message}])
+    def _bad(self, i: int, name: str | None, message: str) -> CallVerdict:
+        return CallVerdict(i, name, False, [{"path": "", "message": message}])
 
     def check_calls(self, tool_calls: Sequence[Any] | None) -> list[CallVerdict]:
         """A verdict per call, in order. Never raises on anything a provider could return."""
@@ -414,18 +415,18 @@ class ToolValidator:
             if not isinstance(name, str):
                 out.append(self._bad(i, None, "tool call has no function name"))
                 continue
-            out.append(self._check(i, name, fn.get("arguments")))
+            out.append(self._check(i, name[:MAX_NAME_CHARS], fn.get("arguments")))
         return out
 
     def _check(self, i: int, name: str, args: Any) -> CallVerdict:
         validator = self._by_name.get(name)
         if validator is None:
-            return self._bad(i, name, f"tool {name[:100]!r} was not declared")
+            return self._bad(i, name, f"tool {name!r} was not declared")
         cap = self.limits.max_message_chars
         if isinstance(args, str):
-            if len(args) > self.limits.max_argument_bytes:
+            if len(args) > self.limits.max_argument_chars:
                 return self._bad(i, name, f"arguments are {len(args)} characters, over the "
-                                          f"{self.limits.max_argument_bytes} limit")
+                                          f"{self.limits.max_argument_chars} limit")
             try:
                 value = orjson.loads(args)
             except orjson.JSONDecodeError as e:

@@ -372,6 +372,9 @@ def test_huge_arguments_are_invalid_not_a_crash():
                                                          "properties": {"pad": {"type": "integer"}}}}])
     [verdict] = ToolValidator(tool).check_calls([call("g", long_value)])
     assert len(verdict.errors[0]["message"]) == 300  # messages quoting the value are truncated
+    [verdict] = v.check_calls([call("x" * 100_000, "{}")])  # a hallucinated name is recorded truncated
+    assert verdict.to_dict() == {"index": 0, "name": "x" * 128, "valid": False, "errors": [
+        {"path": "", "message": f"tool {'x' * 128!r} was not declared"}]}
 
 
 def test_unresolvable_ref_is_an_invalid_call_with_a_reason():
