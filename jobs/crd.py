@@ -57,6 +57,10 @@ def structural(node: dict[str, Any], defs: dict[str, Any], path: tuple[str, ...]
             out["description"] = extra["description"]
         return out
     out: dict[str, Any] = {k: node[k] for k in KEEP if k in node}
+    # JSON Schema 2020 writes `exclusiveMinimum: 0`; Kubernetes' OpenAPI v3 wants `minimum: 0` plus a boolean
+    for bound, flag in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(flag), (int, float)) and not isinstance(out[flag], bool):
+            out[bound], out[flag] = out[flag], True
     if "const" in node:
         out["enum"] = [node["const"]]
     typ = node.get("type") or ("string" if "enum" in node or "const" in node else None)

@@ -122,7 +122,7 @@ def test_examples_validate_against_the_model_and_the_crd_schema():
         if doc.get("kind") != "DatasetGeneration":
             continue
         load_spec(ex)
-        jsonschema.validate(doc, schema)
+        jsonschema.Draft4Validator(schema).validate(doc)  # Kubernetes' OpenAPI v3 schemas are draft-4 style
 
 
 def test_cli_validate_and_crd(tmp_path):
