@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 import httpx
+import jsonpatch
 import kmock
 import yaml
 from kmock._internal import enums, rendering
@@ -92,8 +93,15 @@ class Emulator(kmock.KubernetesEmulator):
                          spec.get("scope", "Namespaced") == "Namespaced", list(v.get("subresources") or {}),
                          names.get("shortNames"), v.get("additionalPrinterColumns"))
 
+    async def _render_error(self, exc: Exception) -> Any:
+        if isinstance(exc, jsonpatch.JsonPatchTestFailed):  # what a real API server answers
+            exc = kmock.KubernetesError(status=422, reason="Invalid", message=str(exc))
+        return await super()._render_error(exc)
+
     async def _handle(self, request: rendering.Request) -> Any:
         data = request.data
+        if request.action == enums.action.UPDATE and isinstance(data, list):  # a JSON patch
+            data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(next(self._rv))})
         if request.resource is not None and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
             if request.action == enums.action.CREATE:

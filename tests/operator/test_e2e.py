@@ -17,7 +17,7 @@ from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
 from .conftest import NS, condition, dsg, status_of, wait_for
-from .kube import DSG, RAYJOBS
+from .kube import DSG, JOBS, RAYJOBS
 
 API_KEY = "sk-or-v1-operator-e2e-key-0123456789abcdef"
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
@@ -129,3 +129,148 @@ def test_budget_exhaustion_suspends_then_raised_budget_resumes_paying_nothing_tw
     ids = [r["sample_id"] for r in records.iter_records(store_of(s3_env, s3_bucket))]
     assert len(ids) == len(set(ids)) == 40
     assert 'eyrie_suspensions_total{reason="BudgetExceeded"} 1.0' in operator.metrics()
+
+
+def test_user_suspend_stops_the_job_and_resume_continues_from_the_checkpoint(
+        cluster, operator, player, s3_env, s3_bucket, tmp_path):
+    secrets(cluster, s3_env)
+    prompts = write_prompts(tmp_path / "p.jsonl", 60)
+    with SimulatorProcess(SimulatorConfig(latency_ms=300)) as sim:
+        cluster.create(DSG, NS, dsg("pause", gen_spec(prompts, s3_env, s3_bucket, sim.base_url, concurrency=2)))
+        player.start_rayjob("pause-gen-1")
+        wait_for("some samples done", lambda: (status_of(cluster, "pause").get("samples") or {}).get("done", 0) >= 4)
+        cluster.patch(DSG, NS, "pause", {"spec": {"suspend": True}})
+        rc = player.on_deleted_sigterm("pause-gen-1")  # graceful stop, then the RayJob is torn down
+        assert rc != 0 or json.loads(store_of(s3_env, s3_bucket).get(records.PROGRESS))["outcome"] != "Done"
+        wait_for("Suspended", phase_is(cluster, "pause", "Suspended"))
+        cond = condition(cluster, "pause", "Suspended")
+        assert (cond["status"], cond["reason"]) == ("True", "SuspendedByUser")
+        done1 = status_of(cluster, "pause")["samples"]["done"]
+        assert done1 < 60
+
+        cluster.patch(DSG, NS, "pause", {"spec": {"suspend": False}})
+        rc = player.run_rayjob("pause-gen-2")
+        assert rc == 0, player.log("pause-gen-2")
+        wait_for("Succeeded", phase_is(cluster, "pause", "Succeeded"), timeout=20)
+        stats = sim.stats()
+    assert stats["completed"] == 60  # the resumed attempt re-requested nothing already persisted
+    assert status_of(cluster, "pause")["samples"]["done"] == 60
+    reasons = [e["reason"] for e in cluster.events(NS, "pause")]
+    assert reasons == ["SuspendedByUser", "Resumed", "Succeeded"]
+
+
+def test_operator_killed_mid_run_restarts_without_duplicates_or_lost_status(
+        cluster, operator, player, s3_env, s3_bucket, tmp_path):
+    secrets(cluster, s3_env)
+    prompts = write_prompts(tmp_path / "p.jsonl", 30)
+    with SimulatorProcess(SimulatorConfig(latency_ms=100)) as sim:
+        cluster.create(DSG, NS, dsg("crash", gen_spec(prompts, s3_env, s3_bucket, sim.base_url, concurrency=2)))
+        player.start_rayjob("crash-gen-1")
+        wait_for("Generating", lambda: (status_of(cluster, "crash").get("samples") or {}).get("done", 0) >= 2)
+        operator.kill()
+        before = status_of(cluster, "crash")
+        operator.start()
+        rc = player.finish_rayjob("crash-gen-1")
+        assert rc == 0, player.log("crash-gen-1")
+        wait_for("Succeeded", phase_is(cluster, "crash", "Succeeded"), timeout=20)
+        assert sim.stats()["completed"] == 30
+    assert [r["metadata"]["name"] for r in cluster.list(RAYJOBS, NS)] == ["crash-gen-1"]
+    assert [c["metadata"]["name"] for c in cluster.list(("", "v1", "configmaps"), NS)] == ["crash-spec"]
+    after = status_of(cluster, "crash")
+    assert after["attempt"] == before["attempt"] == "1"
+    # conditions that did not change keep their original transition time across the restart
+    t0 = {c["type"]: c["lastTransitionTime"] for c in before["conditions"]}
+    t1 = {c["type"]: c["lastTransitionTime"] for c in after["conditions"]}
+    assert t1["SecretsReady"] == t0["SecretsReady"]
+
+
+def write_progress(out: Path, attempt: str, outcome: str, done: int, spent: str, message: str = "",
+                   stage: str = "generate") -> None:
+    """What the generation job writes (DESIGN §3), for scenarios the simulator cannot stage quickly."""
+    open_store(f"file://{out}").put(records.PROGRESS, json.dumps({
+        "attempt": attempt, "outcome": outcome, "message": message, "spentUSD": spent, "reservedUSD": "0",
+        "maxUSD": "5", "samples": {"total": 100, "done": done, "dropped": 0, "failed": 0},
+        "tokens": {"input": 10 * done, "output": 20 * done}, "stage": stage,
+        "tools": {"declaredPrompts": done, "callRate": 0.5, "invalidCalls": 0, "leaks": 0},
+        "updatedAt": "2026-01-01T00:00:00Z"}).encode())
+
+
+def file_spec(out: Path, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "sources": [{"name": "p", "uri": "file:///prompts.jsonl"}],
+        "target": {"model": "test/model", "tokenizer": "bundled:deepseek-v4"},
+        "api": {"baseUrl": "simulated", "apiKeySecretRef": {"name": "provider", "key": "api-key"}},
+        "budget": {"maxUSD": "5"},
+        "generation": {"ray": {"mode": "RayJob", "image": "eyrie-ray:test"}},
+        "output": {"uri": f"file://{out}"},
+    }
+    spec.update(extra)
+    return spec
+
+
+def test_kueue_admission_extraction_and_completion(cluster, operator, player, tmp_path):
+    out = tmp_path / "out"
+    cluster.secret(NS, "provider", {"api-key": API_KEY})
+    labels = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    spec = file_spec(out, extraction={"enabled": True, "image": "eyrie-sglang:test", "pods": 2, "gpusPerPod": 8,
+                                      "nodeSelector": {"nvidia.com/gpu.product": "H200"},
+                                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]})
+    cluster.create(DSG, NS, dsg("kq", spec, labels))
+    rj = player.rayjob("kq-gen-1")
+    assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert rj["spec"]["suspend"] is True
+    wait_for("Queued", lambda: (condition(cluster, "kq", "Queued") or {}).get("status") == "True")
+    assert status_of(cluster, "kq")["phase"] == "Pending"
+
+    cluster.patch(RAYJOBS, NS, "kq-gen-1", {"spec": {"suspend": False}})  # Kueue admits
+    cluster.patch(RAYJOBS, NS, "kq-gen-1", {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}},
+                  sub="status")
+    write_progress(out, "1", "Running", 30, "0.30", stage="generate")
+    wait_for("Canary (30 of 200 canary samples)", phase_is(cluster, "kq", "Canary"))
+    assert condition(cluster, "kq", "Queued")["status"] == "False"
+    assert cluster.get(RAYJOBS, NS, "kq-gen-1")["spec"]["suspend"] is False  # never fought Kueue
+
+    write_progress(out, "1", "Done", 100, "1.00", stage="done")
+    job = wait_for("extraction Job", lambda: cluster.get(JOBS, NS, "kq-extract"))
+    s = job["spec"]
+    assert (s["completionMode"], s["completions"], s["parallelism"], s["suspend"]) == ("Indexed", 2, 2, True)
+    pod = s["template"]["spec"]
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H200"}
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert job["metadata"]["ownerReferences"][0]["name"] == "kq"
+    wait_for("extraction queued", phase_is(cluster, "kq", "Extracting"))
+    cluster.patch(JOBS, NS, "kq-extract", {"spec": {"suspend": False}})  # Kueue admits
+    store = open_store(f"file://{out}")
+    for i in range(2):  # each pod writes its summary when its share is done
+        store.put(f"hidden/summary-{i:05d}-of-00002.json", json.dumps(
+            {"samples": 50, "tokens": 5000, "bytes": 1000, "shards": 1, "layers": [2, 31, 58]}).encode())
+    player.complete_job("kq-extract")
+    wait_for("Succeeded", phase_is(cluster, "kq", "Succeeded"))
+    st = status_of(cluster, "kq")
+    assert st["outputManifest"] == f"file://{out}/manifest.json"
+    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2}
+    manifest = json.loads(store.get(records.MANIFEST))
+    assert manifest["extraction"]["samples"] == 100 and manifest["extraction"]["pods"] == 2
+    assert cluster.get(JOBS, NS, "kq-extract")["spec"]["suspend"] is False
+
+
+def test_tool_drift_suspends_with_the_jobs_message_and_stale_attempts_are_ignored(cluster, operator, player,
+                                                                                   tmp_path):
+    out = tmp_path / "out"
+    cluster.secret(NS, "provider", {"api-key": API_KEY})
+    cluster.create(DSG, NS, dsg("drift", file_spec(out)))
+    player.rayjob("drift-gen-1")
+    write_progress(out, "0", "BudgetExhausted", 5, "0.10")  # another attempt's outcome: never acted on
+    wait_for("spend shown", lambda: status_of(cluster, "drift").get("spentUSD") == "0.10")
+    time_limit = status_of(cluster, "drift")
+    assert time_limit["phase"] != "Suspended"
+    assert cluster.get(DSG, NS, "drift")["spec"].get("suspend") in (None, False)
+    write_progress(out, "1", "ToolSemanticsDrift", 20, "0.20",
+                   message="callRate 0.02 below tools.gate.minToolCallRate 0.10 over 200 canary samples")
+    wait_for("Suspended", phase_is(cluster, "drift", "Suspended"))
+    cond = condition(cluster, "drift", "Suspended")
+    assert (cond["reason"], cond["message"]) == (
+        "ToolSemanticsDrift", "callRate 0.02 below tools.gate.minToolCallRate 0.10 over 200 canary samples")
+    assert cluster.get(DSG, NS, "drift")["spec"]["suspend"] is True
+    assert [(e["type"], e["reason"]) for e in cluster.events(NS, "drift")] == [("Warning", "ToolSemanticsDrift")]
