@@ -119,6 +119,19 @@ def run_stages(dg: DatasetGeneration, until: str = "all", *, progress: bool = Tr
     spec = dg.spec
     store = open_output(spec)
     attempt = resolve_attempt()
+    if spec.tools.mode == "text":
+        print("eyrie: warning: tools.mode is text: functions reach the model only as prompt text, not as "
+              "the API's `tools`; the model may call them less often or differently than it natively "
+              "would. Use it for comparisons (`eyrie audit`), not for a dataset.", file=sys.stderr)
+    if spec.tools.mode == "audit" and not store.exists(records.AUDIT):
+        from eyrie.jobs.audit import AuditError, print_table, run_audit
+
+        try:
+            doc = run_audit(dg, spec.tools.gate.canary_samples)
+            if progress:
+                print_table(doc)
+        except AuditError as e:
+            print(f"eyrie: audit skipped: {e}", file=sys.stderr)
     with ProgressBar(progress) as bar:
         result = run_generation(dg, store, attempt, inline=inline, on_progress=bar.update)
     snap = {k: v for k, v in result.snapshot.items() if k not in ("outcome", "message")}

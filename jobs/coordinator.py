@@ -67,12 +67,13 @@ class Counts:
 
 class RunCoordinator:
     def __init__(self, max_usd: Decimal, spent: Decimal, counts: Counts, total: int,
-                 shards: list[int], gate: Any = None):
+                 shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0)):
         self.ledger = Ledger(max_usd=max_usd, spent=spent)
         self.budget = AsyncLedger(self.ledger)
         self.counts = counts
         self.total = total
-        self.gate = gate  # eyrie.jobs.tools.ToolGate or None
+        self.gate = gate  # eyrie.jobs.gate.ToolGate or None
+        self.audit_usd = audit_usd  # part of the spend, paid by `eyrie audit`
         self.outcome = Outcome.RUNNING
         self.message = ""
         self.retries = 0
@@ -166,6 +167,7 @@ class RunCoordinator:
             "spentUSD": usd(self.ledger.spent),
             "reservedUSD": usd(self.ledger.reserved),
             "maxUSD": usd(self.ledger.max_usd),
+            "auditUSD": usd(self.audit_usd),
             "priceFactor": usd(self.ledger.price_factor),
             "samples": {"total": self.total, "done": c.done, "dropped": c.dropped, "failed": c.failed},
             "tokens": {"input": c.input_tokens, "output": c.output_tokens},

@@ -84,6 +84,7 @@ class Checkpoint:
     spent: Decimal
     counts: Counts
     persisted: int
+    audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
 
 
 def read_checkpoint(store: Store) -> Checkpoint:
@@ -107,8 +108,11 @@ def read_checkpoint(store: Store) -> Checkpoint:
     prev = read_progress(store)
     if prev and prev.get("spentUSD"):
         # progress also counts answers that were paid but never flushed before a crash
-        spent = max(spent, Decimal(prev["spentUSD"]))
-    return Checkpoint(spent=spent, counts=counts, persisted=n)
+        spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
+    from eyrie.jobs.audit import previous_audit_spend
+
+    audit = previous_audit_spend(store)
+    return Checkpoint(spent=spent + audit, counts=counts, persisted=n, audit=audit)
 
 
 def read_progress(store: Store) -> dict | None:
@@ -200,7 +204,8 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
         shard_prompts, total, _bad = load_prompts(spec)
         ckpt = read_checkpoint(store)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
-        coord_args = (spec.budget.max_usd, ckpt.spent, ckpt.counts, total, sorted(shard_prompts), gate)
+        coord_args = (spec.budget.max_usd, ckpt.spent, ckpt.counts, total, sorted(shard_prompts), gate,
+                      ckpt.audit)
         run = _run_inline if inline or (spec.generation.ray.mode == "Local" and _no_ray()) else _run_ray
         snapshot = run(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
                        on_progress or (lambda s: None))

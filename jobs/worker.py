@@ -134,12 +134,21 @@ class ShardWorker:
                                 self.spec.budget.pricing.output_per_million)
                         if self.spec.budget.pricing else None)  # None: every request fails closed
         self.max_out = max_output_tokens(self.spec)
-        self.mode = "text" if self.spec.tools.mode == "text" else "structured"
+        self.mode = "text" if self.spec.tools.mode == "text" else "structured"  # audit runs structured
         self.stopping = False
         self.writers: dict[int, PartWriter] = {}
         self.pending: dict[int, int] = {}
         self.fed: set[int] = set()
         self.persisted = 0
+
+    def open_client(self) -> ChatClient:
+        """The API client for `process` calls; use as `async with worker.open_client():`."""
+        self.client = ChatClient(
+            self.base_url, self.api_key, timeout=self.spec.api.request_timeout_seconds,
+            max_retries=self.spec.api.max_retries, max_concurrency=self.concurrency,
+            requests_per_minute=self.rpm, tokens_per_minute=self.tpm, stream=self.spec.api.stream,
+            headers=self.spec.api.headers)
+        return self.client
 
     async def _call(self, method: str, *args: Any) -> Any:
         fn = getattr(self._coord, method)
@@ -158,13 +167,7 @@ class ShardWorker:
     async def run(self) -> int:
         """Process shards until none are left or the run stops; returns records persisted."""
         queue: asyncio.Queue = asyncio.Queue(maxsize=self.concurrency * 2)
-        async with ChatClient(
-            self.base_url, self.api_key, timeout=self.spec.api.request_timeout_seconds,
-            max_retries=self.spec.api.max_retries, max_concurrency=self.concurrency,
-            requests_per_minute=self.rpm, tokens_per_minute=self.tpm, stream=self.spec.api.stream,
-            headers=self.spec.api.headers,
-        ) as client:
-            self.client = client
+        async with self.open_client():
             consumers = [asyncio.create_task(self._consume(queue)) for _ in range(self.concurrency)]
             flusher = asyncio.create_task(self._flush_loop())
             try:
@@ -208,7 +211,7 @@ class ShardWorker:
             shard, (sid, prompt) = item
             if self.stopping:
                 continue
-            rec = await self._process(sid, prompt)
+            rec = await self.process(sid, prompt)
             if rec is not None:
                 self.writers[shard].add(rec)
                 self.pending[shard] -= 1
@@ -245,7 +248,7 @@ class ShardWorker:
                 "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0", "attempts": 0,
                 "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
 
-    async def _process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
+    async def process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
         """One prompt -> one record, or None when the run stopped before it was sent."""
         rec = self._base_record(sid, prompt)
         if isinstance(prompt, BadRow):
