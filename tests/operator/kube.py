@@ -140,6 +140,9 @@ class Emulator(kmock.KubernetesEmulator):
     async def _serve_version(self, request: rendering.Request) -> Any:
         result = await super()._serve_version(request)
         result["groupVersion"] = result["groupVersion"].lstrip("/")
+        for res in result["resources"]:
+            if "/" in res["name"]:  # subresources: no short names or categories of their own
+                res.update(shortNames=[], categories=[], verbs=["get", "patch", "update"])
         return result
 
     def _table(self, resource: Any, items: list[dict[str, Any]]) -> dict[str, Any]:

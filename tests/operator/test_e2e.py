@@ -8,9 +8,13 @@ the children's status as those controllers would.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from eyrie.jobs import records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
@@ -274,3 +278,53 @@ def test_tool_drift_suspends_with_the_jobs_message_and_stale_attempts_are_ignore
         "ToolSemanticsDrift", "callRate 0.02 below tools.gate.minToolCallRate 0.10 over 200 canary samples")
     assert cluster.get(DSG, NS, "drift")["spec"]["suspend"] is True
     assert [(e["type"], e["reason"]) for e in cluster.events(NS, "drift")] == [("Warning", "ToolSemanticsDrift")]
+
+
+KUBECTL = "/usr/bin/kubectl"
+
+
+def kubectl(operator: Any, *args: str) -> str:
+    r = subprocess.run([KUBECTL, *args], env={**os.environ, "KUBECONFIG": str(operator.kubeconfig)},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
+    return r.stdout
+
+
+def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budget_suspends(
+        cluster, operator, player, tmp_path):
+    out = tmp_path / "out"
+    manifest = tmp_path / "dsg.yaml"
+    manifest.write_text(yaml.safe_dump(dsg("kc", file_spec(out))))
+    # kmock serves no OpenAPI document for client-side validation
+    assert "created" in kubectl(operator, "apply", "--validate=false", "-f", str(manifest))
+    wait_for("SecretsReady=False", lambda: (condition(cluster, "kc", "SecretsReady") or {}).get("status") == "False")
+    cond = condition(cluster, "kc", "SecretsReady")
+    assert (cond["reason"], cond["message"]) == (
+        "SecretNotFound", "spec.api.apiKeySecretRef: Secret 'provider' not found in namespace 'default'")
+    assert status_of(cluster, "kc")["phase"] == "Pending"
+    assert cluster.list(RAYJOBS, NS) == []
+
+    cluster.secret(NS, "provider", {"api-key": API_KEY})  # the Secret appears: the run continues
+    player.rayjob("kc-gen-1")
+    wait_for("SecretsReady=True", lambda: condition(cluster, "kc", "SecretsReady")["status"] == "True")
+    write_progress(out, "1", "Running", 7, "0.42")
+    wait_for("Canary", phase_is(cluster, "kc", "Canary"))
+    table = [line.split() for line in kubectl(operator, "get", "dsg").splitlines()]
+    assert table[0] == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "AGE"]
+    assert table[1][:5] == ["kc", "Canary", "0.42", "5", "7"]
+
+    kubectl(operator, "patch", "dsg", "kc", "--type", "merge", "-p", '{"spec":{"budget":{"maxUSD":"0.40"}}}')
+    wait_for("Suspended", phase_is(cluster, "kc", "Suspended"), timeout=10)
+    cond = condition(cluster, "kc", "Suspended")
+    assert cond["reason"] == "BudgetExceeded"
+    assert cond["message"].startswith("spent 0.42 USD of the 0.40 USD budget")
+    assert cluster.get(DSG, NS, "kc")["spec"]["suspend"] is True
+    wait_for("attempt 1 stopped and deleted", lambda: cluster.get(RAYJOBS, NS, "kc-gen-1") is None)
+
+    kubectl(operator, "patch", "dsg", "kc", "--type", "merge",
+            "-p", '{"spec":{"budget":{"maxUSD":"150"},"suspend":false}}')
+    rj = player.rayjob("kc-gen-2")
+    assert rj["metadata"]["annotations"]["eyrie.dev/attempt"] == "2"
+    wait_for("attempt 2 recorded", lambda: status_of(cluster, "kc").get("attempt") == "2")
+    row = kubectl(operator, "get", "dsg", "kc").splitlines()[1].split()
+    assert row[:5] == ["kc", "Pending", "0.42", "150", "7"]
