@@ -1,0 +1,40 @@
+# The extraction image (spec.extraction.image): `eyrie extract` in GPU pods, SGLang prefill-only.
+# Base: the official SGLang image (CUDA 13, Python 3.12) of the version the `sglang` extra pins (pyproject.toml).
+# Build from the repository root:  docker build -f images/extractor.Dockerfile -t ghcr.io/eyrie-dev/eyrie-extractor:0.1.0 .
+
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23-cu130
+
+FROM ${SGLANG_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY jobs ./jobs
+COPY operator ./operator
+RUN python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+
+FROM ${SGLANG_IMAGE}
+ARG EYRIE_VERSION=0.1.0
+ARG SGLANG_VERSION=0.5.23
+LABEL org.opencontainers.image.title="eyrie-extractor" \
+      org.opencontainers.image.version="${EYRIE_VERSION}" \
+      org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with eyrie[sglang]: hidden-state extraction"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/home/eyrie \
+    HF_HOME=/home/eyrie/.cache/huggingface
+COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+# Freeze the image's CUDA stack: installing eyrie[sglang] must not replace torch or SGLang. If the
+# extra's SGLang pin and the image disagree, pip fails here instead of building a mixed image.
+RUN python3 -c "import sys; assert sys.version_info >= (3, 11), 'eyrie needs Python >= 3.11; pick an SGLang image that has it'" \
+    && python3 -c "import importlib.metadata as m, sys; v = m.version('sglang'); sys.exit(None if v == '${SGLANG_VERSION}' else f'the base image has SGLang {v}; eyrie[sglang] pins ${SGLANG_VERSION}')" \
+    && python3 -c "import importlib.metadata as m; print('\n'.join(f'{p}=={m.version(p)}' for p in ('torch', 'sglang')))" > /tmp/image-constraints.txt \
+    && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt \
+         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[sglang]" \
+    && rm -rf /tmp/wheels /tmp/image-constraints.txt \
+    && python3 -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \
+    && groupadd --gid 10001 eyrie \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eyrie --shell /usr/sbin/nologin eyrie
+USER 10001:10001
+WORKDIR /home/eyrie
+ENTRYPOINT []
+CMD ["eyrie", "extract", "--help"]

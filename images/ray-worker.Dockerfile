@@ -1,0 +1,31 @@
+# The Ray image of a generation RayJob (spec.generation.ray.image): head and workers run eyrie's
+# generation job. Base: the official Ray image for the Ray version eyrie is tested with, Python 3.11.
+# Build from the repository root:  docker build -f images/ray-worker.Dockerfile -t ghcr.io/eyrie-dev/eyrie-ray-worker:0.1.0 .
+
+ARG RAY_IMAGE=rayproject/ray:2.60.0-py311
+
+FROM ${RAY_IMAGE} AS wheel
+WORKDIR /tmp/src
+COPY --chown=1000:100 pyproject.toml README.md ./
+COPY --chown=1000:100 jobs ./jobs
+COPY --chown=1000:100 operator ./operator
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/dist .
+
+FROM ${RAY_IMAGE}
+ARG EYRIE_VERSION=0.1.0
+ARG RAY_VERSION=2.60.0
+ARG TORCH_VERSION=2.13.0
+LABEL org.opencontainers.image.title="eyrie-ray-worker" \
+      org.opencontainers.image.version="${EYRIE_VERSION}" \
+      org.opencontainers.image.description="Ray ${RAY_VERSION} with eyrie: the generation job's head and workers"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
+# the base image's user (uid 1000), never root
+USER ray
+RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+COPY --from=wheel /tmp/dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+# the constraint keeps the image's Ray: driver and workers must run the same Ray version
+RUN echo "ray==${RAY_VERSION}" > /tmp/ray-constraint.txt \
+    && python -m pip install --no-cache-dir --constraint /tmp/ray-constraint.txt \
+         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl" \
+    && rm -rf /tmp/wheels /tmp/ray-constraint.txt \
+    && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v; r = m.version('ray'); assert r == '${RAY_VERSION}', r"
