@@ -226,18 +226,26 @@ def _number(schema: dict[str, Any], typ: str, rng: random.Random) -> int | float
     return v if typ == "integer" else float(v)
 
 
+def _corpus(n: int = 8192) -> list[str]:
+    """A fixed pseudo-text, built once: sentences of 6-12 words, now and then a non-ASCII word."""
+    rng = random.Random(20240501)
+    out: list[str] = []
+    while len(out) < n:
+        sent = [rng.choice(_NON_ASCII) if rng.random() < 0.012 else rng.choice(_WORDS)
+                for _ in range(rng.randint(6, 12))]
+        out += [sent[0].capitalize(), *sent[1:-1], sent[-1] + "."]
+    return out
+
+
+_CORPUS = _corpus()
+
+
 def _text(rng: random.Random, words: int) -> str:
-    """Sentences of simple words; about one response in three carries non-ASCII text."""
-    picked = rng.choices(_WORDS, k=words)
-    if rng.random() < 0.35:
-        picked.insert(rng.randrange(len(picked) + 1), rng.choice(_NON_ASCII))
-    out, i = [], 0
-    while i < len(picked):
-        n = rng.randint(6, 12)
-        sent = " ".join(picked[i:i + n])
-        out.append(sent[:1].upper() + sent[1:] + ".")
-        i += n
-    return " ".join(out)
+    """`words` words of the corpus from a random place: one random draw per text (the simulator
+    must stay cheap next to the client it is measured against)."""
+    start = rng.randrange(len(_CORPUS) - words)
+    s = " ".join(_CORPUS[start:start + words])
+    return s[:1].upper() + s[1:]
 
 
 def declared_text_functions(messages: list[Any]) -> list[dict[str, Any]]:
@@ -542,37 +550,35 @@ class _Sim:
     async def _stream(self, request: web.Request, body: dict[str, Any], ans: Answer,
                       fault: str | None) -> web.StreamResponse:
         head = self._head(body, ans, "chat.completion.chunk")
-        rng = random.Random(ans.gen_id)
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
             c = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
                                       "native_finish_reason": finish, "logprobs": None}], **extra}
             return b"data: " + orjson.dumps(c) + b"\n\n"
 
-        def pieces(text: str) -> list[str]:
-            out, i = [], 0
-            while i < len(text):
-                n = rng.randint(8, 48)
-                out.append(text[i:i + n])
-                i += n
-            return out
-
         parts: list[bytes] = [_COMMENT, chunk({"role": "assistant", "content": ""})]
-        for p in pieces(ans.reasoning or ""):
+        for p in _pieces(ans.reasoning or ""):
             parts.append(chunk({"role": "assistant", "content": "", "reasoning": p}))
-        if rng.random() < 0.5:
-            parts.append(_COMMENT)
-        for p in pieces(ans.content or ""):
+        parts.append(_COMMENT)
+        for p in _pieces(ans.content or ""):
             parts.append(chunk({"role": "assistant", "content": p}))
         for i, call in enumerate(ans.tool_calls):
             fn = call["function"]
             parts.append(chunk({"role": "assistant", "content": None, "tool_calls": [
                 {"index": i, "id": call["id"], "type": "function",
                  "function": {"name": fn["name"], "arguments": ""}}]}))
-            for p in pieces(fn["arguments"]):
+            for p in _pieces(fn["arguments"]):
                 parts.append(chunk({"role": "assistant", "content": None, "tool_calls": [
                     {"index": i, "function": {"arguments": p}}]}))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        if fault is None or fault in ("leak", "length-empty"):
+            # the whole stream in one write: at thousands of requests/s the simulator must not be
+            # what is measured (clients see it split anyway; the faults below write in pieces)
+            cost = self._cost(ans)
+            parts.append(chunk({}, ans.finish_reason, usage=self._usage(ans, cost)))
+            parts.append(_DONE)
+            self._bill(cost)
+            return web.Response(body=b"".join(parts), headers=_SSE_HEADERS)
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)
         half = max(1, len(parts) // 2)
         if fault == "stream-cut":
@@ -583,29 +589,29 @@ class _Sim:
             parts[half:] = [chunk({"content": ""}, "error", error={
                 "code": 502, "message": "Provider disconnected (simulated)",
                 "metadata": {"provider_name": PROVIDER}})]
-            await resp.write(b"".join(parts))
-            await resp.write_eof()
-            return resp
-        if fault == "malformed-json":
+        elif fault == "malformed-json":
             parts[half:] = [b'data: {"id": "' + ans.gen_id.encode() + b'", "choices": [{"delta": {"cont\n\n',
                             _DONE]
-            await resp.write(b"".join(parts))
-            await resp.write_eof()
-            return resp
-        if fault == "empty-choices":
-            await resp.write(_COMMENT + b"data: " + orjson.dumps({**head, "choices": []}) + b"\n\n" + _DONE)
-            await resp.write_eof()
-            return resp
-        cost = self._cost(ans)
-        parts.append(chunk({}, ans.finish_reason, usage=self._usage(ans, cost)))
-        parts.append(_DONE)
-        data = b"".join(parts)
-        cut = rng.randrange(1, len(data))  # a byte-level split: clients must buffer partial lines
-        await resp.write(data[:cut])
-        self._bill(cost)
-        await resp.write(data[cut:])
+        else:  # empty-choices
+            parts = [_COMMENT, b"data: " + orjson.dumps({**head, "choices": []}) + b"\n\n", _DONE]
+        await resp.write(b"".join(parts[:half]))
+        await resp.write(b"".join(parts[half:]))
         await resp.write_eof()
         return resp
+
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+_PIECE_SIZES = (17, 31, 8, 45, 23, 12, 38, 27)
+
+
+def _pieces(text: str) -> list[str]:
+    """Deterministic uneven pieces of a streamed text."""
+    out, i, k = [], 0, 0
+    while i < len(text):
+        n = _PIECE_SIZES[k % len(_PIECE_SIZES)]
+        out.append(text[i:i + n])
+        i, k = i + n, k + 1
+    return out
 
 
 def _hang_up(request: web.Request) -> None:
