@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from eyrie.jobs import chartfiles
+from eyrie.jobs import derived
 from eyrie.jobs.crd import crd_yaml
 from eyrie.operator.main import parse_args
 from eyrie.operator.rbac import RULES
@@ -66,8 +66,8 @@ def triples(rules: list[dict[str, Any]]) -> set[Triple]:
 def operator_triples(*, namespaced_only: bool) -> set[Triple]:
     """What operator/rbac.py declares, less kopf peering (the chart runs --standalone)."""
     return {(r.group, r.resource, v) for r in RULES for v in r.verbs
-            if r.group != chartfiles.PEERING_GROUP
-            and not (namespaced_only and (r.group, r.resource) in chartfiles.CLUSTER_SCOPED)}
+            if r.group != derived.PEERING_GROUP
+            and not (namespaced_only and (r.group, r.resource) in derived.CLUSTER_SCOPED)}
 
 
 PYPROJECT_VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -97,37 +97,41 @@ def test_versions_follow_pyproject():
 
 
 def test_chart_crd_is_byte_identical_to_the_generated_crd():
-    chart_crd = (CHART / "crds" / chartfiles.CRD_NAME).read_bytes()
-    assert chart_crd == (ROOT / "crds" / chartfiles.CRD_NAME).read_bytes(), (
-        f"charts/eyrie/crds differs from crds/: refresh with `{chartfiles.REFRESH}`")
+    chart_crd = (ROOT / derived.CHART_CRD_PATH).read_bytes()
+    assert chart_crd == (ROOT / derived.CRD_PATH).read_bytes(), (
+        f"charts/eyrie/crds differs from crds/: refresh with `{derived.REFRESH}`")
     assert chart_crd == crd_yaml().encode()
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [chartfiles.CRD_NAME]
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [derived.CRD_NAME]
 
 
 def test_generated_chart_files_are_fresh():
-    assert chartfiles.stale() == [], f"stale generated chart files: refresh with `{chartfiles.REFRESH}`"
+    assert derived.stale() == [], f"stale generated chart files: refresh with `{derived.REFRESH}`"
 
 
 def test_stale_files_are_found_and_rewritten(tmp_path):
-    assert set(chartfiles.stale(tmp_path)) == {chartfiles.CRD_PATH, chartfiles.RBAC_PATH}
-    (tmp_path / chartfiles.RBAC_PATH).parent.mkdir(parents=True)
-    (tmp_path / chartfiles.RBAC_PATH).write_text("{}\n")
-    assert set(chartfiles.write(tmp_path)) == {chartfiles.CRD_PATH, chartfiles.RBAC_PATH}
-    assert chartfiles.stale(tmp_path) == []
-    assert (tmp_path / chartfiles.RBAC_PATH).read_text() == (ROOT / chartfiles.RBAC_PATH).read_text()
+    every = {derived.CRD_PATH, derived.CHART_CRD_PATH, derived.RBAC_PATH, derived.SPEC_REFERENCE_PATH}
+    assert set(derived.stale(tmp_path)) == every
+    for rel in every:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((ROOT / rel).read_text())
+    (tmp_path / derived.RBAC_PATH).write_text("{}\n")
+    assert derived.stale(tmp_path) == [derived.RBAC_PATH]
+    assert derived.write(tmp_path) == [derived.RBAC_PATH]
+    assert derived.stale(tmp_path) == []
+    assert (tmp_path / derived.RBAC_PATH).read_text() == (ROOT / derived.RBAC_PATH).read_text()
 
 
 def test_every_operator_rule_has_a_scope_and_the_scope_table_has_no_leftovers():
     declared = {(r.group, r.resource) for r in RULES}
-    assert declared == chartfiles.CLUSTER_SCOPED | chartfiles.NAMESPACED
-    assert not chartfiles.CLUSTER_SCOPED & chartfiles.NAMESPACED
-    doc = chartfiles.rbac_document()
+    assert declared == derived.CLUSTER_SCOPED | derived.NAMESPACED
+    assert not derived.CLUSTER_SCOPED & derived.NAMESPACED
+    doc = derived.rbac_document()
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in doc["rules"]] == [
         ([r.group], [r.resource], list(r.verbs)) for r in RULES]
 
 
 def test_the_chart_crd_is_a_valid_crd():
-    crd = yaml.safe_load((CHART / "crds" / chartfiles.CRD_NAME).read_text())
+    crd = yaml.safe_load((CHART / "crds" / derived.CRD_NAME).read_text())
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(crd, version, strict=True)
 
@@ -277,7 +281,7 @@ def test_cluster_install_grants_exactly_the_operators_rules():
     role = one(docs, "ClusterRole")
     assert triples(role["rules"]) == operator_triples(namespaced_only=False)
     # one rule per declared (group, resource), nothing merged or widened
-    assert len(role["rules"]) == len([r for r in RULES if r.group != chartfiles.PEERING_GROUP])
+    assert len(role["rules"]) == len([r for r in RULES if r.group != derived.PEERING_GROUP])
     assert all("*" not in v for rule in role["rules"] for v in (*rule["verbs"], *rule["resources"]))
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",

@@ -1,12 +1,13 @@
-"""Files of the Helm chart that are generated from code, so the chart cannot drift from it.
+"""Files in the repository that are generated from code, so none of them can drift from it.
 
-- `charts/eyrie/crds/datasetgenerations.eyrie.dev.yaml`: byte for byte the CRD `eyrie crd` prints
-  (the same text as the repository's `crds/` copy).
+- `crds/datasetgenerations.eyrie.dev.yaml` and its copy in `charts/eyrie/crds/`: byte for byte the
+  CRD `eyrie crd` prints.
 - `charts/eyrie/files/rbac.json`: the operator's one list of permissions (`eyrie.operator.rbac.RULES`),
   each rule tagged with its scope and whether only kopf peering needs it; the chart's RBAC templates
   render Roles/ClusterRoles from this file and nothing else.
+- `docs/spec-reference.md`: the spec reference rendered from the pydantic models (`specdoc.py`).
 
-Refresh both with `python -m eyrie.jobs.chartfiles`; `--check` exits 1 naming the stale files.
+Refresh them all with `python -m eyrie.jobs.derived`; `--check` exits 1 naming the stale files.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from typing import Any
 
 from eyrie.jobs.crd import crd_yaml
 from eyrie.jobs.spec import GROUP, PLURAL
+from eyrie.jobs.specdoc import spec_reference_markdown
 
 REPO = Path(__file__).resolve().parents[1]
-CHART = REPO / "charts" / "eyrie"
 CRD_NAME = f"{PLURAL}.{GROUP}.yaml"
-CRD_PATH = Path("charts/eyrie/crds") / CRD_NAME
+CRD_PATH = Path("crds") / CRD_NAME
+CHART_CRD_PATH = Path("charts/eyrie/crds") / CRD_NAME
 RBAC_PATH = Path("charts/eyrie/files/rbac.json")
-REFRESH = "python -m eyrie.jobs.chartfiles"
+SPEC_REFERENCE_PATH = Path("docs/spec-reference.md")
+REFRESH = "python -m eyrie.jobs.derived"
 
 # Resources the operator touches that are not namespaced. Kubernetes decides scope per resource, not
 # per verb, so this is a fact table; `rbac_document` refuses a rule it cannot place.
@@ -65,7 +68,7 @@ def rbac_document() -> dict[str, Any]:
             scope = "Namespaced"
         else:
             raise UnknownScope(f"eyrie.operator.rbac rule for {r.group or 'core'}/{r.resource}: add it to "
-                               "CLUSTER_SCOPED or NAMESPACED in jobs/chartfiles.py")
+                               "CLUSTER_SCOPED or NAMESPACED in jobs/derived.py")
         rules.append({"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs),
                       "scope": scope, "peering": r.group == PEERING_GROUP, "why": r.why})
     return {"generatedBy": REFRESH, "source": "operator/rbac.py", "rules": rules}
@@ -73,9 +76,12 @@ def rbac_document() -> dict[str, Any]:
 
 def generated() -> dict[Path, str]:
     """Path (relative to the repository) -> the text it must hold."""
+    crd = crd_yaml()
     return {
-        CRD_PATH: crd_yaml(),
+        CRD_PATH: crd,
+        CHART_CRD_PATH: crd,
         RBAC_PATH: json.dumps(rbac_document(), indent=2) + "\n",
+        SPEC_REFERENCE_PATH: spec_reference_markdown(),
     }
 
 
@@ -101,7 +107,7 @@ def write(root: Path = REPO) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eyrie.jobs.chartfiles", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m eyrie.jobs.derived", description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
     args = ap.parse_args(argv)
     if args.check:
