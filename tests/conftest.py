@@ -17,7 +17,6 @@ import pytest
 
 S3_ACCESS_KEY = "eyrietestaccess"
 S3_SECRET_KEY = "eyrie-test-s3-secret-9f8e7d6c5b4a"
-S3_PORT = 8333
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -45,37 +44,63 @@ class S3Server:
     secret_key: str
     proc: subprocess.Popen
     data_dir: Path
+    ports: dict[str, int]
+
+    @property
+    def port(self) -> int:
+        return self.ports["s3.port"]
 
     def env(self) -> dict[str, str]:
         return {"EYRIE_S3_ACCESS_KEY": self.access_key, "EYRIE_S3_SECRET_KEY": self.secret_key,
                 "EYRIE_S3_ENDPOINT": self.endpoint}
 
 
-def start_seaweedfs(base: Path) -> S3Server:
+PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+              "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port")
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held open together so none is handed out twice)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def start_seaweedfs(base: Path, ports: dict[str, int] | None = None) -> S3Server:
+    """`weed mini` on loopback with every port chosen free (so parallel test runs never collide).
+    Pass the `ports` of an earlier server (``server.ports``) to restart it on the same data."""
     weed = shutil.which("weed") or str(Path(os.__file__).parents[2] / "bin" / "weed")
-    if _port_open(S3_PORT):
-        raise RuntimeError(f"port {S3_PORT} is taken: another S3 server is running")
+    ports = ports or dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+    s3_port = ports["s3.port"]
     data = base / "weed"
     data.mkdir(parents=True, exist_ok=True)
     cfg = base / "s3.json"
     cfg.write_text(json.dumps({"identities": [{
         "name": "eyrie", "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    log = (base / "weed.log").open("wb")
-    proc = subprocess.Popen(
-        [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={cfg}"],
-        stdout=log, stderr=subprocess.STDOUT, cwd=base, start_new_session=True)
+    log = (base / "weed.log").open("ab")
+    args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={cfg}",
+            "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            *(f"-{flag}={port}" for flag, port in ports.items())]
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=base, start_new_session=True)
     deadline = time.time() + 60
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"weed exited early: {(base / 'weed.log').read_text()[-2000:]}")
-        if _port_open(S3_PORT):
+        if _port_open(s3_port):
             break
         time.sleep(0.2)
     else:
         stop_pid(proc)
         raise RuntimeError("SeaweedFS S3 did not come up in 60 s")
-    server = S3Server(f"http://127.0.0.1:{S3_PORT}", S3_ACCESS_KEY, S3_SECRET_KEY, proc, data)
+    server = S3Server(f"http://127.0.0.1:{s3_port}", S3_ACCESS_KEY, S3_SECRET_KEY, proc, data, ports)
     _wait_s3_ready(server)
     return server
 
@@ -83,7 +108,7 @@ def start_seaweedfs(base: Path) -> S3Server:
 def _wait_s3_ready(server: S3Server) -> None:
     from minio import Minio
 
-    client = Minio(f"127.0.0.1:{S3_PORT}", access_key=server.access_key, secret_key=server.secret_key,
+    client = Minio(f"127.0.0.1:{server.port}", access_key=server.access_key, secret_key=server.secret_key,
                    secure=False)
     deadline = time.time() + 30
     while True:
@@ -98,7 +123,7 @@ def _wait_s3_ready(server: S3Server) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> Iterator[S3Server]:
-    """A real SeaweedFS S3 gateway on 127.0.0.1:8333 with credentials enforced."""
+    """A real SeaweedFS S3 gateway on 127.0.0.1 (a free port) with credentials enforced."""
     base = tmp_path_factory.mktemp("seaweedfs")
     server = start_seaweedfs(base)
     try:
@@ -121,6 +146,6 @@ def s3_bucket(s3_env) -> str:
     from minio import Minio
 
     name = f"t{time.time_ns()}"
-    Minio(f"127.0.0.1:{S3_PORT}", access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY,
+    Minio(f"127.0.0.1:{s3_env.port}", access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY,
           secure=False).make_bucket(name)
     return f"s3://{name}"
