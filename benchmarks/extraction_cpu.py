@@ -1,0 +1,82 @@
+"""Extraction on CPU: the whole path (samples read from S3, forward, shards written to S3) against a
+bare forward of the same batches with nothing read or written. Target: ratio >= 0.85.
+
+Starts its own SeaweedFS on 127.0.0.1:8333 (as the tests do) and a random-weight Llama built from a
+config. Run: python benchmarks/extraction_cpu.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import torch  # noqa: E402
+from conftest import start_seaweedfs, stop_pid  # noqa: E402
+from extract_helpers import make_spec, put_samples, random_rows  # noqa: E402
+
+from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model  # noqa: E402
+from eyrie.jobs.extract.run import batches_by_length, run_extraction  # noqa: E402
+from eyrie.jobs.store import S3Credentials, open_store  # noqa: E402
+
+VOCAB, HIDDEN, LAYERS, SHARDS, PER_SHARD = 32000, 512, 8, 2, 12
+ROUNDS = 2  # alternate bare/whole and keep the best of each: the machine may be shared
+BUDGET = 2048
+TARGET = 0.85
+
+
+def main() -> None:
+    base = Path(tempfile.mkdtemp(prefix="eyrie-bench-extract-"))
+    server = start_seaweedfs(base)
+    try:
+        model = build_tiny_model(base / "model", VOCAB, HIDDEN, layers=LAYERS, context=4096)
+        out = "s3://bench/run"
+        store = open_store(out, server.endpoint, S3Credentials(server.access_key, server.secret_key))
+        store.check_writable()
+        rows = {s: random_rows(s, PER_SHARD, VOCAB, seed=s, min_len=64, max_len=384) for s in range(SHARDS)}
+        tokens = sum(len(ids) for r in rows.values() for _sid, ids, _m in r)
+        spec = make_spec(out, model, dtype="bfloat16", maxTokensPerBatch=BUDGET)
+        backend = HFBackend(str(model), device="cpu", storage_dtype="bfloat16")
+        layer_ids = [1, LAYERS // 2, LAYERS - 1]
+        backend.hidden_states([rows[0][0][1]], layer_ids)  # warm-up
+
+        os.environ.update(server.env())
+        bare = whole = float("inf")
+        for _ in range(ROUNDS):
+            t0 = time.perf_counter()
+            for r in rows.values():
+                seqs = [ids for _sid, ids, _m in r]
+                for batch in batches_by_length([len(x) for x in seqs], BUDGET):
+                    backend.hidden_states([seqs[i] for i in batch], layer_ids)
+            bare = min(bare, time.perf_counter() - t0)
+
+            for key in store.list():  # a fresh run each round: samples in, nothing extracted yet
+                store.delete(key)
+            for s, r in rows.items():
+                put_samples(store, s, r)
+            t0 = time.perf_counter()
+            summary = run_extraction(spec, store, backend=backend)
+            whole = min(whole, time.perf_counter() - t0)
+            assert summary.tokens == tokens, (summary.tokens, tokens)
+
+        bare_tps, whole_tps = tokens / bare, tokens / whole
+        ratio = whole_tps / bare_tps
+        print(f"model: random Llama, hidden {HIDDEN}, {LAYERS} layers, vocab {VOCAB}; torch threads "
+              f"{torch.get_num_threads()}; {tokens} tokens in {SHARDS} shards; bf16 storage "
+              f"({summary.bytes_per_token} B/token, {summary.bytes / 1e6:.1f} MB written)")
+        print(f"bare forward (same batches):      {bare_tps:8.0f} tokens/s")
+        print(f"whole path (S3 -> forward -> S3): {whole_tps:8.0f} tokens/s")
+        print(f"ratio whole/bare: {ratio:.3f} (target >= {TARGET})")
+    finally:
+        stop_pid(server.proc)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
