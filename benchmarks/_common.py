@@ -37,8 +37,9 @@ def spec_for(base_url: str, concurrency: int, stream: bool, shards: int = 8):
     }).spec
 
 
-async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tuple[float, int]:
-    """Requests/s of eyrie's whole path: reserve, send, parse, check, settle, persist."""
+async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tuple[float, float]:
+    """Requests/s of eyrie's whole path (reserve, send, parse, check, settle, persist) and the CPU
+    seconds this process spent per request (robust to a busy machine, unlike wall time)."""
     spec = spec_for(base_url, concurrency, stream)
     shard_prompts: dict[int, list] = {s: [] for s in range(spec.generation.shards)}
     for p in prompts(n):
@@ -50,14 +51,15 @@ async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tu
                                ToolGate(spec.tools.gate))
         worker = ShardWorker(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, None,
                              concurrency, None, None, coord, shard_prompts, store)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         persisted = await worker.run()
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert persisted == n, (persisted, n)
-    return n / dt, persisted
+    return n / dt, cpu / n
 
 
-async def bare_httpx(base_url: str, n: int, concurrency: int, aiohttp_transport: bool = False) -> float:
+async def bare_httpx(base_url: str, n: int, concurrency: int,
+                     aiohttp_transport: bool = False) -> tuple[float, float]:
     """The ceiling: a bare httpx loop posting the same bodies and parsing the JSON; optionally on
     the aiohttp transport eyrie itself uses (the stricter ceiling)."""
     import httpx
@@ -78,9 +80,9 @@ async def bare_httpx(base_url: str, n: int, concurrency: int, aiohttp_transport:
                                       headers={"content-type": "application/json"})
                 json.loads(r.content)
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(b) for b in bodies))
-        return n / (time.perf_counter() - t0)
+        return n / (time.perf_counter() - t0), (time.process_time() - c0) / n
 
 
 def peak_rss_mb() -> float:

@@ -26,7 +26,7 @@ def main() -> None:
     n = args.concurrency * args.rounds
     allowed = args.concurrency / args.latency_s
     with SimulatorProcess(SimulatorConfig(latency_ms=args.latency_s * 1000)) as sim:
-        rps, _ = asyncio.run(eyrie_run(sim.base_url, n, args.concurrency, stream=True))
+        rps, _cpu = asyncio.run(eyrie_run(sim.base_url, n, args.concurrency, stream=True))
     ratio = rps / allowed
     rss = peak_rss_mb()
     print(f"inflight: {n} requests, concurrency {args.concurrency}, latency {args.latency_s}s")
