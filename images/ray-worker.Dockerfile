@@ -4,12 +4,14 @@
 
 ARG RAY_IMAGE=rayproject/ray:2.60.0-py311
 
+# build stage only (discarded): root, so the in-tree build may write next to the sources
 FROM ${RAY_IMAGE} AS wheel
-WORKDIR /tmp/src
-COPY --chown=1000:100 pyproject.toml README.md ./
-COPY --chown=1000:100 jobs ./jobs
-COPY --chown=1000:100 operator ./operator
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /tmp/dist .
+USER root
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY jobs ./jobs
+COPY operator ./operator
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM ${RAY_IMAGE}
 ARG EYRIE_VERSION=0.1.0
@@ -22,7 +24,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 # the base image's user (uid 1000), never root
 USER ray
 RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
-COPY --from=wheel /tmp/dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+COPY --from=wheel --chown=1000:100 /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
 # the constraint keeps the image's Ray: driver and workers must run the same Ray version
 RUN echo "ray==${RAY_VERSION}" > /tmp/ray-constraint.txt \
     && python -m pip install --no-cache-dir --constraint /tmp/ray-constraint.txt \
