@@ -292,11 +292,18 @@ def test_missing_or_corrupt_shards_and_unknown_ids_are_named(tmp_path, tiny, bac
 def test_index_count_split_covers_every_shard_once(tmp_path, tiny, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
-    for shard in (0, 1, 2, 3, 4):
-        put_samples(store, shard, random_rows(shard, 2, VOCAB, seed=shard))
+    rows = {shard: random_rows(shard, 2, VOCAB, seed=shard) for shard in range(5)}
+    for shard, r in rows.items():
+        put_samples(store, shard, r)
     spec = make_spec(out, tiny, dtype="float32")
-    done = [[r.shard for r in run_extraction(spec, store, i, 3, backend=backend).shards] for i in range(3)]
+    done = [[r.shard for r in run_extraction(spec, store, 0, 3, backend=backend).shards]]
+    reader = HiddenReader(store)  # made while pods 1 and 2 have not finished
+    assert reader.read(rows[3][0][0])["input_ids"].tolist() == rows[3][0][1]
+    with pytest.raises(SampleNotFound):
+        reader.read(rows[1][0][0])
+    done += [[r.shard for r in run_extraction(spec, store, i, 3, backend=backend).shards] for i in (1, 2)]
     assert done == [[0, 3], [1, 4], [2]]
+    assert reader.read(rows[1][0][0])["input_ids"].tolist() == rows[1][0][1]  # seen after a re-list
     merged = summarize(store)
     assert merged is not None and [s.shard for s in merged.shards] == [0, 1, 2, 3, 4]
     assert merged.samples == 10

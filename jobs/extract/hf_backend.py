@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from eyrie.jobs.extract.layers import LayerError, ModelFacts, model_facts
@@ -71,7 +72,7 @@ class HFBackend:
         ids = torch.zeros(len(batch), width, dtype=torch.long)
         mask = torch.zeros(len(batch), width, dtype=torch.long)
         for b, x in enumerate(batch):
-            ids[b, : len(x)] = torch.as_tensor(list(x), dtype=torch.long)
+            ids[b, : len(x)] = torch.as_tensor(np.asarray(x, dtype=np.int64))
             mask[b, : len(x)] = 1
         padded = min(lengths) != width
         captured: dict[int, torch.Tensor] = {}

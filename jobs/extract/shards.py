@@ -243,14 +243,26 @@ class HiddenReader:
     def _load_uncached(self, key: str) -> dict[str, Any]:
         return load_index(self.store, key)
 
-    def index_keys(self) -> list[tuple[int, str]]:
-        if self._keys is None:
+    def index_keys(self, refresh: bool = False) -> list[tuple[int, str]]:
+        if self._keys is None or refresh:
             self._keys = list_indexes(self.store)
         return self._keys
 
     def locate(self, sample_id: str) -> tuple[dict[str, Any], list[int]]:
-        """The index and row of a sample; tries the shard its id hashes to first, then all."""
-        keys = self.index_keys()
+        """The index and row of a sample; tries the shard its id hashes to first, then all.
+
+        A miss lists the indexes again once, so shards finished after the first read are seen.
+        """
+        known = self.index_keys()
+        try:
+            return self._search(sample_id, known)
+        except SampleNotFound:
+            fresh = [k for k in self.index_keys(refresh=True) if k not in known]
+            if not fresh:
+                raise
+            return self._search(sample_id, fresh)
+
+    def _search(self, sample_id: str, keys: list[tuple[int, str]]) -> tuple[dict[str, Any], list[int]]:
         if not keys:
             raise SampleNotFound(f"{self.store.url(HIDDEN)}: no hidden states here (no index files)")
         order = list(keys)
@@ -268,7 +280,7 @@ class HiddenReader:
             if row is not None:
                 return idx, row
         raise SampleNotFound(f"sample {sample_id!r} has no hidden states in {self.store.url(HIDDEN)} "
-                             f"({len(keys)} shard indexes searched)")
+                             f"({len(self.index_keys())} shard indexes searched)")
 
     def read(self, sample_id: str) -> dict[str, torch.Tensor]:
         idx, row = self.locate(sample_id)
