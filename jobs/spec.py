@@ -76,6 +76,7 @@ class Model(BaseModel):
         alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
         populate_by_name=True,
         frozen=False,
+        use_attribute_docstrings=True,  # a field's docstring is its description (CRD, reference)
     )
 
     def dump(self) -> dict[str, Any]:
@@ -118,42 +119,60 @@ class ProviderSpec(Model):
     """OpenRouter provider routing; sent as the request's `provider` object."""
 
     order: list[str] | None = None
+    """Providers to try, in order (OpenRouter provider slugs)."""
     only: list[str] | None = None
+    """Use only these providers."""
     ignore: list[str] | None = None
+    """Never use these providers."""
     allow_fallbacks: bool | None = None
+    """Allow providers outside `order` when those fail (false pins the provider)."""
     require_parameters: bool | None = None
+    """Only providers that support every parameter sent (tools, reasoning)."""
     data_collection: Literal["allow", "deny"] | None = None
+    """Whether providers that store or train on prompts may be used."""
     sort: Literal["price", "throughput", "latency"] | None = None
+    """Rank providers by price, throughput or latency."""
     quantizations: list[str] | None = None
+    """Accept only these quantizations (e.g. fp8, bf16)."""
 
 
 class ReasoningSpec(Model):
     """OpenRouter unified reasoning settings; sent as the request's `reasoning` object."""
 
     effort: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
+    """Reasoning effort requested from the model."""
     max_tokens: int | None = Field(default=None, ge=1)
+    """Reasoning token cap; reserved on top of sampling.maxTokens."""
     exclude: bool | None = None
+    """Ask the provider not to return the reasoning (it is then missing from the data)."""
     enabled: bool | None = None
+    """Turn reasoning on or off explicitly."""
 
 
 class SamplingSpec(Model):
     temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature; omit to use the model's default."""
     top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling; omit to use the model's default."""
     max_tokens: int = Field(default=4096, ge=1, description="Per response; the budget reserves this.")
     seed: int | None = None
+    """Sampling seed, where the provider honours one."""
     reasoning: ReasoningSpec | None = None
+    """OpenRouter reasoning settings, sent as `reasoning`."""
 
 
 class SimulatorSpec(Model):
     """Only for `baseUrl: simulated`: the built-in simulator's behaviour (a demo/test tool)."""
 
     latency_ms: float = Field(default=0, ge=0)
+    """Added latency per request."""
     fault_rate: float = Field(default=0, ge=0, le=1, description="Share of requests that fail.")
     faults: list[
         Literal["429", "429-no-retry-after", "500", "502", "503", "402", "timeout", "stream-cut",
                 "200-error", "malformed-json", "empty-choices", "length-empty", "leak"]
     ] = Field(default_factory=list)
     seed: int = 0
+    """Seed of the simulator's answers and fault draws."""
 
 
 class ApiSpec(Model):
@@ -165,14 +184,22 @@ class ApiSpec(Model):
         default=None, description="Secret with the API key (in cluster). Locally: env EYRIE_API_KEY."
     )
     provider: ProviderSpec | None = None
+    """OpenRouter provider routing, sent as `provider`."""
     max_concurrency: int = Field(default=16, ge=1, le=100_000)
+    """Requests in flight at once, over all workers."""
     requests_per_minute: int | None = Field(default=None, ge=1)
+    """Request rate cap over all workers."""
     tokens_per_minute: int | None = Field(default=None, ge=1)
+    """Prompt-token rate cap over all workers."""
     request_timeout_seconds: float = Field(default=600, gt=0)
+    """Longest wait for one whole answer before it is retried."""
     max_retries: int = Field(default=8, ge=0, le=100)
+    """Retries per request (429, 5xx, timeouts, broken streams); then the sample fails."""
     stream: bool = Field(default=True, description="Use SSE streaming (keeps long requests alive).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    """Sampling parameters sent with every request."""
     simulator: SimulatorSpec | None = None
+    """Behaviour of the built-in simulator (only with baseUrl: simulated)."""
     headers: dict[str, str] | None = Field(
         default=None, description="Extra request headers (e.g. HTTP-Referer, X-Title). Not secrets."
     )
@@ -180,16 +207,24 @@ class ApiSpec(Model):
 
 class GateSpec(Model):
     enabled: bool = True
+    """Stop the run when tool semantics drift outside the limits below."""
     canary_samples: int = Field(default=200, ge=1)
+    """Answers measured before judging; also the sliding window's size afterwards."""
     min_tool_call_rate: float = Field(default=0.10, ge=0, le=1)
+    """Lowest share of answers to tool-declaring prompts that call a tool."""
     max_invalid_call_rate: float = Field(default=0.02, ge=0, le=1)
+    """Highest share of tool calls that fail their schema."""
     max_leak_rate: float = Field(default=0.0, ge=0, le=1)
+    """Highest share of answers with leaked native tool-call markers."""
 
 
 class ToolsSpec(Model):
     mode: Literal["structured", "text", "audit"] = "structured"
+    """structured: tools sent as the API's `tools`; text: only as prompt text; audit: A/B both first."""
     on_invalid_call: Literal["drop", "keep", "flag"] = "drop"
+    """What to do with an answer whose tool call is invalid or leaked: drop, keep, flag."""
     gate: GateSpec = Field(default_factory=GateSpec)
+    """The drift gate: stops a run whose tool semantics look wrong."""
 
 
 class PricingSpec(Model):
@@ -226,18 +261,24 @@ class BudgetSpec(Model):
 
 class RaySpec(Model):
     mode: Literal["RayJob", "Submit", "Local"] = "Local"
+    """Local: ray.init() here; RayJob: a KubeRay RayJob; Submit: an existing cluster."""
     image: str | None = None
+    """Ray image for RayJob mode (eyrie installed)."""
     address: str | None = Field(default=None, description="Ray dashboard address for Submit mode.")
     workers: int = Field(default=1, ge=1, le=1000)
+    """Shard workers (Ray actors); concurrency and rate limits are split among them."""
     cpus_per_worker: float = Field(default=1, gt=0)
+    """CPUs per worker pod (RayJob) or actor."""
     memory_per_worker: str | None = Field(default=None, description="Kubernetes quantity, e.g. 4Gi.")
 
 
 class GenerationSpec(Model):
     shards: int = Field(default=4, ge=1, le=100_000)
+    """Prompts are split into this many shards by sample id."""
     part_records: int = Field(default=256, ge=1, description="Records per part file before it is flushed.")
     flush_seconds: float = Field(default=2.0, gt=0, description="Longest a response waits in memory.")
     ray: RaySpec = Field(default_factory=RaySpec)
+    """Where the shard workers run."""
 
 
 class Toleration(Model):
@@ -250,21 +291,31 @@ class Toleration(Model):
 
 class ExtractionSpec(Model):
     enabled: bool = False
+    """Run hidden-state extraction after generation."""
     engine: Literal["sglang", "transformers"] = "transformers"
+    """sglang (GPU pods) or transformers (CPU/GPU, the reference)."""
     model: str | None = Field(default=None, description="Model to run; defaults to target.tokenizer.")
     image: str | None = None
+    """Extractor image (SGLang + eyrie) for the extraction Job."""
     layers: Literal["auto"] | list[int] = Field(
         default="auto", description="auto = the family's EAGLE-3 convention, or explicit layer ids."
     )
     dtype: Literal["bfloat16", "float16", "float32", "float8"] = "bfloat16"
+    """Storage dtype; float8 stores e4m3 with a per-token scale."""
     gpus_per_pod: int = Field(default=1, ge=0)
+    """GPUs per extraction pod (tensor parallel size)."""
     pods: int = Field(default=1, ge=1)
+    """Extraction pods running at once."""
     max_tokens_per_batch: int = Field(default=16384, ge=1)
+    """Token budget of one forward batch."""
     shard_bytes: int = Field(default=1 << 30, ge=1 << 16, description="Target bytes per hidden shard.")
     device: str | None = Field(default=None, description="transformers backend: cpu, cuda (default: auto).")
     node_selector: dict[str, str] | None = None
+    """Node selector of extraction pods."""
     tolerations: list[Toleration] | None = None
+    """Tolerations of extraction pods."""
     trust_remote_code: bool = False
+    """Allow the model's remote code when loading it."""
 
 
 class CredentialsRef(Model):
@@ -277,7 +328,9 @@ class OutputSpec(Model):
     uri: str = Field(description="s3://bucket/prefix or file:///path (a local path is accepted).")
     endpoint: str | None = Field(default=None, description="S3 endpoint, e.g. http://minio.minio.svc:9000.")
     region: str | None = None
+    """S3 region, where the store needs one."""
     credentials_secret_ref: CredentialsRef | None = None
+    """Secret with the S3 credentials (in cluster); locally EYRIE_S3_ACCESS_KEY/SECRET_KEY."""
 
     @field_validator("uri")
     @classmethod
@@ -292,13 +345,21 @@ class OutputSpec(Model):
 class DatasetGenerationSpec(Model):
     suspend: bool = Field(default=False, description="Like batch/v1 Job; set by the operator on budget/drift stops.")
     sources: list[SourceSpec] = Field(min_length=1)
+    """Prompt sets, read in order."""
     target: TargetSpec
+    """The model whose answers, tokens and hidden states are collected."""
     api: ApiSpec
+    """The OpenAI-compatible API serving the target model."""
     tools: ToolsSpec = Field(default_factory=ToolsSpec)
+    """How tools are declared and checked."""
     budget: BudgetSpec
+    """The hard spending cap."""
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
+    """Sharding and workers of the generation job."""
     extraction: ExtractionSpec = Field(default_factory=ExtractionSpec)
+    """Hidden-state extraction."""
     output: OutputSpec
+    """Where everything is written."""
 
     @model_validator(mode="after")
     def _cross_field(self) -> DatasetGenerationSpec:
@@ -332,9 +393,13 @@ class DatasetGenerationSpec(Model):
 
 class Condition(Model):
     type: str
+    """Condition type (Ready, Suspended, Succeeded, Failed, ...)."""
     status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
     reason: str
+    """One-word reason, e.g. BudgetExceeded."""
     message: str = ""
+    """What happened and what to do, for people."""
     last_transition_time: str
     observed_generation: int | None = None
 
