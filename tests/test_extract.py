@@ -88,6 +88,13 @@ def test_bad_layer_ids_are_named(layers, needle):
         resolve_layers(layers, 4)
 
 
+def test_a_missing_model_is_named():
+    from eyrie.jobs.extract.hf_backend import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"extraction\.model '/nonexistent/model' cannot be loaded"):
+        HFBackend("/nonexistent/model", device="cpu")
+
+
 def test_model_facts_read_the_config(tiny, backend):
     f = backend.facts
     assert (f.num_layers, f.hidden_size, f.vocab_size, f.max_context) == (4, HIDDEN, VOCAB, CONTEXT)

@@ -25,10 +25,9 @@ def extract_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
-    from eyrie.jobs.extract.run import ExtractionError, run_extraction
-    from eyrie.jobs.extract.shards import ShardError
+    from eyrie.jobs.extract.run import run_extraction
     from eyrie.jobs.spec import SpecError, load_spec
-    from eyrie.jobs.store import StoreError, open_output
+    from eyrie.jobs.store import open_output
 
     try:
         dg = load_spec(args.spec)
@@ -40,7 +39,7 @@ def extract_main(argv: list[str]) -> int:
     count = spec.extraction.pods if args.count is None else args.count
     try:
         summary = run_extraction(spec, open_output(spec), index=index, count=count)
-    except (ExtractionError, ShardError, StoreError, ValueError, OSError) as e:
+    except (RuntimeError, ValueError, OSError) as e:  # extraction, shard, store, layer, model errors
         print(f"eyrie extract: {e}", file=sys.stderr)
         return 1
     print(json.dumps(summary.to_manifest(), indent=1))
