@@ -89,7 +89,8 @@ def test_spec_reference_lists_every_field_of_the_models_and_nothing_else():
 
 
 def test_spec_reference_states_defaults_limits_and_money():
-    assert "| `maxConcurrency` | integer | `16` | >= 1, <= 100000 | Requests in flight at once, over all workers. |" in REFERENCE
+    assert ("| `maxConcurrency` | integer | `16` | >= 1, <= 100000 | Requests in flight at once, over all "
+            "workers. |") in REFERENCE
     assert '| `maxUSD` (required) | decimal string (USD, e.g. `"12.50"`) |' in REFERENCE
     assert "| `format` | `openai` \\| `sharegpt` \\| `glaive` | `openai` |" in REFERENCE
     assert "- `spec.output`: output.uri is immutable once set (`self.uri == oldSelf.uri`)" in REFERENCE
