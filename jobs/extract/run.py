@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -427,10 +429,35 @@ def make_plan(spec: Any, backend: Backend) -> Plan:
     return Plan(layers, layout, meta)
 
 
+BUILTIN_TINY = "builtin:tiny-llama"
+TINY_VOCAB = 163_840  # covers DeepSeek-V4 (~129k) and Kimi (163,840) token ids
+
+
+def builtin_model(name: str) -> str:
+    """`builtin:tiny-llama`: a random-weight 4-layer Llama built once into the cache (no download).
+    For the quickstart and demos only: its hidden states mean nothing."""
+    from eyrie.jobs.chat.tokenizers import cache_root
+    from eyrie.jobs.extract.hf_backend import build_tiny_model
+
+    if name != BUILTIN_TINY:
+        raise ExtractionError(f"extraction.model {name!r}: unknown builtin model; known: {BUILTIN_TINY}")
+    folder = cache_root().parent / "models" / f"tiny-llama-{TINY_VOCAB}"
+    if not (folder / "config.json").exists():
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        build_tiny_model(tmp, TINY_VOCAB)
+        if folder.exists():  # built meanwhile by another process
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.replace(folder)
+    return str(folder)
+
+
 def model_path(spec: Any) -> str:
     path = spec.extraction.model or spec.target.tokenizer
     if not path:
         raise ExtractionError("extraction.model: not set (nor target.tokenizer)")
+    if path.startswith("builtin:"):
+        return builtin_model(path)
     if path.startswith("s3://"):
         raise ExtractionError(f"extraction.model {path!r}: s3:// weights are not loaded directly; "
                               "mount them (or bake them into the image) and give the path")
