@@ -1,0 +1,287 @@
+"""Helpers of the fault suite (tests/test_faults_*.py): invariant checks, in-process runs, a private
+SeaweedFS on free ports that a test may kill and restart, and process trees read from /proc.
+
+Every fault test ends in the same four checks, so they live here once: no sample lost, none
+duplicated, spend within the budget and equal to (or, after a lost worker, at least) what the
+provider billed, and a clear outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eyrie.jobs import records
+from eyrie.jobs.generate import GenerationResult, run_generation
+from eyrie.jobs.spec import load_spec
+from eyrie.jobs.store import Store, open_output, open_store
+
+API_KEY = "sk-or-v1-eyrie-fault-suite-key-5f4e3d2c1b0a"
+PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
+
+
+# ------------------------------------------------------------------------------------ prompts, specs
+
+
+def write_rows(path: Path, rows: list[Any]) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows))
+    return path
+
+
+def simple_rows(n: int, tools_every: int = 0) -> list[dict]:
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}}
+    rows = []
+    for i in range(n):
+        row: dict[str, Any] = {"messages": [{"role": "user", "content": f"Fault suite question {i}."}]}
+        if tools_every and i % tools_every == 0:
+            row["tools"] = [weather]
+        rows.append(row)
+    return rows
+
+
+def spec_doc(prompts: Path, output: str, base_url: str, *, max_usd: str = "5.00", workers: int = 1,
+             shards: int = 3, concurrency: int = 8, max_retries: int = 10, timeout_s: float = 10,
+             stream: bool = True, flush_s: float = 0.2, extra: dict[str, Any] | None = None) -> dict:
+    spec = {
+        "sources": [{"name": "p", "uri": str(prompts), "format": "openai"}],
+        "target": {"model": "test/model"},
+        "api": {"baseUrl": base_url, "maxConcurrency": concurrency, "maxRetries": max_retries,
+                "requestTimeoutSeconds": timeout_s, "stream": stream, "sampling": {"maxTokens": 256}},
+        "tools": {"gate": {"enabled": False}},
+        "budget": {"maxUSD": max_usd, "pricing": PRICING},
+        "generation": {"shards": shards, "flushSeconds": flush_s, "ray": {"mode": "Local", "workers": workers}},
+        "output": {"uri": output},
+    }
+    for dotted, value in (extra or {}).items():
+        node = spec
+        *head, last = dotted.split(".")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = value
+    return {"apiVersion": "eyrie.dev/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "faults"},
+            "spec": spec}
+
+
+def write_spec(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / f"spec-{time.time_ns()}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def run_inline(spec_path: Path, monkeypatch: Any) -> tuple[GenerationResult, Store]:
+    """The generation stage in this process with inline workers (no Ray): fast, same code path."""
+    monkeypatch.setenv("EYRIE_API_KEY", API_KEY)
+    dg = load_spec(spec_path)
+    store = open_output(dg.spec)
+    return run_generation(dg, store, f"fault-{time.time_ns()}", inline=True), store
+
+
+# ----------------------------------------------------------------------------------------- checks
+
+
+def persisted(store: Store) -> list[dict]:
+    return list(records.iter_records(store))
+
+
+def progress(store: Store) -> dict:
+    return json.loads(store.get(records.PROGRESS))
+
+
+def assert_exactly_once(recs: list[dict], rows: range | list[int]) -> dict[int, dict]:
+    """One record per row, no sample id twice: nothing lost, nothing duplicated."""
+    ids = Counter(r["sample_id"] for r in recs)
+    dupes = {k: n for k, n in ids.items() if n > 1}
+    assert not dupes, f"duplicated samples: {dupes}"
+    by_row = {r["row"]: r for r in recs}
+    assert sorted(by_row) == sorted(rows), f"lost rows: {sorted(set(rows) - set(by_row))}"
+    return by_row
+
+
+def spent_sum(recs: list[dict]) -> Decimal:
+    return sum((Decimal(r["costUSD"]) for r in recs), Decimal(0))
+
+
+def all_part_bytes(store: Store) -> list[tuple[str, bytes]]:
+    """Every part, decoded: a torn part raises here."""
+    out = []
+    for _s, _p, key in records.list_parts(store):
+        raw = store.get(key)
+        records.decode_part(raw)  # must not raise
+        out.append((key, gzip.decompress(raw)))
+    return out
+
+
+# --------------------------------------------------------------------------------- process trees
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct and indirect children of `pid` (from /proc), so a test kills only what it started."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # the command name may hold spaces and parentheses: the ppid follows the last ')'
+        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        frontier += kids
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each listed PID that is still alive (processes this test started)."""
+    for p in pids:
+        if alive(p):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- a private SeaweedFS
+
+S3_ACCESS_KEY = "eyriefaultaccess"
+S3_SECRET_KEY = "eyrie-fault-s3-secret-0a1b2c3d4e5f"
+_COMPONENTS = ("master", "volume", "filer", "s3", "webdav", "admin")
+_GRPC_OFFSET = 10000  # SeaweedFS puts each gRPC port at its HTTP port + 10000
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(n: int = len(_COMPONENTS)) -> int:
+    """A base port with base..base+n-1 and their gRPC twins free (the conftest server uses 8333)."""
+    for base in range(21000 + (os.getpid() % 200) * 40, 30000, 40):
+        if all(_port_free(p) and _port_free(p + _GRPC_OFFSET) for p in range(base, base + n)):
+            return base
+    raise RuntimeError("no free block of ports for a private SeaweedFS")
+
+
+@dataclass
+class PrivateS3:
+    """`weed mini` on its own ports and data dir, so a test can SIGKILL and restart it without
+    disturbing the session's shared server."""
+
+    base: Path
+    port_base: int = field(default_factory=free_port_block)
+    access_key: str = S3_ACCESS_KEY
+    secret_key: str = S3_SECRET_KEY
+    proc: subprocess.Popen | None = None
+    starts: int = 0
+
+    @property
+    def s3_port(self) -> int:
+        return self.port_base + _COMPONENTS.index("s3")
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def env(self) -> dict[str, str]:
+        return {"EYRIE_S3_ACCESS_KEY": self.access_key, "EYRIE_S3_SECRET_KEY": self.secret_key,
+                "EYRIE_S3_ENDPOINT": self.endpoint}
+
+    def start(self, timeout: float = 60) -> PrivateS3:
+        weed = shutil.which("weed") or str(Path(os.__file__).parents[2] / "bin" / "weed")
+        data = self.base / "weed"
+        data.mkdir(parents=True, exist_ok=True)
+        cfg = self.base / "s3.json"
+        cfg.write_text(json.dumps({"identities": [{
+            "name": "eyrie", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+        ports = [f"-{c}.port={self.port_base + i}" for i, c in enumerate(_COMPONENTS)]
+        self.starts += 1
+        log = (self.base / f"weed-{self.starts}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={cfg}",
+             "-master.telemetry=false", *ports],
+            stdout=log, stderr=subprocess.STDOUT, cwd=self.base, start_new_session=True)
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        from minio import Minio
+
+        client = Minio(f"127.0.0.1:{self.s3_port}", access_key=self.access_key, secret_key=self.secret_key,
+                       secure=False)
+        deadline = time.time() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited early: {(self.base / f'weed-{self.starts}.log').read_text()[-2000:]}")
+            try:
+                client.list_buckets()
+                return
+            except Exception:
+                if time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"private SeaweedFS not ready on {self.endpoint} in {timeout} s") from None
+                time.sleep(0.3)
+
+    def make_bucket(self, name: str) -> str:
+        from minio import Minio
+
+        Minio(f"127.0.0.1:{self.s3_port}", access_key=self.access_key, secret_key=self.secret_key,
+              secure=False).make_bucket(name)
+        return f"s3://{name}"
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (weed mini runs its parts in one process)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def store(self, uri: str) -> Store:
+        from eyrie.jobs.store import S3Credentials
+
+        return open_store(uri, self.endpoint, S3Credentials(self.access_key, self.secret_key))

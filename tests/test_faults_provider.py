@@ -1,0 +1,155 @@
+"""Provider faults at rates up to 30%: every prompt still gets exactly one record, spend stays within
+the budget and equals what the (simulated) provider billed, and the run ends with a clear outcome.
+
+Runs inline (no Ray): the point here is the client, the ledger and persistence, not scheduling.
+"""
+
+from __future__ import annotations
+
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_helpers import (
+    assert_exactly_once,
+    persisted,
+    progress,
+    run_inline,
+    simple_rows,
+    spec_doc,
+    spent_sum,
+    write_rows,
+    write_spec,
+)
+
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+
+N = 24
+STATUS_FAULTS = ["429", "429-no-retry-after", "500", "502", "503"]
+BODY_FAULTS = ["stream-cut", "200-error", "malformed-json", "empty-choices"]  # differ between SSE and JSON
+RETRYABLE = STATUS_FAULTS + BODY_FAULTS
+# Fault draws come from one seeded sequence. A seed whose first ~150 draws hold no run of more than
+# two faults keeps a lone last request from backing off for tens of seconds (correct, but slow).
+CALM_SEED = 1
+CALM_SEED_ALL_FAULTS = 12
+
+
+def _run(tmp_path, monkeypatch, sim, n=N, **kw):
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(n, tools_every=3))
+    out = f"file://{tmp_path}/out"
+    result, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, **kw)), monkeypatch)
+    return result, store, sim.stats()
+
+
+@pytest.mark.parametrize(("fault", "stream"), [(f, True) for f in STATUS_FAULTS]
+                         + [(f, s) for f in BODY_FAULTS for s in (True, False)])
+def test_each_retryable_fault_at_30_percent_is_retried_and_paid_once(tmp_path, monkeypatch, fault, stream):
+    cfg = SimulatorConfig(fault_rate=0.3, faults=[fault], retry_after_s=0, seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
+        result, store, stats = _run(tmp_path, monkeypatch, sim, stream=stream)
+    recs = persisted(store)
+    by_row = assert_exactly_once(recs, range(N))
+    assert result.outcome == "Done", result.message
+    assert all(r["status"] == "ok" and r["error"] is None for r in recs)
+    # each fault cost exactly one retry; the provider saw every attempt
+    injected = stats["faults"].get(fault, 0)
+    assert injected > 0
+    assert sum(r["attempts"] for r in recs) == N + injected == stats["requests"]
+    # paid once per sample: what eyrie spent is what the provider billed, within the budget
+    spent = Decimal(progress(store)["spentUSD"])
+    assert spent == Decimal(stats["billedUSD"]) == spent_sum(recs) <= Decimal("5.00")
+    assert stats["completed"] == N
+    assert progress(store)["samples"] == {"total": N, "done": N, "dropped": 0, "failed": 0}
+    assert progress(store)["retries"] == injected
+    assert by_row[0]["request"]["tools"][0]["function"]["name"] == "get_weather"
+
+
+def test_retry_after_is_honoured_on_429(tmp_path, monkeypatch):
+    """Retry-After: 1 on every 429: a sample that met one waited at least a second before its retry."""
+    cfg = SimulatorConfig(fault_rate=0.3, faults=["429"], retry_after_s=1, seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
+        import time
+
+        t0 = time.monotonic()
+        result, store, stats = _run(tmp_path, monkeypatch, sim, n=12, concurrency=12)
+        elapsed = time.monotonic() - t0
+    recs = persisted(store)
+    assert_exactly_once(recs, range(12))
+    assert result.outcome == "Done"
+    assert stats["faults"]["429"] > 0 and max(r["attempts"] for r in recs) >= 2
+    assert elapsed >= 1.0
+    assert Decimal(progress(store)["spentUSD"]) == Decimal(stats["billedUSD"])
+
+
+def test_all_faults_mixed_including_timeouts_and_empty_length(tmp_path, monkeypatch):
+    """Every fault at once at 30%: hangs end at the request timeout and are retried; `length` with
+    empty content is a paid, completed answer recorded as such (not retried, not lost)."""
+    faults = [*RETRYABLE, "timeout", "length-empty"]
+    cfg = SimulatorConfig(fault_rate=0.3, faults=faults, retry_after_s=0, seed=CALM_SEED_ALL_FAULTS)
+    with SimulatorProcess(cfg) as sim:
+        result, store, stats = _run(tmp_path, monkeypatch, sim, n=40, concurrency=16, timeout_s=1.0)
+    recs = persisted(store)
+    by_row = assert_exactly_once(recs, range(40))
+    assert result.outcome == "Done", result.message
+    assert all(r["status"] == "ok" for r in recs)
+    empty = [r for r in recs if r["response"]["finish_reason"] == "length" and not r["response"]["content"]
+             and not r["response"]["tool_calls"]]
+    length_empty = stats["faults"].get("length-empty", 0)
+    assert len(empty) == length_empty  # each one recorded as an answer, none retried
+    for r in empty:
+        assert Decimal(r["costUSD"]) > 0 and r["usage"]["completion_tokens"] == 256
+    retried = sum(n for f, n in stats["faults"].items() if f != "length-empty")
+    assert stats["faults"].get("timeout", 0) > 0
+    assert sum(r["attempts"] for r in recs) == 40 + retried == stats["requests"]
+    spent = Decimal(progress(store)["spentUSD"])
+    assert spent == Decimal(stats["billedUSD"]) == spent_sum(recs) <= Decimal("5.00")
+    assert len(by_row) == 40
+
+
+def test_provider_slower_than_the_timeout_gives_failed_records_with_a_reason(tmp_path, monkeypatch):
+    """Every answer takes 3 s, the timeout is 0.4 s: each sample is recorded failed with the reason,
+    after maxRetries+1 attempts; nothing is billed, nothing spent, the run finishes."""
+    with SimulatorProcess(SimulatorConfig(latency_ms=3000)) as sim:
+        result, store, stats = _run(tmp_path, monkeypatch, sim, n=6, concurrency=6, max_retries=1,
+                                    timeout_s=0.4)
+    recs = persisted(store)
+    assert_exactly_once(recs, range(6))
+    assert result.outcome == "Done"
+    for r in recs:
+        assert r["status"] == "failed" and r["attempts"] == 2 and r["costUSD"] == "0"
+        assert r["error"]["type"] == "timeout"
+        assert "0.4s" in r["error"]["message"]
+    assert stats["requests"] == 12 and stats["completed"] == 0 and Decimal(stats["billedUSD"]) == 0
+    prog = progress(store)
+    assert prog["samples"] == {"total": 6, "done": 0, "dropped": 0, "failed": 6}
+    assert Decimal(prog["spentUSD"]) == 0 and Decimal(prog["reservedUSD"]) == 0
+
+
+def test_faults_under_a_tight_budget_never_overspend_and_resume_exactly_once(tmp_path, monkeypatch):
+    """30% faults while the budget runs out: spend <= cap (retries are not paid twice), the run stops
+    with BudgetExhausted, and a resume with a higher cap completes every prompt exactly once."""
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(50))
+    out = f"file://{tmp_path}/out"
+    cfg = SimulatorConfig(fault_rate=0.3, faults=["500", "stream-cut", "200-error", "429"], retry_after_s=0,
+                          seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
+        r1, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, max_usd="0.008")),
+                               monkeypatch)
+        first = progress(store)
+        billed1 = Decimal(sim.stats()["billedUSD"])
+        assert r1.outcome == "BudgetExhausted" and "budget exhausted" in r1.message
+        spent1 = Decimal(first["spentUSD"])
+        assert spent1 == billed1 <= Decimal("0.008")
+        n1 = len(persisted(store))
+        assert 0 < n1 < 50
+        r2, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, max_usd="1.00")),
+                               monkeypatch)
+        stats = sim.stats()
+    recs = persisted(store)
+    assert_exactly_once(recs, range(50))
+    assert r2.outcome == "Done"
+    assert stats["completed"] == 50  # nothing paid twice across the two attempts
+    assert Decimal(progress(store)["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
