@@ -415,14 +415,21 @@ class ChatClient:
         self._extra: dict[str, Any] = {"usage": {"include": True}} if openrouter_usage else {}
         if stream:
             self._extra.update(stream=True, stream_options={"include_usage": True})
-        hdrs = {"Content-Type": "application/json", **(headers or {})}
+        hdrs = {"Content-Type": "application/json", "User-Agent": "eyrie", **(headers or {})}
         if self._key:
             hdrs["Authorization"] = f"Bearer {self._key}"
-        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        self._http = httpx.AsyncClient(
-            transport=AiohttpTransport(limits=limits), headers=hdrs, timeout=httpx.Timeout(timeout),
-            trust_env=not is_loopback(self.base_url),  # proxies from the environment, never for loopback
-        )
+        # httpx on the aiohttp transport; the session (made on first use, inside the event loop) has
+        # one connection per concurrency slot and takes proxies from the environment, except for
+        # loopback. Chat requests go straight to the transport (see _open): the client's per-request
+        # machinery (auth flow, redirects, cookies, hooks, logging) costs a quarter of the CPU.
+        self._transport = AiohttpTransport(client=self._session)
+        self._http = httpx.AsyncClient(transport=self._transport, headers=hdrs, timeout=httpx.Timeout(timeout))
+        self._headers = httpx.Headers(hdrs)
+        self._extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
+
+    def _session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency + 1, ttl_dns_cache=300)
+        return aiohttp.ClientSession(connector=connector, trust_env=not is_loopback(self.base_url))
 
     def __repr__(self) -> str:
         return (f"ChatClient(base_url={self.base_url!r}, key={'set' if self._key else 'none'}, "
@@ -511,19 +518,26 @@ class ChatClient:
             finally:
                 stats.in_flight -= 1
 
+    async def _open(self, data: bytes) -> httpx.Response:
+        req = httpx.Request("POST", self._url, headers=self._headers, content=data, extensions=self._extensions)
+        return await self._transport.handle_async_request(req)
+
     async def _send(self, data: bytes) -> tuple[Response, dict[str, Any] | None]:
-        resp = await self._http.post(self._url, content=data)
-        if resp.status_code != 200:
-            self._status_error(resp.status_code, resp.headers, resp.content)
+        resp = await self._open(data)
         try:
-            doc = orjson.loads(resp.content)
+            raw = await resp.aread()
+        finally:
+            await resp.aclose()
+        if resp.status_code != 200:
+            self._status_error(resp.status_code, resp.headers, raw)
+        try:
+            doc = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise _Retry("malformed-json", f"unparseable response body: {resp.content[:120]!r}") from None
+            raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
         return parse_completion(doc)
 
     async def _send_stream(self, data: bytes) -> tuple[Response, dict[str, Any] | None]:
-        req = self._http.build_request("POST", self._url, content=data)
-        resp = await self._http.send(req, stream=True)
+        resp = await self._open(data)
         try:
             if resp.status_code != 200:
                 self._status_error(resp.status_code, resp.headers, await resp.aread())
