@@ -30,6 +30,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from eyrie.jobs.records import Response, ToolCall
 
+_loads = orjson.loads
 _MSG_LIMIT = 500  # characters of a provider's error message kept in ours
 
 
@@ -265,26 +266,30 @@ class SSEAccumulator:
             data = self._buf + data
         lines = data.split(b"\n")
         self._buf = lines.pop()
+        cr = b"\r" in data
+        pending = self._data
         for line in lines:
-            if line[-1:] == b"\r":
+            if cr and line[-1:] == b"\r":
                 line = line[:-1]
-            if not line:
-                if self._data:
-                    self._event(self._data[0] if len(self._data) == 1 else b"\n".join(self._data))
-                    self._data.clear()
+            if line[:6] == b"data: ":
+                pending.append(line[6:])
+            elif not line:
+                if pending:
+                    self._event(pending[0] if len(pending) == 1 else b"\n".join(pending))
+                    pending.clear()
             elif line[:5] == b"data:":
-                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+                pending.append(line[5:])
             # ":" comments and other fields (event, id, retry) carry nothing for us
 
     def _event(self, data: bytes) -> None:
-        if data == b"[DONE]":
-            self.done = True
-            return
         try:
-            chunk = orjson.loads(data)
+            chunk = _loads(data)
         except orjson.JSONDecodeError:
+            if data == b"[DONE]":
+                self.done = True
+                return
             raise _Retry("malformed-json", f"unparseable SSE data: {data[:120]!r}") from None
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             raise _Retry("malformed-json", "an SSE chunk is not a JSON object")
         if chunk.get("error"):
             _raise_body_error(chunk["error"])
@@ -308,12 +313,10 @@ class SSEAccumulator:
             r = delta.get("reasoning") or delta.get("reasoning_content")
             if r:
                 self._reasoning.append(r)
-            tcs = delta.get("tool_calls")
-            if tcs:
-                self._tool_deltas(tcs)
-        lp = choice.get("logprobs")
-        if lp:
-            self._merge_logprobs(lp)
+            if delta.get("tool_calls"):
+                self._tool_deltas(delta["tool_calls"])
+        if choice.get("logprobs"):
+            self._merge_logprobs(choice["logprobs"])
         fr = choice.get("finish_reason")
         if fr:
             if fr == "error":
