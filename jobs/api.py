@@ -418,6 +418,8 @@ class ChatClient:
         self._extra: dict[str, Any] = {"usage": {"include": True}} if openrouter_usage else {}
         if stream:
             self._extra.update(stream=True, stream_options={"include_usage": True})
+        else:
+            self._extra["stream"] = False  # the answer is parsed as one JSON body whatever the caller set
         hdrs = {"Content-Type": "application/json", "User-Agent": "eyrie", **(headers or {})}
         if self._key:
             hdrs["Authorization"] = f"Bearer {self._key}"
@@ -459,7 +461,7 @@ class ChatClient:
         url = self.base_url + "/models"
         try:
             resp = await self._http.get(url, timeout=min(self.timeout, 30.0))
-        except (httpx.HTTPError, OSError) as e:
+        except (httpx.HTTPError, aiohttp.ClientError, OSError) as e:
             reason = self._redact(str(e) or type(e).__name__)
             raise ApiUnreachable(f"the API at {self.base_url} is unreachable ({reason}); "
                                  "check api.baseUrl and the network") from None
@@ -472,7 +474,7 @@ class ChatClient:
 
     async def complete(self, body: dict[str, Any], *, est_tokens: int = 0) -> Completion:
         """Send one chat completion (retrying per the policy above) and return the parsed answer."""
-        data = orjson.dumps({**body, **self._extra} if self._extra else body)
+        data = orjson.dumps({**body, **self._extra})
         stats = self.stats
         start = time.monotonic()
         attempts = 0

@@ -700,8 +700,10 @@ class SimulatorProcess:
         cmd = [sys.executable, "-m", "eyrie.jobs.simulator", "--host", self.host, "--port", str(self.port),
                "--config-json", self.config.to_json(), "--parent-pid", str(os.getpid())]
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child; closed in stop()
+        # its own session: a Ctrl-C meant for the run (which drains in-flight requests) must not
+        # kill the provider those requests are waiting on; stop() ends it by PID.
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
-                                      stdin=subprocess.DEVNULL)
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
         assert self._proc.stdout is not None
         deadline = time.monotonic() + self.startup_timeout
         line = b""

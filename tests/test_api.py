@@ -444,3 +444,26 @@ async def test_a_json_answer_to_a_stream_request_is_accepted(
     async with client(await app_server(app)) as c:
         d = await c.complete(body(1))
     assert d.response["content"] == "hi" and d.cost is None and d.usage == {"prompt_tokens": 1}
+
+
+async def test_request_flags_added_to_the_body(app_server: Callable[[web.Application], Awaitable[str]]) -> None:
+    got: list[dict[str, Any]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        got.append(orjson.loads(await request.read()))
+        return web.Response(body=orjson.dumps({"id": "x", "choices": [
+            {"finish_reason": "stop", "message": {"content": "hi"}}], "usage": {"cost": 0.5}}),
+            content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", record)
+    url = await app_server(app)
+    sent = body(1, stream=True, provider={"order": ["moonshotai"]}, reasoning={"effort": "high"})
+    async with client(url, stream=False, openrouter_usage=True) as c:
+        d = await c.complete(sent)
+    assert d.cost == Decimal("0.5")
+    assert got == [{**sent, "stream": False, "usage": {"include": True}}]
+    assert sent["stream"] is True  # the caller's body is not modified
+    assert ChatClient("https://openrouter.ai/api/v1", KEY, timeout=1, max_retries=0,
+                      max_concurrency=1)._extra == {"usage": {"include": True}, "stream": True,
+                                                    "stream_options": {"include_usage": True}}
