@@ -413,8 +413,9 @@ class ChatClient:
         self._rpm = TokenBucket(requests_per_minute) if requests_per_minute else None
         self._tpm = TokenBucket(tokens_per_minute) if tokens_per_minute else None
         # OpenRouter reports usage.cost only when asked; other APIs may reject the unknown field.
+        self._openrouter = (urlsplit(self.base_url).hostname or "").endswith("openrouter.ai")
         if openrouter_usage is None:
-            openrouter_usage = (urlsplit(self.base_url).hostname or "").endswith("openrouter.ai")
+            openrouter_usage = self._openrouter
         self._extra: dict[str, Any] = {"usage": {"include": True}} if openrouter_usage else {}
         if stream:
             self._extra.update(stream=True, stream_options={"include_usage": True})
@@ -458,17 +459,19 @@ class ChatClient:
         """Fail before any paid request: no key for a remote API, an unreachable URL, a rejected key."""
         if not self._key and not is_loopback(self.base_url):
             raise AuthError("no API key: set EYRIE_API_KEY or api.apiKeySecretRef")
-        url = self.base_url + "/models"
-        try:
-            resp = await self._http.get(url, timeout=min(self.timeout, 30.0))
-        except (httpx.HTTPError, aiohttp.ClientError, OSError) as e:
-            reason = self._redact(str(e) or type(e).__name__)
-            raise ApiUnreachable(f"the API at {self.base_url} is unreachable ({reason}); "
-                                 "check api.baseUrl and the network") from None
-        if resp.status_code in (401, 403):
-            raise AuthError(f"the API at {self.base_url} rejected the API key (HTTP {resp.status_code}: "
-                            f"{self._redact(_provider_message(resp.content))}); check EYRIE_API_KEY "
-                            "or api.apiKeySecretRef")
+        # /models answers without a key on OpenRouter; its /key endpoint is what rejects a bad one
+        paths = ["/models", "/key"] if self._openrouter and self._key else ["/models"]
+        for path in paths:
+            try:
+                resp = await self._http.get(self.base_url + path, timeout=min(self.timeout, 30.0))
+            except (httpx.HTTPError, aiohttp.ClientError, OSError) as e:
+                reason = self._redact(str(e) or type(e).__name__)
+                raise ApiUnreachable(f"the API at {self.base_url} is unreachable ({reason}); "
+                                     "check api.baseUrl and the network") from None
+            if resp.status_code in (401, 403):
+                raise AuthError(f"the API at {self.base_url} rejected the API key (HTTP {resp.status_code} "
+                                f"on {path}: {self._redact(_provider_message(resp.content))}); check "
+                                "EYRIE_API_KEY or api.apiKeySecretRef")
 
     # --------------------------------------------------------------------------------- requests
 

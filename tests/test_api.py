@@ -386,7 +386,7 @@ async def test_preflight_errors(start_sim: StartSim) -> None:
         assert KEY not in str(e.value)
     sim = await start_sim(api_key="the-right-key")
     async with client(sim.base_url, api_key=KEY) as c:
-        with pytest.raises(AuthError, match="rejected the API key \\(HTTP 401") as e:
+        with pytest.raises(AuthError, match="rejected the API key \\(HTTP 401 on /models") as e:
             await c.preflight()
         assert KEY not in str(e.value) and KEY not in repr(c)
     async with client(sim.base_url, api_key="the-right-key") as c:
@@ -467,3 +467,33 @@ async def test_request_flags_added_to_the_body(app_server: Callable[[web.Applica
     assert ChatClient("https://openrouter.ai/api/v1", KEY, timeout=1, max_retries=0,
                       max_concurrency=1)._extra == {"usage": {"include": True}, "stream": True,
                                                     "stream_options": {"include_usage": True}}
+
+
+async def test_preflight_asks_openrouter_about_the_key(app_server: Callable[[web.Application], Awaitable[str]]) -> None:
+    asked: list[str] = []
+
+    async def models(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(body=b'{"data": []}', content_type="application/json")
+
+    async def key(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        ok = request.headers.get("Authorization") == "Bearer good"
+        return web.Response(status=200 if ok else 401, content_type="application/json",
+                            body=b'{"data": {}}' if ok else b'{"error": {"code": 401, "message": "User not found."}}')
+
+    app = web.Application()
+    app.router.add_get("/api/v1/models", models)
+    app.router.add_get("/api/v1/key", key)
+    url = (await app_server(app)).removesuffix("/v1") + "/api/v1"
+    async with client(url, api_key=KEY) as c:
+        c._openrouter = True  # as for https://openrouter.ai/api/v1
+        with pytest.raises(AuthError, match=r"HTTP 401 on /key: User not found\.") as e:
+            await c.preflight()
+        assert KEY not in str(e.value)
+    async with client(url, api_key="good") as c:
+        c._openrouter = True
+        await c.preflight()
+    async with client(url, api_key=KEY) as c:  # any other API: /models only
+        await c.preflight()
+    assert asked == ["/api/v1/models", "/api/v1/key", "/api/v1/models", "/api/v1/key", "/api/v1/models"]
