@@ -1,0 +1,192 @@
+"""Process faults on real local Ray: a shard worker's process SIGKILLed mid-run (the driver requeues
+its shards on a new worker), and the whole `eyrie run` SIGKILLed and run again (exactly once; only
+answers in flight or not yet flushed are paid twice).
+
+Ray's state API needs the dashboard, which a Local run turns off, so a worker is found the way an
+operator would find it on the node: by its process title (`ray::ShardWorker...`) among the
+descendants of the driver this test started. Every process the test saw is killed by PID at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_helpers import (
+    API_KEY,
+    all_part_bytes,
+    assert_exactly_once,
+    children_of,
+    cmdline,
+    kill_all,
+    persisted,
+    progress,
+    simple_rows,
+    spec_doc,
+    spent_sum,
+    write_rows,
+    write_spec,
+)
+
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.store import open_store
+
+N = 80
+CONCURRENCY = 8
+LATENCY_MS = 150
+FLUSH_S = 0.2
+# Paid twice at most: requests in flight when a process died, plus answers it held unflushed
+# (a flush window at the simulator's pace, with slack for two busy cores).
+PAID_TWICE_MAX = CONCURRENCY + int(CONCURRENCY / (LATENCY_MS / 1000) * FLUSH_S * 1.5)
+
+
+@pytest.fixture
+def ray_tmp():
+    """A private, short Ray temp dir (unix socket paths are limited to ~107 bytes)."""
+    d = tempfile.mkdtemp(prefix="ry", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _start(spec: Path, ray_tmp: str) -> subprocess.Popen:
+    env = {**os.environ, "EYRIE_API_KEY": API_KEY, "RAY_TMPDIR": ray_tmp}
+    env.pop("EYRIE_NO_RAY", None)
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_persisted(out: str, n: int, proc: subprocess.Popen, seen: set[int], timeout: float = 120) -> None:
+    store = open_store(out)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        seen.update(children_of(proc.pid))
+        if len(persisted(store)) >= n:
+            return
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} records after {timeout} s")
+
+
+def _workers(pid: int) -> list[int]:
+    return [p for p in children_of(pid) if cmdline(p).startswith("ray::ShardWorker")]
+
+
+@dataclass
+class LostWorker:
+    rc: int
+    stderr: str
+    stats: dict
+    out: str
+
+
+KILL_FLUSH_S = 1.0  # the killed worker surely holds answers it has not flushed yet
+
+
+@pytest.fixture(scope="module")
+def lost_worker(tmp_path_factory) -> Iterator[LostWorker]:
+    """One Ray run in which a shard worker's process is SIGKILLed after 10 records are persisted."""
+    tmp_path = tmp_path_factory.mktemp("lost-worker")
+    ray_dir = tempfile.mkdtemp(prefix="ry", dir="/tmp")
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(N, tools_every=4))
+    out = f"file://{tmp_path}/out"
+    seen: set[int] = set()
+    try:
+        with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
+            spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, workers=2, shards=6,
+                                                 concurrency=CONCURRENCY, flush_s=KILL_FLUSH_S))
+            proc = _start(spec, ray_dir)
+            try:
+                _wait_persisted(out, 10, proc, seen)
+                victims = _workers(proc.pid)
+                assert len(victims) == 2, [cmdline(p) for p in children_of(proc.pid)]
+                os.kill(victims[0], 9)
+                _, stderr = proc.communicate(timeout=180)
+            finally:
+                seen.update(children_of(proc.pid))
+                kill_all([proc.pid, *seen])
+            yield LostWorker(proc.returncode, stderr, sim.stats(), out)
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def test_a_killed_ray_worker_is_replaced_and_its_shards_requeued(lost_worker):
+    assert lost_worker.rc == 0, lost_worker.stderr[-3000:]
+    store = open_store(lost_worker.out)
+    all_part_bytes(store)
+    recs = persisted(store)
+    assert_exactly_once(recs, range(N))
+    assert all(r["status"] == "ok" for r in recs)
+    prog = progress(store)
+    assert prog["outcome"] == "Done"
+    stats = lost_worker.stats
+    paid_twice_max = CONCURRENCY + int(CONCURRENCY / (LATENCY_MS / 1000) * KILL_FLUSH_S * 1.5)
+    assert N < stats["completed"] <= N + paid_twice_max
+    # the lost worker's open reservations count as spent (the safe side): spend covers every bill
+    billed, spent = Decimal(stats["billedUSD"]), Decimal(prog["spentUSD"])
+    assert spent_sum(recs) < billed <= spent <= Decimal("5.00")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "RunCoordinator counts a sample when its worker reports it (finish), not when it is persisted: "
+    "answers a lost worker never flushed are counted, then counted again when its shards are redone, "
+    "so progress says done > total, and the 'workers lost' check in run_generation (missing > 0) can "
+    "call a run Done with prompts missing. Fix: count samples/tokens when a part is written (worker "
+    "reports per-part counts after store.put) or recount from the store at the end of run_generation."))
+def test_progress_after_a_lost_worker_counts_each_sample_once(lost_worker):
+    store = open_store(lost_worker.out)
+    recs = persisted(store)
+    prog = progress(store)
+    assert prog["samples"] == {"total": N, "done": N, "dropped": 0, "failed": 0}
+    assert prog["tokens"]["output"] == sum(r["usage"]["completion_tokens"] for r in recs)
+
+
+def test_eyrie_run_killed_with_sigkill_then_rerun_is_exactly_once(tmp_path, ray_tmp):
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(N))
+    out = f"file://{tmp_path}/out"
+    seen: set[int] = set()
+    with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
+        spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, workers=2, shards=6,
+                                             concurrency=CONCURRENCY, flush_s=FLUSH_S))
+        proc = _start(spec, ray_tmp)
+        try:
+            _wait_persisted(out, 15, proc, seen)
+            seen.update(children_of(proc.pid))
+            os.killpg(proc.pid, 9)  # the driver and everything in its session, as a node loss would
+            proc.communicate(timeout=30)
+        finally:
+            kill_all([proc.pid, *seen])
+        before = len(persisted(open_store(out)))
+        assert 0 < before < N
+        billed_first = Decimal(sim.stats()["billedUSD"])
+        rerun = _start(spec, ray_tmp)
+        try:
+            _, stderr = rerun.communicate(timeout=180)
+        finally:
+            kill_all([rerun.pid, *children_of(rerun.pid)])
+        stats = sim.stats()
+    assert rerun.returncode == 0, stderr[-3000:]
+    all_part_bytes(open_store(out))
+    recs = persisted(open_store(out))
+    assert_exactly_once(recs, range(N))
+    prog = progress(open_store(out))
+    assert prog["outcome"] == "Done" and prog["samples"]["done"] == N
+    paid_twice = stats["completed"] - N
+    assert 0 <= paid_twice <= PAID_TWICE_MAX
+    # spend is cumulative over both attempts; what it may miss is only the answers paid twice
+    spent, billed = Decimal(prog["spentUSD"]), Decimal(stats["billedUSD"])
+    most = max(Decimal(r["costUSD"]) for r in recs)
+    assert billed_first > 0 and spent <= Decimal("5.00")
+    assert spent_sum(recs) <= spent <= billed <= spent + paid_twice * most
