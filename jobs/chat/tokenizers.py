@@ -106,19 +106,21 @@ class HFBackend:
     def __init__(self, tok: Any):
         self.tok = tok
         self.fast = getattr(tok, "backend_tokenizer", None)
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets nobody here reads
+        self._batch = getattr(self.fast, "encode_batch_fast", None) or getattr(self.fast, "encode_batch", None)
         decoder = getattr(self.fast, "decoder", None) if self.fast is not None else None
         self._byte_level = type(decoder).__name__ == "ByteLevel"
         self._bytes_of = _byte_decoder() if self._byte_level else {}
         self._added = {i: t.content for i, t in tok.added_tokens_decoder.items()}
 
     def encode(self, text: str) -> list[int]:
-        if self.fast is not None:
-            return self.fast.encode(text, add_special_tokens=False).ids
+        if self._batch is not None:
+            return self._batch([text], add_special_tokens=False)[0].ids
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if self.fast is not None:
-            return [e.ids for e in self.fast.encode_batch(texts, add_special_tokens=False)]
+        if self._batch is not None:
+            return [e.ids for e in self._batch(texts, add_special_tokens=False)]
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
