@@ -11,6 +11,7 @@ import logging
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -245,6 +246,11 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> tuple[Any, str | 
     return prog, manifest_url, summaries
 
 
+def _neighbour_attempts(attempt: str) -> list[str]:
+    n = int(attempt)
+    return [str(a) for a in (n - 1, n, n + 1) if a >= 1]
+
+
 async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
     meta = body["metadata"]
     name, ns = meta["name"], meta["namespace"]
@@ -267,11 +273,14 @@ async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGeneratio
     gens: list[GenerationChild] = []
     ray = spec.generation.ray
     if ray.mode == "RayJob":
+        # deterministic names: the previous, current and a possibly-unrecorded next attempt
         g, v, p = children.RAYJOB_API
-        docs = await kube.list(kube.path(g, v, p, ns), {children.DATASET_LABEL: name})
-        gens = [_rayjob_child(d) for d in docs]
+        for a in _neighbour_attempts(attempt):
+            doc = await kube.get(kube.path(g, v, p, ns, children.generation_name(name, a)))
+            if doc is not None:
+                gens.append(_rayjob_child(doc))
     elif ray.mode == "Submit" and ray.address:
-        for a in (attempt, str(int(attempt) + 1)):
+        for a in _neighbour_attempts(attempt):
             sid = children.submission_id(ns, name, a)
             st = await asyncio.wait_for(asyncio.to_thread(_ray_status, ray.address, sid), RAY_TIMEOUT)
             if st is not None:
@@ -489,9 +498,11 @@ async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     memo.state = Memo()
+    # API, store and Ray calls run in threads; the default pool (cores + 4) would queue them
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=32))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=0.1)
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=INTERVAL)
 async def poll(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
     await reconcile_resource(body, memo.state, logger)
 

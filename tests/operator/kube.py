@@ -73,6 +73,7 @@ class Emulator(kmock.KubernetesEmulator):
     _columns: dict[Any, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _kinds: dict[Any, str] = attrs.field(factory=dict, init=False)
     _rv: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _inflight: set[int] = attrs.field(factory=set, init=False)
 
     def declare(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
                 subresources: list[str] | None = None, shortnames: list[str] | None = None,
@@ -99,6 +100,16 @@ class Emulator(kmock.KubernetesEmulator):
         return await super()._render_error(exc)
 
     async def _handle(self, request: rendering.Request) -> Any:
+        # kmock matches each request by scanning every request it ever served, so a long test or a
+        # benchmark slows down quadratically; keep only the requests still being served.
+        self._inflight.add(id(request))
+        self._requests[:] = [r for r in self._requests if id(r) in self._inflight]
+        try:
+            return await self._serve(request)
+        finally:
+            self._inflight.discard(id(request))
+
+    async def _serve(self, request: rendering.Request) -> Any:
         data = request.data
         if request.action == enums.action.UPDATE and isinstance(data, list):  # a JSON patch
             data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(next(self._rv))})
