@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import statistics
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ SCHEMA = pa.schema([
     ("flags", pa.list_(pa.string())),
 ])
 EXAMPLES = 20  # excluded samples quoted in the summary (with their reason), the rest only counted
+ROW_GROUP = 256  # samples per parquet row group: what is held as Python lists at a time
 
 
 def _distribution(values: list[int]) -> dict[str, Any]:
@@ -116,10 +118,38 @@ def samples_table(samples: list[Sample]) -> pa.Table:
     }, schema=SCHEMA)
 
 
-def encode_table(table: pa.Table) -> bytes:
+def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded], summary: SamplesSummary) -> None:
+    """Stream one shard's samples into a compressed parquet in memory (row group by row group, so
+    token lists never pile up), then store it with one atomic put."""
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
+    with pq.ParquetWriter(buf, SCHEMA, compression="zstd") as writer:
+        batch: list[Sample] = []
+        for result in results:
+            summary.add(result)
+            if isinstance(result, Sample):
+                batch.append(result)
+                if len(batch) == ROW_GROUP:
+                    writer.write_table(samples_table(batch))
+                    batch = []
+        if batch:
+            writer.write_table(samples_table(batch))
+    key = records.samples_key(shard)
+    store.put(key, buf.getvalue())
+    summary.shards += 1
+    summary.files.append(key)
+
+
+def _shard_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator[Sample | Excluded]:
+    seen: set[str] = set()
+    for record in records.iter_records(store, shard):
+        sid = record.get("sample_id", "")
+        if sid in seen:  # one sample per prompt, whatever was written twice
+            yield Excluded(sid, record.get("source", ""), "duplicate", f"sample {sid}: a second record")
+            continue
+        result = rebuild(record)
+        if isinstance(result, Sample):
+            seen.add(sid)
+        yield result
 
 
 def build_samples(spec: DatasetGenerationSpec, store: Store,
@@ -131,22 +161,7 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
                              chat_format=fmt.name, template_sha256=fmt.sha256)
     for shard in sorted({s for s, _p, _k in records.list_parts(store)}):
-        kept: list[Sample] = []
-        seen: set[str] = set()
-        for record in records.iter_records(store, shard):
-            sid = record.get("sample_id", "")
-            if sid in seen:  # one sample per prompt, whatever was written twice
-                summary.add(Excluded(sid, record.get("source", ""), "duplicate", f"sample {sid}: a second record"))
-                continue
-            result = rebuild(record)
-            summary.add(result)
-            if isinstance(result, Sample):
-                seen.add(sid)
-                kept.append(result)
-        key = records.samples_key(shard)
-        store.put(key, encode_table(samples_table(kept)))
-        summary.shards += 1
-        summary.files.append(key)
+        _write_shard(store, shard, _shard_results(rebuild, store, shard), summary)
     for stale in set(store.list(records.SAMPLES)) - set(summary.files):
         store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists
     return summary

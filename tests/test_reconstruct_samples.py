@@ -108,3 +108,19 @@ def test_build_samples_fails_before_writing_when_the_format_cannot_be_used(spec,
     with pytest.raises(TokenizerError, match=r"chatFormat deepseek-v4: marker"):
         build_samples(bad, store)
     assert store.list(records.SAMPLES) == []
+
+
+def test_build_samples_streams_row_groups(spec, tmp_path, monkeypatch):
+    import io
+
+    import pyarrow.parquet as pq
+
+    from eyrie.jobs import samples
+
+    monkeypatch.setattr(samples, "ROW_GROUP", 2)
+    store = FileStore(tmp_path / "out")
+    store.put(records.part_key(0, 0), records.encode_part([record(f"r{i}", f"answer {i}") for i in range(1, 6)]))
+    build_samples(spec, store)
+    meta = pq.ParquetFile(io.BytesIO(store.get(records.samples_key(0)))).metadata
+    assert (meta.num_row_groups, meta.num_rows) == (3, 5)
+    assert read_samples(store, 0).column("sample_id").to_pylist() == ["r1", "r2", "r3", "r4", "r5"]
