@@ -165,8 +165,3 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     for stale in set(store.list(records.SAMPLES)) - set(summary.files):
         store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists
     return summary
-
-
-def read_samples(store: Store, shard: int) -> pa.Table:
-    """One samples shard back as a table (for extraction and tests)."""
-    return pq.read_table(io.BytesIO(store.get(records.samples_key(shard))))

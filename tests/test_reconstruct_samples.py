@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from eyrie.jobs import records
 from eyrie.jobs.chat.formats import resolve_format
 from eyrie.jobs.chat.tokenizers import clear_cache, load_tokenizer
 from eyrie.jobs.reconstruct import Reconstructor
-from eyrie.jobs.samples import SCHEMA, build_samples, read_samples
+from eyrie.jobs.samples import SCHEMA, build_samples
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import FileStore
 
 KIMI = Path(__file__).parent / "data" / "kimi_synthetic"
+
+
+def read_samples(store: FileStore, shard: int) -> pa.Table:
+    return pq.read_table(io.BytesIO(store.get(records.samples_key(shard))))
 
 
 def record(sid: str, content: str | None = "Hello", *, status: str = "ok", policy: str = "keep",
@@ -111,10 +117,6 @@ def test_build_samples_fails_before_writing_when_the_format_cannot_be_used(spec,
 
 
 def test_build_samples_streams_row_groups(spec, tmp_path, monkeypatch):
-    import io
-
-    import pyarrow.parquet as pq
-
     from eyrie.jobs import samples
 
     monkeypatch.setattr(samples, "ROW_GROUP", 2)
