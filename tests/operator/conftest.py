@@ -17,9 +17,12 @@ import httpx
 import pytest
 import yaml
 
+from eyrie.operator import rbac
+
 from .kube import CONFIGMAPS, DSG, JOBS, RAYJOBS, Cluster, running_cluster
 
 NS = "default"
+OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")  # kopf's own client, and the kubernetes client
 SECRET_ENV = ("EYRIE_S3_ACCESS_KEY", "EYRIE_S3_SECRET_KEY", "EYRIE_S3_ENDPOINT", "EYRIE_API_KEY")
 
 
@@ -198,6 +201,11 @@ def operator(cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
         yield op
     finally:
         op.stop()
+    # every request the operator made is covered by the one declared RBAC list (the chart's source)
+    assert cluster.emulator is not None
+    used = {c[1:] for c in cluster.emulator.calls if c[0].startswith(OPERATOR_AGENTS)}
+    assert used, "the operator made no requests"
+    assert sorted(u for u in used if not rbac.allows(*u)) == []
 
 
 @pytest.fixture

@@ -66,6 +66,18 @@ def _jsonpath(obj: Any, path: str) -> Any:
     return obj
 
 
+def _call_of(request: rendering.Request) -> tuple[str, str, str, str]:
+    res = request.resource
+    assert res is not None
+    plural = str(res.plural) + (f"/{request.subresource}" if request.subresource else "")
+    method = str(request.method.value).upper()
+    if method == "GET":
+        verb = "watch" if request.params.get("watch") == "true" else "get" if request.name else "list"
+    else:
+        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method)
+    return request.headers.get("User-Agent", ""), str(res.group or ""), plural, verb
+
+
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the object bookkeeping a real API server does."""
@@ -74,6 +86,8 @@ class Emulator(kmock.KubernetesEmulator):
     _kinds: dict[Any, str] = attrs.field(factory=dict, init=False)
     _rv: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _inflight: set[int] = attrs.field(factory=set, init=False)
+    # (user agent, group, resource[/subresource], verb) of every Kubernetes request, for RBAC checks
+    calls: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
 
     def declare(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
                 subresources: list[str] | None = None, shortnames: list[str] | None = None,
@@ -103,6 +117,8 @@ class Emulator(kmock.KubernetesEmulator):
         # kmock matches each request by scanning every request it ever served, so a long test or a
         # benchmark slows down quadratically; keep only the requests still being served.
         self._inflight.add(id(request))
+        if request.resource is not None and request.resource.plural:  # not discovery
+            self.calls.append(_call_of(request))
         self._requests[:] = [r for r in self._requests if id(r) in self._inflight]
         try:
             return await self._serve(request)
