@@ -7,7 +7,6 @@ send, parse, account (reserve + settle), check tools, persist parts.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import bare_httpx, eyrie_run
 
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.worker import run_loop
 
 TARGET = 0.7
 
@@ -26,11 +26,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=64)
     args = ap.parse_args()
     with SimulatorProcess(SimulatorConfig(latency_ms=0)) as sim:
-        asyncio.run(bare_httpx(sim.base_url, 200, args.concurrency))  # warm both sides
-        plain, plain_cpu = asyncio.run(bare_httpx(sim.base_url, args.requests, args.concurrency))
-        same, same_cpu = asyncio.run(bare_httpx(sim.base_url, args.requests, args.concurrency, True))
-        ours, ours_cpu = asyncio.run(eyrie_run(sim.base_url, args.requests, args.concurrency, stream=False))
-        sse, sse_cpu = asyncio.run(eyrie_run(sim.base_url, args.requests, args.concurrency, stream=True))
+        run_loop(bare_httpx(sim.base_url, 200, args.concurrency))  # warm both sides
+        plain, plain_cpu = run_loop(bare_httpx(sim.base_url, args.requests, args.concurrency))
+        same, same_cpu = run_loop(bare_httpx(sim.base_url, args.requests, args.concurrency, True))
+        ours, ours_cpu = run_loop(eyrie_run(sim.base_url, args.requests, args.concurrency, stream=False))
+        sse, sse_cpu = run_loop(eyrie_run(sim.base_url, args.requests, args.concurrency, stream=True))
+    # every loop runs on the same event loop implementation (uvloop where available)
     ceiling, ceiling_cpu = max((plain, plain_cpu), (same, same_cpu))
     ratio = ours / ceiling
     cpu_ratio = ceiling_cpu / ours_cpu

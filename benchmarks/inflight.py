@@ -4,7 +4,6 @@ the 1,000/s that concurrency allows (target >= 0.85), and the worker's peak RSS 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import eyrie_run, peak_rss_mb
 
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.worker import run_loop
 
 TARGET_RATIO, TARGET_RSS_MB = 0.85, 600
 
@@ -26,7 +26,7 @@ def main() -> None:
     n = args.concurrency * args.rounds
     allowed = args.concurrency / args.latency_s
     with SimulatorProcess(SimulatorConfig(latency_ms=args.latency_s * 1000)) as sim:
-        rps, _cpu = asyncio.run(eyrie_run(sim.base_url, n, args.concurrency, stream=True))
+        rps, _cpu = run_loop(eyrie_run(sim.base_url, n, args.concurrency, stream=True))
     ratio = rps / allowed
     rss = peak_rss_mb()
     print(f"inflight: {n} requests, concurrency {args.concurrency}, latency {args.latency_s}s")

@@ -28,7 +28,7 @@ from eyrie.jobs.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.gate import ToolGate
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import NotFound, Store
-from eyrie.jobs.worker import ShardWorker, now_iso
+from eyrie.jobs.worker import ShardWorker, now_iso, run_loop
 
 PROGRESS_EVERY_S = 2.0
 MAX_WORKER_RESTARTS = 3
@@ -269,7 +269,7 @@ def _run_inline(spec, attempt, base_url, coord_args, shard_prompts, store, stopp
         monitor.tick(snap, force=True)
         return snap
 
-    return asyncio.run(main())
+    return run_loop(main())
 
 
 def _run_ray(spec, attempt, base_url, coord_args, shard_prompts, store, stopper, on_progress) -> dict:
@@ -302,7 +302,7 @@ def _run_ray(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
         # the API key reaches workers through their environment, never as an argument
         w = actor_cls.remote(spec_json, wid, attempt, base_url, None, per, rpm, tpm, coord, refs,
                              None, True)
-        return wid, w, w.run.remote()
+        return wid, w, w.run_blocking.remote()
 
     running = {}
     for i in range(n):

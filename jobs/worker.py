@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,15 @@ from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
 
 TOKENS_PER_MESSAGE = 16  # role markers and separators a chat template adds per message
+
+
+def run_loop(coro: Any) -> Any:
+    """Run a coroutine on uvloop where available: ~20% less CPU per request than asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def now_iso() -> str:
@@ -163,6 +173,12 @@ class ShardWorker:
 
             self.store = open_output(self.spec)
         return self.store
+
+    def run_blocking(self) -> int:
+        """The Ray actor's entry: the worker's own (uv)loop, on a thread of its own because Ray
+        already runs an asyncio loop in an actor that has async methods."""
+        with ThreadPoolExecutor(1, thread_name_prefix="eyrie-worker") as pool:
+            return pool.submit(run_loop, self.run()).result()
 
     async def run(self) -> int:
         """Process shards until none are left or the run stops; returns records persisted."""
