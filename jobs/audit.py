@@ -20,7 +20,7 @@ from eyrie.jobs import records, sources, tools
 from eyrie.jobs.budget import usd
 from eyrie.jobs.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.gate import summarize_mode
-from eyrie.jobs.spec import SIMULATED, DatasetGeneration, SpecError, load_spec
+from eyrie.jobs.spec import SIMULATED, DatasetGeneration, load_spec
 from eyrie.jobs.store import NotFound, Store, open_output
 
 MODES = ("text", "structured")
@@ -140,11 +140,7 @@ def audit_main(argv: list[str]) -> int:
     if args.samples < 1:
         print("eyrie audit: --samples must be at least 1", file=sys.stderr)
         return 2
-    try:
-        dg = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    dg = load_spec(args.spec)
     from eyrie.jobs.generate import PreflightError
 
     try:

@@ -55,7 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     if cmd not in COMMANDS:
         print(f"eyrie: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(COMMANDS[cmd](rest))
+    from eyrie.jobs.spec import SpecError
+
+    try:
+        code = COMMANDS[cmd](rest)
+    except SpecError as e:  # every command that reads a spec reports it the same way
+        print(e, file=sys.stderr)
+        code = 2
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from eyrie.jobs import records
 from eyrie.jobs.coordinator import Outcome
-from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec, SpecError, load_spec
+from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec, load_spec
 from eyrie.jobs.store import NotFound, Store, open_output
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
@@ -168,11 +168,7 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--inline", action="store_true",
                     help="run workers in this process instead of on Ray (debugging, benchmarks)")
     args = ap.parse_args(argv)
-    try:
-        dg = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    dg = load_spec(args.spec)
     from eyrie.jobs.generate import PreflightError
 
     try:
@@ -196,11 +192,7 @@ def validate_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="eyrie validate", description="Check a spec; name what is wrong.")
     ap.add_argument("spec")
     args = ap.parse_args(argv)
-    try:
-        dg = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
+    dg = load_spec(args.spec)
     print(f"{args.spec}: valid DatasetGeneration {dg.metadata.name!r} "
           f"({len(dg.spec.sources)} sources, budget ${dg.spec.budget.max_usd}, output {dg.spec.output.uri})")
     return 0

@@ -188,19 +188,13 @@ class S3Store:
             self.bucket, k, io.BytesIO(data), len(data)))
 
     def get(self, key: str) -> bytes:
-        k = self._key(key)
-
-        def read() -> bytes:
-            resp = self._client.get_object(self.bucket, k)
-            try:
-                return resp.read()
-            finally:
-                resp.close()
-                resp.release_conn()
-
-        return self._retry(f"get {self.url(key)}", read)
+        return self._read(key, 0, 0)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self._read(key, offset, length)
+
+    def _read(self, key: str, offset: int, length: int) -> bytes:
+        """length 0 reads to the end (minio's convention)."""
         k = self._key(key)
 
         def read() -> bytes:
