@@ -179,6 +179,27 @@ class Player:
                 proc.kill()
                 proc.wait(10)
 
+    def run_job(self, name: str, timeout: float = 60) -> list[int]:
+        """Run every index of an Indexed Job as the kubelet would, then report it Complete."""
+        job = wait_for(f"Job {name}", lambda: self.cluster.get(JOBS, NS, name))
+        pod = job["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        cm_name = pod["volumes"][0]["configMap"]["name"]
+        spec_file = self._spec_file(cm_name)
+        procs = []
+        for i in range(job["spec"]["completions"]):
+            argv = [a.replace("$(JOB_COMPLETION_INDEX)", str(i)) for a in container["command"]]
+            assert argv[:3] == ["eyrie", "extract", "/etc/eyrie/spec.yaml"], argv
+            env = {**self._env(container), "JOB_COMPLETION_INDEX": str(i)}
+            log = (self.workdir / f"{name}-{i}.log").open("ab")
+            procs.append(subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "extract", str(spec_file),
+                                           *argv[3:]], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, cwd=self.workdir))
+        codes = [p.wait(timeout) for p in procs]
+        if all(c == 0 for c in codes):
+            self.complete_job(name)
+        return codes
+
     def complete_job(self, name: str) -> None:
         job = self.cluster.get(JOBS, NS, name)
         assert job is not None

@@ -328,3 +328,29 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     wait_for("attempt 2 recorded", lambda: status_of(cluster, "kc").get("attempt") == "2")
     row = kubectl(operator, "get", "dsg", "kc").splitlines()[1].split()
     assert row[:5] == ["kc", "Pending", "0.42", "150", "7"]
+
+
+def test_real_pipeline_generation_samples_then_indexed_extraction_to_succeeded(
+        cluster, operator, player, s3_env, s3_bucket, tmp_path):
+    """Generation with token reconstruction, then the real `eyrie extract` per Job index (CPU model)."""
+    secrets(cluster, s3_env)
+    prompts = write_prompts(tmp_path / "p.jsonl", 6)
+    with SimulatorProcess(SimulatorConfig(latency_ms=5)) as sim:
+        spec = gen_spec(prompts, s3_env, s3_bucket, sim.base_url,
+                        target={"model": "test/model", "tokenizer": "bundled:deepseek-v4",
+                                "chatFormat": "deepseek-v4"},
+                        extraction={"enabled": True, "engine": "transformers", "model": "builtin:tiny-llama",
+                                    "image": "eyrie-extract:test", "pods": 2, "gpusPerPod": 0,
+                                    "device": "cpu", "dtype": "float32"})
+        cluster.create(DSG, NS, dsg("full", spec))
+        rc = player.run_rayjob("full-gen-1", timeout=60)
+        assert rc == 0, player.log("full-gen-1")
+        codes = player.run_job("full-extract")
+        assert codes == [0, 0], [player.log(f"full-extract-{i}") for i in range(2)]
+        wait_for("Succeeded", phase_is(cluster, "full", "Succeeded"), timeout=20)
+    st = status_of(cluster, "full")
+    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2}
+    manifest = json.loads(store_of(s3_env, s3_bucket).get(records.MANIFEST))
+    assert manifest["extraction"]["pods"] == 2
+    assert manifest["extraction"]["samples"] == manifest["reconstruction"]["samples"]["kept"] > 0
+    assert manifest["files"]["hidden"]
