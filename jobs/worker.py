@@ -42,8 +42,10 @@ def now_iso() -> str:
 
 def estimate_prompt_tokens(messages: list[dict], tool_list: list[dict] | None,
                            count: Callable[[str], int] | None = None) -> int:
-    """An upper bound on prompt tokens. Without a tokenizer it is the UTF-8 byte count: a
-    byte-level BPE token is never shorter than one byte, so the bound holds for any such model."""
+    """An upper bound on prompt tokens. With the target's tokenizer: the tokens of the prompt's JSON
+    (quotes and escapes make it longer than the rendered prompt) plus 5% and the template's
+    per-message markers. Without one: the UTF-8 byte count, since a byte-level BPE token is never
+    shorter than one byte, so the bound holds for any such model."""
     import orjson
 
     text = orjson.dumps(messages)
@@ -150,6 +152,7 @@ class ShardWorker:
         self.pending: dict[int, int] = {}
         self.fed: set[int] = set()
         self.persisted = 0
+        self._counter: Callable[[str], int] | bool | None = False  # False: not loaded yet
 
     def open_client(self) -> ChatClient:
         """The API client for `process` calls; use as `async with worker.open_client():`."""
@@ -166,6 +169,17 @@ class ShardWorker:
             return await fn.remote(*args)
         res = fn(*args)
         return await res if asyncio.iscoroutine(res) else res
+
+    def _count_tokens(self) -> Callable[[str], int] | None:
+        """The target tokenizer's counter, loaded once per worker (None without target.tokenizer)."""
+        if self._counter is False:
+            self._counter = None
+            if self.spec.target.tokenizer:
+                from eyrie.jobs.chat.tokenizers import load_tokenizer
+
+                tok = load_tokenizer(self.spec.target, self.spec.output.endpoint)
+                self._counter = lambda text: len(tok.encode(text))
+        return self._counter
 
     def _store(self) -> Store:
         if self.store is None:
@@ -280,7 +294,8 @@ class ShardWorker:
         body = build_body(self.spec, prepared.messages, prepared.tools)
         rec["request"] = body
         declared = bool(prepared.declared_tools)
-        est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools)
+        est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools,
+                                     self._count_tokens())
         try:
             amount = worst_case(self.pricing, est, self.max_out)
         except UnpriceableRequest as e:

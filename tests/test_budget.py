@@ -120,3 +120,20 @@ def test_concurrent_workers_share_one_cap(seed, cap):
         assert stop_spent[0] > cap - worst
 
     asyncio.run(main())
+
+
+def test_prompt_token_bounds_with_and_without_the_target_tokenizer():
+    from eyrie.jobs.chat.tokenizers import load_tokenizer
+    from eyrie.jobs.spec import TargetSpec
+    from eyrie.jobs.worker import estimate_prompt_tokens
+
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Explain photosynthesis in three sentences, 日本語も少し。"}]
+    tok = load_tokenizer(TargetSpec(model="m", tokenizer="bundled:deepseek-v4", chat_format="deepseek-v4"))
+    rendered = len(tok.encode("Be brief.")) + len(tok.encode(messages[1]["content"]))
+    with_tok = estimate_prompt_tokens(messages, None, lambda t: len(tok.encode(t)))
+    without = estimate_prompt_tokens(messages, None)
+    # both bound the real prompt (contents plus a few markers per message) from above...
+    assert with_tok >= rendered + 3 * 3 and without >= with_tok
+    # ...and the tokenizer's bound is far tighter than the byte count
+    assert with_tok < 0.6 * without
