@@ -1,0 +1,70 @@
+"""The drift gate inside a real run: it stops within canarySamples + concurrency answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from eyrie.jobs import records
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.store import open_store
+
+
+def glaive_rows(path: Path, n: int) -> Path:
+    fn = {"name": "lookup_order", "description": "Find an order",
+          "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}},
+                         "required": ["order_id"]}}
+    system = ("SYSTEM: You are a helpful assistant with access to the following functions. "
+              "Use them if required -\n" + json.dumps(fn, indent=4))
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"system": system,
+                                "chat": f"USER: Where is my order A{i:04d}?\n\n\nASSISTANT: Let me check.\n"}) + "\n")
+    return path
+
+
+def run(tmp_path: Path, sim_url: str, mode: str, concurrency: int) -> tuple[subprocess.CompletedProcess, str]:
+    out = f"file://{tmp_path}/out-{mode}"
+    spec = {"sources": [{"name": "g", "uri": str(glaive_rows(tmp_path / "g.jsonl", 120)), "format": "glaive"}],
+            "target": {"model": "sim/model"},
+            "api": {"baseUrl": sim_url, "maxConcurrency": concurrency, "stream": False},
+            "tools": {"mode": mode, "gate": {"canarySamples": 20, "minToolCallRate": 0.5, "maxLeakRate": 0.0}},
+            "budget": {"maxUSD": "5", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
+            "generation": {"shards": 2},
+            "output": {"uri": out}}
+    path = tmp_path / f"spec-{mode}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "EYRIE_NO_RAY": "1"}
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    return r, out
+
+
+def test_text_declared_tools_trip_the_gate_within_canary_plus_concurrency(tmp_path):
+    # the simulator calls tools natively only when they are declared structurally, and leaks raw
+    # markers when they are only described in the prompt: exactly the failure eyrie exists to catch
+    with SimulatorProcess(SimulatorConfig(text_tool_call_rate=0.9, text_leak_rate=1.0)) as sim:
+        r, out = run(tmp_path, sim.base_url, "text", concurrency=4)
+        completed = sim.stats()["completed"]
+    assert r.returncode == 4, r.stderr
+    prog = json.loads(open_store(out).get(records.PROGRESS))
+    assert prog["outcome"] == "ToolSemanticsDrift"
+    assert "below minToolCallRate 0.50" in prog["message"] or "above maxLeakRate" in prog["message"]
+    assert 20 <= completed <= 20 + 4
+    assert len(list(records.iter_records(open_store(out)))) == completed  # in-flight answers kept
+
+
+def test_structured_tools_pass_the_gate(tmp_path):
+    with SimulatorProcess(SimulatorConfig(tool_call_rate=0.9)) as sim:
+        r, out = run(tmp_path, sim.base_url, "structured", concurrency=4)
+        completed = sim.stats()["completed"]
+    assert r.returncode == 0, r.stderr
+    prog = json.loads(open_store(out).get(records.PROGRESS))
+    assert prog["outcome"] == "Done" and completed == 120
+    assert prog["tools"]["declaredPrompts"] == 120 and prog["tools"]["leaks"] == 0
+    assert prog["tools"]["callRate"] > 0.8
