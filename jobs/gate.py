@@ -99,13 +99,22 @@ class ToolGate:
         self._recent.append(entry)
         if len(self._recent) > self.size:
             self.window.add(*self._recent.popleft(), sign=-1)
-        if not self.spec.enabled or self.stopped or self.total.answers < self.size:
-            return None
+        if not self.spec.enabled or self.stopped or len(self._recent) < self.size:
+            return None  # judged once this attempt's window is full: a resumed run re-runs the canary
         self.stopped = self._judge()
         return self.stopped
 
     def observe_check(self, check: ResponseCheck) -> DriftStop | None:
         """`observe` from a ResponseCheck, also counting calls per tool name."""
+        self._count_tools(check)
+        return self.observe(check.declared, check.called, check.invalid_calls, len(check.calls), check.leaked)
+
+    def absorb(self, check: ResponseCheck) -> None:
+        """Count an answer of an earlier attempt in the cumulative metrics, without judging it."""
+        self._count_tools(check)
+        self.total.add(check.declared, check.called, len(check.calls), check.invalid_calls, check.leaked)
+
+    def _count_tools(self, check: ResponseCheck) -> None:
         for v in check.calls:
             name = v.name if v.name is not None else OTHER_TOOLS
             if name not in self.per_tool and len(self.per_tool) >= MAX_PER_TOOL_NAMES:
@@ -113,7 +122,6 @@ class ToolGate:
             counts = self.per_tool.setdefault(name, {"calls": 0, "invalid": 0})
             counts["calls"] += 1
             counts["invalid"] += not v.valid
-        return self.observe(check.declared, check.called, check.invalid_calls, len(check.calls), check.leaked)
 
     def _where(self) -> str:
         n = self.total.answers

@@ -28,6 +28,7 @@ from eyrie.jobs.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.gate import ToolGate
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import NotFound, Store
+from eyrie.jobs.tools import ResponseCheck
 from eyrie.jobs.worker import ShardWorker, now_iso, run_loop
 
 PROGRESS_EVERY_S = 2.0
@@ -87,7 +88,8 @@ class Checkpoint:
     audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
 
 
-def read_checkpoint(store: Store) -> Checkpoint:
+def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
+    """Scan every persisted record once; `gate` absorbs earlier answers into its cumulative metrics."""
     counts = Counts()
     spent = Decimal(0)
     n = 0
@@ -99,6 +101,8 @@ def read_checkpoint(store: Store) -> Checkpoint:
         if status == "ok":
             counts.dropped += policy == "drop"
             counts.done += policy != "drop"
+            if gate is not None and rec.get("checks"):
+                gate.absorb(ResponseCheck.from_record(rec["checks"]))
         elif status == "rejected":
             counts.dropped += 1
         else:
@@ -202,8 +206,8 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
         base_url = _simulator(spec, stack) if spec.api.base_url == SIMULATED else spec.api.base_url
         asyncio.run(preflight(spec, base_url, store))
         shard_prompts, total, _bad = load_prompts(spec)
-        ckpt = read_checkpoint(store)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
+        ckpt = read_checkpoint(store, gate)
         coord_args = (spec.budget.max_usd, ckpt.spent, ckpt.counts, total, sorted(shard_prompts), gate,
                       ckpt.audit)
         run = _run_inline if inline or (spec.generation.ray.mode == "Local" and _no_ray()) else _run_ray
