@@ -35,9 +35,8 @@ class ProgressBar:
             TextColumn("{task.fields[rps]:.1f} req/s"),
             TextColumn("retries {task.fields[retries]}"), TextColumn("errors {task.fields[errors]}"),
             TimeElapsedColumn(), console=err, transient=False, disable=not enabled)
-        self._task = None
-        self._t0 = time.monotonic()
-        self._req0: int | None = None
+        self._t0: float | None = None  # the first update: sending starts after preflight
+        self._task = self._p.add_task("gen", total=None, spent="0", budget="?", rps=0.0, retries=0, errors=0)
 
     def __enter__(self) -> ProgressBar:
         self._p.__enter__()
@@ -49,15 +48,12 @@ class ProgressBar:
     def update(self, snap: dict) -> None:
         s = snap["samples"]
         finished = s["done"] + s["dropped"] + s["failed"]
-        if self._req0 is None:
-            self._req0 = snap.get("requests", 0)
-        rps = (snap.get("requests", 0) - self._req0) / max(1e-6, time.monotonic() - self._t0)
-        fields = {"spent": snap["spentUSD"], "budget": snap["maxUSD"], "rps": rps,
-                  "retries": snap.get("retries", 0), "errors": sum(snap.get("errors", {}).values())}
-        if self._task is None:
-            self._task = self._p.add_task("gen", total=s["total"], completed=finished, **fields)
-        else:
-            self._p.update(self._task, total=s["total"], completed=finished, **fields)
+        if self._t0 is None:
+            self._t0 = time.monotonic()
+        rps = snap.get("requests", 0) / max(1e-3, time.monotonic() - self._t0)  # this attempt's requests
+        self._p.update(self._task, total=s["total"], completed=finished, spent=snap["spentUSD"],
+                       budget=snap["maxUSD"], rps=rps, retries=snap.get("retries", 0),
+                       errors=sum(snap.get("errors", {}).values()))
 
 
 def _read_json(store: Store, key: str) -> Any:
