@@ -1,0 +1,85 @@
+"""`generation.ray.mode: Submit` end to end: the operator submits to a real Ray head on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+
+from .conftest import NS, OperatorProcess, condition, dsg, free_port, status_of, wait_for
+from .kube import DSG
+from .test_e2e import gen_spec, phase_is, secrets, write_prompts
+
+
+@pytest.fixture
+def ray_head() -> Iterator[str]:
+    """`ray start --head --block` in its own process group, stopped by that group's id."""
+    tmp = Path(tempfile.mkdtemp(prefix="eyr-", dir="/tmp"))  # Ray's socket paths must stay short
+    port = free_port()
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+    cmd = [str(Path(bin_dir) / "ray"), "start", "--head", "--block", "--port=0", f"--dashboard-port={port}",
+           f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+           "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2", "--disable-usage-stats",
+           f"--temp-dir={tmp}"]
+    log = (tmp / "ray.log").open("wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    address = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"ray start exited: {(tmp / 'ray.log').read_text()[-2000:]}")
+        try:
+            return httpx.get(f"{address}/api/version", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for("Ray dashboard", up, timeout=40, every=0.5)
+        yield address
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_submit_mode_runs_once_across_an_operator_restart(cluster, operator: OperatorProcess, ray_head, s3_env,
+                                                          s3_bucket, tmp_path):
+    from ray.job_submission import JobSubmissionClient
+
+    secrets(cluster, s3_env)
+    prompts = write_prompts(tmp_path / "p.jsonl", 10)
+    with SimulatorProcess(SimulatorConfig(latency_ms=200)) as sim:
+        spec = gen_spec(prompts, s3_env, s3_bucket, sim.base_url, concurrency=2)
+        spec["generation"]["ray"] = {"mode": "Submit", "address": ray_head}
+        cluster.create(DSG, NS, dsg("sub", spec))
+        client = JobSubmissionClient(ray_head)
+        sid = "eyrie-default-sub-1"
+        wait_for("submission", lambda: any(j.submission_id == sid for j in client.list_jobs()), timeout=30)
+        operator.kill()  # restart while the job runs: it must not be submitted a second time
+        operator.start()
+        wait_for("Succeeded", phase_is(cluster, "sub", "Succeeded"), timeout=45)
+        assert sim.stats()["completed"] == 10
+    ours = [j for j in client.list_jobs() if (j.submission_id or "").startswith("eyrie-default-sub-")]
+    assert [j.submission_id for j in ours] == [sid]
+    wait_for("the driver to exit", lambda: client.get_job_status(sid).value == "SUCCEEDED", timeout=15)
+    env_vars = (ours[0].runtime_env or {}).get("env_vars") or {}
+    assert env_vars["EYRIE_ATTEMPT"] == "1"
+    st = status_of(cluster, "sub")
+    assert st["samples"]["done"] == 10 and st["attempt"] == "1"
+    assert condition(cluster, "sub", "Succeeded")["status"] == "True"
