@@ -354,3 +354,23 @@ def test_real_pipeline_generation_samples_then_indexed_extraction_to_succeeded(
     assert manifest["extraction"]["pods"] == 2
     assert manifest["extraction"]["samples"] == manifest["reconstruction"]["samples"]["kept"] > 0
     assert manifest["files"]["hidden"]
+
+
+def test_unrunnable_spec_and_failed_child_end_in_failed_with_reasons(cluster, operator, player, tmp_path):
+    cluster.secret(NS, "provider", {"api-key": API_KEY})
+    cluster.create(DSG, NS, dsg("local", file_spec(tmp_path / "a", generation={"ray": {"mode": "Local"}})))
+    cluster.create(DSG, NS, dsg("broken", file_spec(tmp_path / "b")))
+    wait_for("local Failed", phase_is(cluster, "local", "Failed"))
+    cond = condition(cluster, "local", "Failed")
+    assert cond["reason"] == "PermanentError"
+    assert cond["message"].startswith("spec.generation.ray.mode: Local runs only with `eyrie run`")
+    assert [e["reason"] for e in cluster.events(NS, "local")] == ["PermanentError"]
+    assert cluster.get(RAYJOBS, NS, "local-gen-1") is None
+
+    player.rayjob("broken-gen-1")
+    cluster.patch(RAYJOBS, NS, "broken-gen-1", {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED",
+                                                           "reason": "AppFailed", "message": "exit code 137"}},
+                  sub="status")
+    wait_for("broken Failed", phase_is(cluster, "broken", "Failed"))
+    cond = condition(cluster, "broken", "Failed")
+    assert (cond["reason"], cond["message"]) == ("AppFailed", "exit code 137")
