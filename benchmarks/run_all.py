@@ -94,7 +94,8 @@ def main() -> int:
     for name in names:
         results, failure, dt = run_one(name, args.timeout, args.verbose)
         for r in results:
-            print(r, flush=True)
+            if not (args.verbose and r.startswith("RESULT ") and "(no RESULT line)" not in r):
+                print(r, flush=True)  # verbose output already showed it
         if failure:
             failed.append(name)
             print(f"RESULT {name} FAILED ({failure})", flush=True)
