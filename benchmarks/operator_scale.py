@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tests" / "operator"))
 
 from kube import DSG, Cluster, path, running_cluster  # noqa: E402
 
-TARGET_P95_S = 30.0
+TARGET_P95_S = 10.0
 TARGET_RSS_MIB = 400.0
 
 BARE_OPERATOR = '''

@@ -26,7 +26,7 @@ from eyrie.jobs import records
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
 from eyrie.jobs.store import NotFound, S3Credentials, Store, StoreError, open_store
 
-from . import children, metrics
+from . import children, conditions, metrics
 from .reconcile import (
     ApplyConfigMap,
     CreateExtraction,
@@ -246,9 +246,11 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> tuple[Any, str | 
     return prog, manifest_url, summaries
 
 
-def _neighbour_attempts(attempt: str) -> list[str]:
+def _neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
+    """Attempts whose child may exist: the current one, the one before it (its deletion may still be
+    pending) and, while a resume is in flight, the next (created just before a crash)."""
     n = int(attempt)
-    return [str(a) for a in (n - 1, n, n + 1) if a >= 1]
+    return [str(a) for a in (n - 1, n, n + 1) if a >= 1 and (a <= n or resuming)]
 
 
 async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
@@ -268,19 +270,23 @@ async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGeneratio
     except SecretMissing as e:
         missing.append(str(e))
 
-    cm = await kube.get(kube.path("", "v1", "configmaps", ns, children.configmap_name(name)))
+    cm_key = (ns, name, meta.get("uid"))
+    if cm_key not in memo.configmaps:  # what this process applied last; read once after a restart
+        cm = await kube.get(kube.path("", "v1", "configmaps", ns, children.configmap_name(name)))
+        memo.configmaps[cm_key] = (cm or {}).get("data")
     attempt = status.get("attempt") or "1"
+    resuming = conditions.is_true(status.get("conditions") or [], conditions.SUSPENDED)
     gens: list[GenerationChild] = []
     ray = spec.generation.ray
     if ray.mode == "RayJob":
         # deterministic names: the previous, current and a possibly-unrecorded next attempt
         g, v, p = children.RAYJOB_API
-        for a in _neighbour_attempts(attempt):
+        for a in _neighbour_attempts(attempt, resuming):
             doc = await kube.get(kube.path(g, v, p, ns, children.generation_name(name, a)))
             if doc is not None:
                 gens.append(_rayjob_child(doc))
     elif ray.mode == "Submit" and ray.address:
-        for a in _neighbour_attempts(attempt):
+        for a in _neighbour_attempts(attempt, resuming):
             sid = children.submission_id(ns, name, a)
             st = await asyncio.wait_for(asyncio.to_thread(_ray_status, ray.address, sid), RAY_TIMEOUT)
             if st is not None:
@@ -304,7 +310,7 @@ async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGeneratio
     return Observation(
         name=name, namespace=ns, generation=meta.get("generation"), labels=dict(meta.get("labels") or {}),
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
-        configmap_data=(cm or {}).get("data"), generation_children=tuple(gens), extraction=ext,
+        configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, manifest_uri=manifest,
         summaries_done=summaries, stop_grace=STOP_GRACE)
 
@@ -353,6 +359,7 @@ async def act(kube: Kube, memo: Any, body: dict[str, Any], spec: DatasetGenerati
             if not await kube.create(kube.path("", "v1", "configmaps", ns), cm):
                 await kube.patch(kube.path("", "v1", "configmaps", ns, cm["metadata"]["name"]),
                                  {"data": cm["data"]})
+            memo.configmaps[(ns, name, meta.get("uid"))] = cm["data"]
         elif isinstance(action, CreateGeneration):
             if action.body is not None:
                 kopf.adopt(action.body, owner=body)
@@ -431,6 +438,7 @@ class Memo:
         self.kube: Kube | None = None
         self.locks: dict[str, asyncio.Lock] = {}
         self.stops: dict[str, float] = {}
+        self.configmaps: dict[tuple[str, str, str | None], dict[str, str] | None] = {}
 
 
 async def reconcile_resource(body: kopf.Body, memo: Any, logger: logging.Logger) -> None:
@@ -517,4 +525,5 @@ async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
     meta = body["metadata"]
     metrics.TRACKER.forget(meta["namespace"], meta["name"])
     memo.state.locks.pop(f"{meta['namespace']}/{meta['name']}", None)
+    memo.state.configmaps.pop((meta["namespace"], meta["name"], meta.get("uid")), None)
 

@@ -51,5 +51,6 @@ def test_job_child() -> None:
 
 
 def test_neighbour_attempts() -> None:
-    assert _neighbour_attempts("1") == ["1", "2"]
-    assert _neighbour_attempts("4") == ["3", "4", "5"]
+    assert _neighbour_attempts("1", resuming=False) == ["1"]
+    assert _neighbour_attempts("1", resuming=True) == ["1", "2"]
+    assert _neighbour_attempts("4", resuming=False) == ["3", "4"]
