@@ -28,6 +28,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+class _QuietSuccess(logging.Filter):
+    """kopf reports every timer tick and handler run as succeeded; keep the log for what matters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith(("Timer '", "Handler '")) and msg.endswith("succeeded."))
+
+
 def operator_main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.interval is not None:  # read by the handlers module when it registers its timer
@@ -36,6 +44,9 @@ def operator_main(argv: list[str]) -> int:
         os.environ["EYRIE_STOP_GRACE_SECONDS"] = str(args.stop_grace)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_QuietSuccess())
     import kopf
 
     from eyrie.operator import handlers, metrics

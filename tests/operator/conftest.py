@@ -19,9 +19,11 @@ import yaml
 
 from eyrie.operator import rbac
 
+from ..conftest import S3_SECRET_KEY
 from .kube import CONFIGMAPS, DSG, JOBS, RAYJOBS, Cluster, running_cluster
 
 NS = "default"
+API_KEY = "sk-or-v1-operator-e2e-key-0123456789abcdef"
 OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")  # kopf's own client, and the kubernetes client
 SECRET_ENV = ("EYRIE_S3_ACCESS_KEY", "EYRIE_S3_SECRET_KEY", "EYRIE_S3_ENDPOINT", "EYRIE_API_KEY")
 
@@ -227,6 +229,8 @@ def operator(cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
     used = {c[1:] for c in cluster.emulator.calls if c[0].startswith(OPERATOR_AGENTS)}
     assert used, "the operator made no requests"
     assert sorted(u for u in used if not rbac.allows(*u)) == []
+    log = op.log()
+    assert API_KEY not in log and S3_SECRET_KEY not in log, "a secret reached the operator's log"
 
 
 @pytest.fixture

@@ -20,10 +20,9 @@ from eyrie.jobs import records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
-from .conftest import NS, condition, dsg, status_of, wait_for
+from .conftest import API_KEY, NS, condition, dsg, status_of, wait_for
 from .kube import DSG, JOBS, RAYJOBS
 
-API_KEY = "sk-or-v1-operator-e2e-key-0123456789abcdef"
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
 
 
@@ -257,6 +256,10 @@ def test_kueue_admission_extraction_and_completion(cluster, operator, player, tm
     manifest = json.loads(store.get(records.MANIFEST))
     assert manifest["extraction"]["samples"] == 100 and manifest["extraction"]["pods"] == 2
     assert cluster.get(JOBS, NS, "kq-extract")["spec"]["suspend"] is False
+    metrics = operator.metrics()
+    assert 'eyrie_datasetgenerations{phase="Succeeded"} 1.0' in metrics
+    assert 'eyrie_spent_usd{name="kq",namespace="default"} 1.0' in metrics
+    assert 'eyrie_samples{name="kq",namespace="default",state="done"} 100.0' in metrics
 
 
 def test_tool_drift_suspends_with_the_jobs_message_and_stale_attempts_are_ignored(cluster, operator, player,
