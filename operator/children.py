@@ -7,6 +7,8 @@ manifest: the jobs receive them as env from `secretKeyRef`.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import yaml
@@ -54,6 +56,21 @@ def submission_id(namespace: str, name: str, attempt: str) -> str:
 def extraction_count(spec: DatasetGenerationSpec) -> int:
     """Shard groups = pods: each pod loads the model once and extracts its share of the shards."""
     return spec.extraction.pods
+
+
+def drain_seconds(spec: DatasetGenerationSpec) -> int:
+    """How long a stopping job may take: its in-flight requests finish (or time out), then it flushes.
+
+    Ray's job supervisor SIGKILLs a stopped driver after RAY_JOB_STOP_WAIT_TIME_S (default 3 s) and
+    Kubernetes a deleted pod after terminationGracePeriodSeconds (default 30 s); both would lose
+    responses already paid for, so both are set to this.
+    """
+    return math.ceil(spec.api.request_timeout_seconds) + 30
+
+
+def stop_env(spec: DatasetGenerationSpec) -> dict[str, str]:
+    """Env for Ray's job supervisor (via the job's runtime_env): wait for the drain, then kill."""
+    return {"RAY_JOB_STOP_WAIT_TIME_S": str(drain_seconds(spec))}
 
 
 def kueue_labels(labels: dict[str, str] | None) -> dict[str, str]:
@@ -126,6 +143,7 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
 
     def pod(container: str, resources: dict[str, Any]) -> dict[str, Any]:
         return {"spec": {
+            "terminationGracePeriodSeconds": drain_seconds(spec),
             "containers": [{"name": container, "image": ray.image, "env": env, "volumeMounts": [mount],
                             "resources": {"requests": resources, "limits": resources}}],
             "volumes": [volume]}}
@@ -137,6 +155,8 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
                      "annotations": {ATTEMPT_ANNOTATION: attempt}},
         "spec": {
             "entrypoint": GENERATION_ENTRYPOINT,
+            # JSON is YAML; no secret in here, only how long a stop may drain
+            "runtimeEnvYAML": json.dumps({"env_vars": stop_env(spec)}),
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": 300,
             "rayClusterSpec": {

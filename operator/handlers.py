@@ -334,7 +334,7 @@ def _stop_ray(address: str, job_id: str) -> None:
 
 
 async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt: str) -> dict[str, str]:
-    env = {"EYRIE_ATTEMPT": attempt}
+    env = {"EYRIE_ATTEMPT": attempt, **children.stop_env(spec)}
     if spec.output.endpoint:
         env["EYRIE_S3_ENDPOINT"] = spec.output.endpoint
     ref = spec.api.api_key_secret_ref

@@ -21,6 +21,8 @@ def test_rayjob_cluster_from_generation_ray() -> None:
     assert s["shutdownAfterJobFinishes"] is True
     assert s["suspend"] is True  # Kueue-labelled: created suspended, Kueue admits it
     assert s["entrypoint"] == "eyrie run /etc/eyrie/spec.yaml --until samples"
+    # a stop drains in-flight requests (api.requestTimeoutSeconds default 600) before anything is killed
+    assert yaml.safe_load(s["runtimeEnvYAML"]) == {"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "630"}}
     (group,) = s["rayClusterSpec"]["workerGroupSpecs"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (3, 3, 3)
     worker = group["template"]["spec"]["containers"][0]
@@ -32,6 +34,7 @@ def test_rayjob_cluster_from_generation_ray() -> None:
     assert env["EYRIE_S3_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "minio", "key": "accessKey"}}
     assert env["EYRIE_S3_SECRET_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "minio", "key": "secretKey"}}
     head = s["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["terminationGracePeriodSeconds"] == group["template"]["spec"]["terminationGracePeriodSeconds"] == 630
     assert head["volumes"] == [{"name": "eyrie-spec", "configMap": {"name": "dg-spec"}}]
     assert head["containers"][0]["volumeMounts"][0]["mountPath"] == "/etc/eyrie"
 

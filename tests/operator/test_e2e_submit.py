@@ -21,7 +21,7 @@ from .kube import DSG
 from .test_e2e import gen_spec, phase_is, secrets, write_prompts
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
     """`ray start --head --block` in its own process group, stopped by that group's id."""
     tmp = Path(tempfile.mkdtemp(prefix="eyr-", dir="/tmp"))  # Ray's socket paths must stay short
@@ -80,6 +80,40 @@ def test_submit_mode_runs_once_across_an_operator_restart(cluster, operator: Ope
     wait_for("the driver to exit", lambda: client.get_job_status(sid).value == "SUCCEEDED", timeout=15)
     env_vars = (ours[0].runtime_env or {}).get("env_vars") or {}
     assert env_vars["EYRIE_ATTEMPT"] == "1"
+    assert env_vars["RAY_JOB_STOP_WAIT_TIME_S"] == "40"  # requestTimeoutSeconds 10 + 30
     st = status_of(cluster, "sub")
     assert st["samples"]["done"] == 10 and st["attempt"] == "1"
     assert condition(cluster, "sub", "Succeeded")["status"] == "True"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "data plane: ray.init() in jobs/generate.py _run_ray replaces the driver's SIGTERM handler with "
+    "sys.exit, so Ray's stop_job kills the driver and the 2 in-flight responses are paid but never "
+    "persisted (32 billed for 30 prompts); fixed by re-installing the stop handler after ray.init()"))
+def test_submit_mode_suspend_stops_the_job_gracefully_and_resume_submits_attempt_2(
+        cluster, operator: OperatorProcess, ray_head, s3_env, s3_bucket, tmp_path):
+    from ray.job_submission import JobSubmissionClient
+
+    secrets(cluster, s3_env)
+    prompts = write_prompts(tmp_path / "p.jsonl", 30)
+    client = JobSubmissionClient(ray_head)
+    with SimulatorProcess(SimulatorConfig(latency_ms=400)) as sim:
+        spec = gen_spec(prompts, s3_env, s3_bucket, sim.base_url, concurrency=2)
+        spec["generation"]["ray"] = {"mode": "Submit", "address": ray_head}
+        cluster.create(DSG, NS, dsg("subp", spec))
+        wait_for("some samples done", lambda: (status_of(cluster, "subp").get("samples") or {}).get("done", 0) >= 2,
+                 timeout=30)
+        cluster.patch(DSG, NS, "subp", {"spec": {"suspend": True}})
+        wait_for("Ray stopped attempt 1", lambda: client.get_job_status("eyrie-default-subp-1").value == "STOPPED",
+                 timeout=20)
+        wait_for("Suspended", phase_is(cluster, "subp", "Suspended"))
+        assert condition(cluster, "subp", "Suspended")["reason"] == "SuspendedByUser"
+        assert status_of(cluster, "subp")["samples"]["done"] < 30
+        cluster.patch(DSG, NS, "subp", {"spec": {"suspend": False}})
+        wait_for("Succeeded", phase_is(cluster, "subp", "Succeeded"), timeout=40)
+        stats = sim.stats()
+    assert stats["completed"] == 30  # attempt 2 re-requested nothing attempt 1 persisted
+    ids = sorted(j.submission_id for j in client.list_jobs()
+                 if (j.submission_id or "").startswith("eyrie-default-subp-"))
+    assert ids == ["eyrie-default-subp-1", "eyrie-default-subp-2"]
+    assert status_of(cluster, "subp")["attempt"] == "2"
