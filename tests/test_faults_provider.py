@@ -68,19 +68,21 @@ def test_each_retryable_fault_at_30_percent_is_retried_and_paid_once(tmp_path, m
 
 
 def test_retry_after_is_honoured_on_429(tmp_path, monkeypatch):
-    """Retry-After: 1 on every 429: a sample that met one waited at least a second before its retry."""
-    cfg = SimulatorConfig(fault_rate=0.3, faults=["429"], retry_after_s=1, seed=CALM_SEED)
-    with SimulatorProcess(cfg) as sim:
-        import time
+    """Retry-After: 2 on every 429: a sample that met k of them took at least 2k seconds. Backoff alone
+    would retry within 0.5 s, then 1 s (full jitter), so the run would end far sooner."""
+    import time
 
+    cfg = SimulatorConfig(fault_rate=0.3, faults=["429"], retry_after_s=2, seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
         t0 = time.monotonic()
         result, store, stats = _run(tmp_path, monkeypatch, sim, n=12, concurrency=12)
         elapsed = time.monotonic() - t0
     recs = persisted(store)
     assert_exactly_once(recs, range(12))
     assert result.outcome == "Done"
-    assert stats["faults"]["429"] > 0 and max(r["attempts"] for r in recs) >= 2
-    assert elapsed >= 1.0
+    most = max(r["attempts"] for r in recs)
+    assert stats["faults"]["429"] > 0 and most >= 2
+    assert elapsed >= 2.0 * (most - 1)
     assert Decimal(progress(store)["spentUSD"]) == Decimal(stats["billedUSD"])
 
 
