@@ -191,3 +191,73 @@ def test_eyrie_run_killed_with_sigkill_then_rerun_is_exactly_once(tmp_path, ray_
     most = max(Decimal(r["costUSD"]) for r in recs)
     assert billed_first > 0 and spent <= Decimal("5.00")
     assert spent_sum(recs) <= spent <= billed <= spent + paid_twice * most
+
+
+def _start_inline(spec: Path) -> subprocess.Popen:
+    env = {**os.environ, "EYRIE_API_KEY": API_KEY, "EYRIE_NO_RAY": "1"}
+    return subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_sigterm_stops_cleanly_and_the_resume_pays_nothing_twice(tmp_path):
+    """SIGTERM (Ray's stop_job, a pod's termination): stop dispatching, let in-flight answers land,
+    flush, outcome Stopped (exit 6); the resume then completes every prompt, each paid exactly once."""
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(N))
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
+        spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, concurrency=CONCURRENCY, flush_s=HOLD_S))
+        proc = _start_inline(spec)
+        try:
+            _wait_persisted(out, 1, proc, set())
+            os.kill(proc.pid, 15)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            kill_all([proc.pid])
+        assert proc.returncode == 6, stderr[-3000:]
+        first = progress(open_store(out))
+        assert first["outcome"] == "Stopped" and "resume" in first["message"]
+        stopped_at = len(persisted(open_store(out)))
+        assert sim.stats()["completed"] == stopped_at < N  # everything paid was flushed
+        _, stderr = (rerun := _start_inline(spec)).communicate(timeout=120)
+        stats = sim.stats()
+    assert rerun.returncode == 0, stderr[-3000:]
+    recs = persisted(open_store(out))
+    assert_exactly_once(recs, range(N))
+    assert stats["completed"] == N
+    assert Decimal(progress(open_store(out))["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the spend floor a resumed run starts from is max(sum of persisted records, progress.spentUSD), "
+    "but answers paid after the last progress write (every 2 s) and not yet flushed are in neither, so "
+    "after kill -9 the rerun spends up to the cap again on top of them: the provider bills more than "
+    "maxUSD across attempts. Fix idea (coordinator/generate): persist a committed high-water mark "
+    "(spent + reserved, raised in chunks before granting past it) and start a resume from that mark."))
+def test_kill_minus_9_then_rerun_never_bills_past_the_cap(tmp_path):
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(400))
+    out = f"file://{tmp_path}/out"
+    cap = Decimal("0.06")
+    with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
+        spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, concurrency=CONCURRENCY,
+                                             flush_s=HOLD_S, max_usd=str(cap)))
+        proc = _start_inline(spec)
+        store = open_store(out)
+        try:
+            deadline = time.time() + 60
+            # kill once the provider has billed clearly more than the store knows of
+            while True:
+                assert time.time() < deadline and proc.poll() is None
+                known = max(spent_sum(persisted(store)),
+                            Decimal(progress(store)["spentUSD"]) if store.exists("progress.json") else Decimal(0))
+                if Decimal(sim.stats()["billedUSD"]) - known > Decimal("0.004"):
+                    break
+                time.sleep(0.05)
+            os.kill(proc.pid, 9)
+            proc.communicate(timeout=30)
+        finally:
+            kill_all([proc.pid])
+        _, stderr = (rerun := _start_inline(spec)).communicate(timeout=120)
+        stats = sim.stats()
+    assert rerun.returncode == 3, stderr[-3000:]  # BudgetExhausted
+    assert_exactly_once(persisted(open_store(out)), sorted({r["row"] for r in persisted(open_store(out))}))
+    assert Decimal(stats["billedUSD"]) <= cap
