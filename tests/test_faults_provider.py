@@ -155,3 +155,32 @@ def test_faults_under_a_tight_budget_never_overspend_and_resume_exactly_once(tmp
     assert r2.outcome == "Done"
     assert stats["completed"] == 50  # nothing paid twice across the two attempts
     assert Decimal(progress(store)["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
+
+
+def test_402_among_other_faults_stops_the_run_and_the_resume_completes_it_once(tmp_path, monkeypatch):
+    """Out of credits in the middle of 5xx noise: the run stops (InsufficientCredits), nothing half-done
+    is recorded, and after 'adding credits' (a provider that no longer says 402) the resume finishes
+    every prompt exactly once, paying only for what was not yet answered."""
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(N))
+    out = f"file://{tmp_path}/out"
+    cfg = SimulatorConfig(fault_rate=0.3, faults=["500", "402"], retry_after_s=0, seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
+        r1, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, concurrency=4)),
+                               monkeypatch)
+        first = sim.stats()
+    assert r1.outcome == "InsufficientCredits" and "402" in r1.message
+    assert first["faults"]["402"] >= 1
+    recs1 = persisted(store)
+    assert len({r["sample_id"] for r in recs1}) == len(recs1) < N
+    assert all(r["status"] == "ok" for r in recs1)  # the 402'd samples are not recorded as failed
+    assert first["completed"] == len(recs1)
+    assert Decimal(progress(store)["spentUSD"]) == Decimal(first["billedUSD"])
+    with SimulatorProcess(SimulatorConfig()) as sim:
+        r2, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url)), monkeypatch)
+        second = sim.stats()
+    assert r2.outcome == "Done"
+    recs = persisted(store)
+    assert_exactly_once(recs, range(N))
+    assert second["completed"] == N - len(recs1)
+    total = Decimal(first["billedUSD"]) + Decimal(second["billedUSD"])
+    assert Decimal(progress(store)["spentUSD"]) == total == spent_sum(recs)
