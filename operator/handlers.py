@@ -12,6 +12,7 @@ import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from eyrie.jobs import records
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
-from eyrie.jobs.store import NotFound, S3Credentials, Store, StoreError, open_store
+from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError, open_store
 
 from . import children, conditions, metrics
 from .reconcile import (
@@ -224,26 +225,40 @@ def _job_child(doc: dict[str, Any]) -> ExtractionChild:
         reason=(failed or {}).get("reason", ""), message=(failed or {}).get("message", ""))
 
 
-def _read_output(store: Store, spec: DatasetGenerationSpec) -> tuple[Any, str | None, int]:
-    """(progress document, complete manifest URL, pod summaries present) from the output store."""
+def summary_key(index: int, count: int) -> str:
+    """Key of one extraction pod's summary; the same as eyrie.jobs.extract.shards.summary_key (a test
+    holds them equal), spelled here so the operator does not import torch."""
+    return f"{records.HIDDEN}/summary-{index:05d}-of-{count:05d}.json"
+
+
+@dataclass(frozen=True)
+class OutputState:
+    progress: Any
+    manifest_url: str | None
+    summaries: int
+    extraction_bytes: int
+
+
+def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
+    """progress.json, whether a complete manifest exists, and how many pods have finished."""
     try:
         prog = orjson.loads(store.get(records.PROGRESS))
     except NotFound:
         prog = None
-    manifest_url = None
+    manifest_url, nbytes = None, 0
     try:
         manifest = orjson.loads(store.get(records.MANIFEST))
         # with extraction on, only a manifest that includes it closes the run
         if not spec.extraction.enabled or manifest.get("extraction"):
             manifest_url = store.url(records.MANIFEST)
+            nbytes = int((manifest.get("extraction") or {}).get("bytes") or 0)
     except NotFound:
         pass
     summaries = 0
-    if spec.extraction.enabled:
+    if spec.extraction.enabled and prog is not None and prog.get("outcome") == "Done":
         n = children.extraction_count(spec)
-        summaries = sum(1 for k in store.list(records.HIDDEN)
-                        if k.startswith(f"{records.HIDDEN}/summary-") and k.endswith(f"-of-{n:05d}.json"))
-    return prog, manifest_url, summaries
+        summaries = sum(1 for i in range(n) if store.exists(summary_key(i, n)))
+    return OutputState(prog, manifest_url, summaries, nbytes)
 
 
 def _neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
@@ -299,12 +314,15 @@ async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGeneratio
 
     # progress after the children: what it says is at least as fresh as their status
     prog = error = manifest = None
-    summaries = 0
+    summaries = nbytes = 0
     if not (spec.output.credentials_secret_ref and creds is None):
         try:
             store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
-            doc, manifest, summaries = await asyncio.to_thread(_read_output, store, spec)
-            prog = parse_progress(doc) if doc is not None else None
+            if isinstance(store, S3Store):
+                store.RETRIES = 1  # the next poll is the retry; a dead endpoint must not stall the pass
+            out = await asyncio.to_thread(_read_output, store, spec)
+            prog = parse_progress(out.progress) if out.progress is not None else None
+            manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
         except (StoreError, ProgressError, orjson.JSONDecodeError) as e:
             error = f"spec.output.uri: {e}"
     return Observation(
@@ -312,7 +330,7 @@ async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGeneratio
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, manifest_uri=manifest,
-        summaries_done=summaries, stop_grace=STOP_GRACE)
+        summaries_done=summaries, extraction_bytes=nbytes, stop_grace=STOP_GRACE)
 
 
 # ----------------------------------------------------------------------------------------- act
@@ -521,9 +539,21 @@ async def changed(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) 
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
-async def deleted(body: kopf.Body, memo: Any, **_: Any) -> None:
+async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
+    """Kubernetes garbage-collects owned children; a submission to a shared Ray cluster is stopped."""
     meta = body["metadata"]
     metrics.TRACKER.forget(meta["namespace"], meta["name"])
     memo.state.locks.pop(f"{meta['namespace']}/{meta['name']}", None)
     memo.state.configmaps.pop((meta["namespace"], meta["name"], meta.get("uid")), None)
-
+    try:
+        ray = parse_spec({"spec": dict(body.get("spec") or {})}).spec.generation.ray
+    except SpecError:
+        return
+    attempt = (body.get("status") or {}).get("attempt")
+    if ray.mode == "Submit" and ray.address and attempt:
+        sid = children.submission_id(meta["namespace"], meta["name"], attempt)
+        try:
+            await asyncio.wait_for(asyncio.to_thread(_stop_ray, ray.address, sid), RAY_TIMEOUT)
+            logger.info(f"stopped Ray job {sid}: its DatasetGeneration was deleted")
+        except Exception as e:
+            logger.warning(f"could not stop Ray job {sid} ({type(e).__name__}: {e})")

@@ -118,6 +118,7 @@ class Observation:
     progress_error: str | None = None
     manifest_uri: str | None = None  # set when <output>/manifest.json exists
     summaries_done: int = 0
+    extraction_bytes: int = 0  # from the manifest once extraction is merged into it
     stop_grace: float = STOP_GRACE_SECONDS
 
 
@@ -223,7 +224,7 @@ def _counts(obs: Observation) -> dict[str, Any]:
     if obs.spec.extraction.enabled:
         ext = obs.extraction
         out["extraction"] = {"shardsDone": max(obs.summaries_done, ext.succeeded if ext else 0),
-                             "shardsTotal": children.extraction_count(obs.spec)}
+                             "shardsTotal": children.extraction_count(obs.spec), "bytes": obs.extraction_bytes}
     return out
 
 

@@ -20,7 +20,7 @@ from eyrie.jobs import records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
-from .conftest import API_KEY, NS, condition, dsg, status_of, wait_for
+from .conftest import API_KEY, NS, condition, dsg, free_port, status_of, wait_for
 from .kube import DSG, JOBS, RAYJOBS
 
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
@@ -252,7 +252,7 @@ def test_kueue_admission_extraction_and_completion(cluster, operator, player, tm
     wait_for("Succeeded", phase_is(cluster, "kq", "Succeeded"))
     st = status_of(cluster, "kq")
     assert st["outputManifest"] == f"file://{out}/manifest.json"
-    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2}
+    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2, "bytes": 2000}
     manifest = json.loads(store.get(records.MANIFEST))
     assert manifest["extraction"]["samples"] == 100 and manifest["extraction"]["pods"] == 2
     assert cluster.get(JOBS, NS, "kq-extract")["spec"]["suspend"] is False
@@ -352,8 +352,9 @@ def test_real_pipeline_generation_samples_then_indexed_extraction_to_succeeded(
         assert codes == [0, 0], [player.log(f"full-extract-{i}") for i in range(2)]
         wait_for("Succeeded", phase_is(cluster, "full", "Succeeded"), timeout=20)
     st = status_of(cluster, "full")
-    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2}
     manifest = json.loads(store_of(s3_env, s3_bucket).get(records.MANIFEST))
+    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2, "bytes": manifest["extraction"]["bytes"]}
+    assert manifest["extraction"]["bytes"] > 0
     assert manifest["extraction"]["pods"] == 2
     assert manifest["extraction"]["samples"] == manifest["reconstruction"]["samples"]["kept"] > 0
     assert manifest["files"]["hidden"]
@@ -377,3 +378,19 @@ def test_unrunnable_spec_and_failed_child_end_in_failed_with_reasons(cluster, op
     wait_for("broken Failed", phase_is(cluster, "broken", "Failed"))
     cond = condition(cluster, "broken", "Failed")
     assert (cond["reason"], cond["message"]) == ("AppFailed", "exit code 137")
+
+
+def test_unreachable_output_is_a_waiting_condition_naming_the_field(cluster, operator, player, tmp_path):
+    cluster.secret(NS, "provider", {"api-key": API_KEY})
+    cluster.secret(NS, "s3", {"accessKey": "a", "secretKey": "b"})
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    spec = file_spec(tmp_path, output={"uri": "s3://bucket/run", "endpoint": dead,
+                                       "credentialsSecretRef": {"name": "s3"}})
+    cluster.create(DSG, NS, dsg("dead", spec))
+    wait_for("OutputReachable=False",
+             lambda: (condition(cluster, "dead", "OutputReachable") or {}).get("status") == "False", timeout=30)
+    cond = condition(cluster, "dead", "OutputReachable")
+    assert cond["reason"] == "OutputUnreachable"
+    assert cond["message"].startswith("spec.output.uri: get s3://bucket/run/progress.json failed")
+    assert status_of(cluster, "dead")["phase"] == "Pending"
+    assert cluster.get(RAYJOBS, NS, "dead-gen-1") is None  # nothing starts against a store it cannot read

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from eyrie.operator.handlers import _job_child, _neighbour_attempts, _rayjob_child
+from eyrie.jobs.extract import shards
+from eyrie.operator.handlers import _job_child, _neighbour_attempts, _rayjob_child, summary_key
 
 
 def rayjob(status: dict[str, Any], suspend: bool = False, stop: str | None = None) -> dict[str, Any]:
@@ -54,3 +55,7 @@ def test_neighbour_attempts() -> None:
     assert _neighbour_attempts("1", resuming=False) == ["1"]
     assert _neighbour_attempts("1", resuming=True) == ["1", "2"]
     assert _neighbour_attempts("4", resuming=False) == ["3", "4"]
+
+
+def test_summary_key_matches_the_extraction_stage() -> None:
+    assert summary_key(1, 4) == shards.summary_key(1, 4) == "hidden/summary-00001-of-00004.json"

@@ -530,7 +530,7 @@ def test_extraction_status_counts_summaries() -> None:
             extraction=ExtractionChild("dg-extract", suspended=False, kueue=False, succeeded=0),
         )
     )
-    assert d.status["extraction"] == {"shardsDone": 1, "shardsTotal": 2}
+    assert d.status["extraction"] == {"shardsDone": 1, "shardsTotal": 2, "bytes": 0}
 
 
 def test_create_extraction_body() -> None:
