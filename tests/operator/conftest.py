@@ -54,8 +54,9 @@ def clean_env() -> dict[str, str]:
 class OperatorProcess:
     """`eyrie operator` as the chart runs it, pointed at the emulator by a kubeconfig."""
 
-    def __init__(self, kubeconfig: Path, log: Path, interval: float = 0.5, stop_grace: float = 1.0):
-        self.kubeconfig, self.log_path = kubeconfig, log
+    def __init__(self, kubeconfig: Path, log: Path, interval: float = 0.5, stop_grace: float = 1.0,
+                 extra: tuple[str, ...] = ()):
+        self.kubeconfig, self.log_path, self.extra = kubeconfig, log, extra
         self.interval, self.stop_grace = interval, stop_grace
         self.metrics_port, self.liveness_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -65,7 +66,7 @@ class OperatorProcess:
         cmd = [sys.executable, "-m", "eyrie.jobs.cli", "operator", "--standalone",
                "--interval", str(self.interval), "--stop-grace", str(self.stop_grace),
                "--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1",
-               "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz"]
+               "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz", *self.extra]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)

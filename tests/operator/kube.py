@@ -24,7 +24,20 @@ import httpx
 import jsonpatch
 import kmock
 import yaml
-from kmock._internal import enums, rendering
+from kmock._internal import enums, parsing, rendering
+
+_parse_path = parsing.parse_path
+
+
+def _parse_namespaces(path: str) -> parsing.ParsedPath:
+    """kmock 0.8 cannot parse the cluster-scoped namespaces resource (`/api/v1/namespaces[/NAME]`)."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_namespaces  # rendering looks it up on the module at each request
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "datasetgenerations.eyrie.dev.yaml"
@@ -289,6 +302,11 @@ class Cluster:
         r = self.api.delete(path(*res, ns, name))
         if r.status_code != 404:
             r.raise_for_status()
+
+    def namespace(self, name: str) -> None:
+        assert self.api is not None
+        self.api.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
+                                                  "metadata": {"name": name}}).raise_for_status()
 
     def secret(self, ns: str, name: str, data: dict[str, str]) -> None:
         self.create(SECRETS, ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},

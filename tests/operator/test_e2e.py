@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -394,3 +395,21 @@ def test_unreachable_output_is_a_waiting_condition_naming_the_field(cluster, ope
     assert cond["message"].startswith("spec.output.uri: get s3://bucket/run/progress.json failed")
     assert status_of(cluster, "dead")["phase"] == "Pending"
     assert cluster.get(RAYJOBS, NS, "dead-gen-1") is None  # nothing starts against a store it cannot read
+
+
+def test_namespace_flag_restricts_what_the_operator_serves(cluster, tmp_path):
+    from .conftest import OperatorProcess
+
+    for ns in ("team-a", "team-b"):
+        cluster.namespace(ns)
+    op = OperatorProcess(cluster.kubeconfig(tmp_path / "kubeconfig"), tmp_path / "op.log",
+                         extra=("--namespace", "team-a")).start()
+    try:
+        for ns in ("team-a", "team-b"):
+            cluster.create(DSG, ns, {**dsg("dg", file_spec(tmp_path / ns)), "metadata": {"name": "dg",
+                                                                                       "namespace": ns}})
+        wait_for("team-a served", lambda: (cluster.get(DSG, "team-a", "dg").get("status") or {}).get("phase"))
+        time.sleep(2.0)  # four poll intervals: team-b would have a phase by now if it were served
+        assert "status" not in cluster.get(DSG, "team-b", "dg")
+    finally:
+        op.stop()
