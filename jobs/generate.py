@@ -211,8 +211,16 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
         coord_args = (spec.budget.max_usd, ckpt.spent, ckpt.counts, total, sorted(shard_prompts), gate,
                       ckpt.audit)
         run = _run_inline if inline or (spec.generation.ray.mode == "Local" and _no_ray()) else _run_ray
-        snapshot = run(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
-                       on_progress or (lambda s: None))
+        on_progress = on_progress or (lambda s: None)
+        snapshot = run(spec, attempt, base_url, coord_args, shard_prompts, store, stopper, on_progress)
+    # The store is the truth: a worker lost before flushing reported answers that were never
+    # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
+    final_gate = ToolGate(spec.tools.gate)
+    final = read_checkpoint(store, final_gate)
+    snapshot["samples"] = {"total": total, "done": final.counts.done, "dropped": final.counts.dropped,
+                           "failed": final.counts.failed}
+    snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
+    snapshot["tools"] = final_gate.metrics()
     if snapshot["outcome"] == Outcome.RUNNING:
         c = snapshot["samples"]
         missing = c["total"] - c["done"] - c["dropped"] - c["failed"]
@@ -221,6 +229,8 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
             snapshot["message"] = f"{missing} prompts were not processed (workers lost); run again to resume"
         else:
             snapshot["outcome"] = Outcome.DONE
+    on_progress(snapshot)
+    write_progress(store, snapshot, attempt, "generate")
     return GenerationResult(snapshot["outcome"], snapshot.get("message", ""), snapshot)
 
 
@@ -243,9 +253,9 @@ class _Monitor:
         self.store, self.attempt, self.on_progress = store, attempt, on_progress
         self.last = 0.0
 
-    def tick(self, snap: dict, force: bool = False) -> None:
+    def tick(self, snap: dict) -> None:
         self.on_progress(snap)
-        if force or time.monotonic() - self.last >= PROGRESS_EVERY_S:
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
             write_progress(self.store, snap, self.attempt, "generate")
             self.last = time.monotonic()
 
@@ -266,12 +276,11 @@ def _run_inline(spec, attempt, base_url, coord_args, shard_prompts, store, stopp
             if stopper.requested:
                 coord.stop(Outcome.STOPPED, "stopped by a signal; resume by running again")
                 await coord.wake()
-            monitor.tick(coord.snapshot())
+            # off the loop: a store that retries (S3 down) must not stall answers in flight
+            await asyncio.to_thread(monitor.tick, coord.snapshot())
         for t in tasks:
             t.result()
-        snap = coord.snapshot()
-        monitor.tick(snap, force=True)
-        return snap
+        return coord.snapshot()
 
     return run_loop(main())
 
@@ -330,8 +339,6 @@ def _run_ray(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
                 ray.get(coord.stop.remote(Outcome.STOPPED, "stopped by a signal; resume by running again"))
                 ray.get(coord.wake.remote())
             monitor.tick(ray.get(coord.snapshot.remote()))
-        snap = ray.get(coord.snapshot.remote())
-        monitor.tick(snap, force=True)
-        return snap
+        return ray.get(coord.snapshot.remote())
     finally:
         ray.kill(coord)

@@ -171,6 +171,25 @@ _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", floa
                bool: "boolean", type(None): "null"}
 
 
+MAX_ROW_DEPTH = 128  # JSON nesting levels; orjson refuses to serialise past 255
+
+
+def json_depth(node: Any, limit: int) -> int:
+    """Nesting depth of a JSON value, iteratively (a hostile row must not blow the stack); stops
+    counting past `limit`."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        value, d = stack.pop()
+        if d > limit:
+            return d
+        deepest = max(deepest, d)
+        if isinstance(value, dict):
+            stack.extend((v, d + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, d + 1) for v in value)
+    return deepest
+
+
 def json_type_name(value: Any) -> str:
     """The JSON name of a decoded value's type, for messages ("array", not "list")."""
     return _JSON_TYPES.get(type(value), type(value).__name__)
@@ -308,6 +327,8 @@ def iter_source(source: SourceSpec, endpoint: str | None = None) -> Iterator[Pro
                 raise raw
             if not isinstance(raw, dict):
                 raise _RowError(f"row is a JSON {json_type_name(raw)}, not an object")
+            if json_depth(raw, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
+                raise _RowError(f"row nests deeper than {MAX_ROW_DEPTH} levels")
             messages, tools = parse(raw)
         except _RowError as e:
             yield BadRow(source.name, i, str(e))

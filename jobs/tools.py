@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from referencing.exceptions import Unresolvable
 
-from eyrie.jobs.sources import Prompt, json_type_name
+from eyrie.jobs.sources import Prompt, json_depth, json_type_name
 
 Mode = Literal["structured", "text"]
 Policy = Literal["keep", "drop", "flag"]
@@ -159,21 +159,6 @@ def _join(head: str, tail: str) -> str:
     return f"{head}\n\n{tail}" if head and tail else head or tail
 
 
-def _depth(node: Any, limit: int) -> int:
-    """Nesting depth of a JSON value, iteratively (a hostile schema must not blow the stack)."""
-    deepest, stack = 0, [(node, 1)]
-    while stack:
-        value, d = stack.pop()
-        if d > limit:
-            return d
-        deepest = max(deepest, d)
-        if isinstance(value, dict):
-            stack.extend((v, d + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, d + 1) for v in value)
-    return deepest
-
-
 def _canonical(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
@@ -229,7 +214,7 @@ def _normalize_tool(item: Any, index: int, limits: ToolLimits) -> dict[str, Any]
         got = repr(t) if isinstance(t, str) else f"a JSON {json_type_name(t)}"
         raise DeclarationError(f"tool {name!r}: parameters must be an object schema (\"type\": \"object\"), "
                                f"got {got}")
-    if _depth(params, limits.max_schema_depth) > limits.max_schema_depth:
+    if json_depth(params, limits.max_schema_depth) > limits.max_schema_depth:
         raise DeclarationError(f"tool {name!r}: parameters nest deeper than {limits.max_schema_depth} levels")
     problem = _schema_problem(_canonical(params))
     if problem:

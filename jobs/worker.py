@@ -9,6 +9,7 @@ which is why flushes are frequent.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -135,7 +136,8 @@ class ShardWorker:
         self.worker_id = worker_id
         self.attempt = attempt
         self.base_url = base_url
-        self.api_key = api_key
+        # under Ray the key is not an argument (Ray records those): workers read their environment
+        self.api_key = api_key if api_key is not None else os.environ.get("EYRIE_API_KEY") or None
         self.concurrency = concurrency
         self.rpm, self.tpm = rpm, tpm
         self._coord = coordinator

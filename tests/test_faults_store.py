@@ -109,11 +109,6 @@ def test_s3_outage_leaves_whole_parts_and_every_prompt_once(outage):
     assert outage.stats["faults"] == {}  # the provider itself never failed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "jobs/generate.py _run_inline writes progress.json synchronously on the event loop; while S3 is "
-    "down the store's retries block the loop ~20 s, every in-flight request's timeout fires on resume "
-    "and answers already billed are asked again (paid twice, not in spentUSD). Fix: write progress "
-    "off the loop (asyncio.to_thread) in _run_inline."))
 def test_s3_outage_pays_each_answer_exactly_once(outage):
     recs = persisted(outage.store)
     # the provider never failed, so every sample took one attempt and was billed once
