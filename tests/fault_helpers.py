@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -224,7 +225,8 @@ class PrivateS3:
                 "EYRIE_S3_ENDPOINT": self.endpoint}
 
     def start(self, timeout: float = 60) -> PrivateS3:
-        weed = shutil.which("weed") or str(Path(os.__file__).parents[2] / "bin" / "weed")
+        beside = Path(sys.executable).parent / "weed"  # the venv's bin/ need not be on PATH
+        weed = str(beside) if beside.exists() else shutil.which("weed") or "weed"
         data = self.base / "weed"
         data.mkdir(parents=True, exist_ok=True)
         cfg = self.base / "s3.json"
