@@ -105,14 +105,6 @@ class Kube:
                 return None
             raise
 
-    async def list(self, path: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in selector.items()))]
-        doc = await asyncio.to_thread(self._call, "GET", path, None, None, query)
-        items = (doc or {}).get("items") or []
-        # a server that ignores labelSelector must not make us act on someone else's objects
-        return [i for i in items if all((i.get("metadata", {}).get("labels") or {}).get(k) == v
-                                        for k, v in selector.items())]
-
     async def create(self, path: str, body: dict[str, Any]) -> bool:
         """Create; False when it already exists (a restarted operator meets its own children)."""
         try:

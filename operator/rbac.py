@@ -19,13 +19,13 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule(GROUP, PLURAL, ("get", "list", "watch", "patch", "update"),
+    Rule(GROUP, PLURAL, ("get", "list", "watch", "patch"),
          "watch DatasetGenerations; set spec.suspend on budget/drift stops; kopf annotations and finalizers"),
-    Rule(GROUP, f"{PLURAL}/status", ("get", "patch", "update"), "write status"),
+    Rule(GROUP, f"{PLURAL}/status", ("get", "patch"), "write status"),
     Rule("", "configmaps", ("get", "create", "patch"), "the resolved spec the jobs mount"),
     Rule("", "secrets", ("get",), "check the referenced Secrets exist; S3 credentials to read progress.json"),
-    Rule("", "events", ("create", "patch"), "events that explain every stop (kopf posts core/v1 events)"),
-    Rule(RAYJOB_API[0], RAYJOB_API[2], ("get", "list", "create", "patch", "delete"), "generation RayJobs"),
+    Rule("", "events", ("create",), "events that explain every stop (kopf posts core/v1 events)"),
+    Rule(RAYJOB_API[0], RAYJOB_API[2], ("get", "create", "patch", "delete"), "generation RayJobs"),
     Rule("batch", "jobs", ("get", "create", "patch", "delete"), "the Indexed extraction Job"),
     Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), "kopf resource discovery"),
     Rule("", "namespaces", ("list", "watch"), "kopf: serve all namespaces as they come and go"),
