@@ -7,6 +7,7 @@ A timer polls every resource; an event handler reacts at once to spec changes (a
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import os
 import tempfile
@@ -15,13 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import kopf
 import orjson
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
 from eyrie.jobs import records
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
@@ -49,11 +49,17 @@ from .reconcile import (
     reconcile,
 )
 
-T = TypeVar("T")
-log = logging.getLogger("eyrie.operator")
 INTERVAL = float(os.environ.get("EYRIE_OPERATOR_INTERVAL", "5"))
 STOP_GRACE = float(os.environ.get("EYRIE_STOP_GRACE_SECONDS", "120"))
 RAY_TIMEOUT = 10.0
+
+
+class KubeError(RuntimeError):
+    """An API request failed; the message names the request and the server's answer."""
+
+    def __init__(self, method: str, path: str, status: int, detail: str):
+        self.status = status
+        super().__init__(f"{method} {path}: {status} {detail}")
 
 
 class SecretMissing(LookupError):
@@ -82,25 +88,27 @@ class Kube:
         base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
         return f"{base}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
 
-    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None,
-              query: list[tuple[str, str]] | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None) -> Any:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
         m, url, hdrs, data, post = self.api.param_serialize(
-            method, path, query_params=query or [], header_params=headers, body=body,
-            auth_settings=["BearerToken"])
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"])
         resp = self.api.call_api(m, url, header_params=hdrs, body=data, post_params=post,
                                  _request_timeout=30)
         raw = resp.read()
         if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason)
+            try:
+                detail = str(orjson.loads(raw).get("message") or resp.reason)
+            except (orjson.JSONDecodeError, AttributeError):
+                detail = str(resp.reason)
+            raise KubeError(method, path, resp.status, detail)
         return orjson.loads(raw) if raw else None
 
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
             return await asyncio.to_thread(self._call, "GET", path)
-        except ApiException as e:
+        except KubeError as e:
             if e.status == 404:
                 return None
             raise
@@ -110,7 +118,7 @@ class Kube:
         try:
             await asyncio.to_thread(self._call, "POST", path, body)
             return True
-        except ApiException as e:
+        except KubeError as e:
             if e.status == 409:
                 return False
             raise
@@ -121,7 +129,7 @@ class Kube:
     async def delete(self, path: str) -> None:
         try:
             await asyncio.to_thread(self._call, "DELETE", path, {"propagationPolicy": "Background"})
-        except ApiException as e:
+        except KubeError as e:
             if e.status != 404:
                 raise
 
@@ -153,8 +161,6 @@ RAY_STATES = {"PENDING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeede
 
 async def _secret(kube: Kube, namespace: str, name: str, keys: list[tuple[str, str]]) -> dict[str, str]:
     """The Secret's values for `keys` ([(field, key)]); SecretMissing names the field otherwise."""
-    import base64
-
     doc = await kube.get(kube.path("", "v1", "secrets", namespace, name))
     field0 = keys[0][0]
     if doc is None:
@@ -260,7 +266,7 @@ def _neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
     return [str(a) for a in (n - 1, n, n + 1) if a >= 1 and (a <= n or resuming)]
 
 
-async def observe(kube: Kube, memo: Any, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
+async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
     meta = body["metadata"]
     name, ns = meta["name"], meta["namespace"]
     status = dict(body.get("status") or {})
@@ -357,7 +363,7 @@ async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt:
     return env
 
 
-async def act(kube: Kube, memo: Any, body: dict[str, Any], spec: DatasetGenerationSpec, decision: Decision,
+async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerationSpec, decision: Decision,
               logger: logging.Logger) -> None:
     meta = body["metadata"]
     name, ns = meta["name"], meta["namespace"]
@@ -411,7 +417,7 @@ async def act(kube: Kube, memo: Any, body: dict[str, Any], spec: DatasetGenerati
             logger.info(f"wrote {store.url(records.MANIFEST)}")
 
 
-async def _stop_generation(kube: Kube, memo: Any, ns: str, spec: DatasetGenerationSpec,
+async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerationSpec,
                            action: StopGeneration, logger: logging.Logger) -> None:
     """Ask Ray to stop the job (SIGTERM: the job drains and flushes), then mark the request."""
     ray = spec.generation.ray
@@ -451,7 +457,7 @@ class Memo:
         self.configmaps: dict[tuple[str, str, str | None], dict[str, str] | None] = {}
 
 
-async def reconcile_resource(body: kopf.Body, memo: Any, logger: logging.Logger) -> None:
+async def reconcile_resource(body: kopf.Body, memo: Memo, logger: logging.Logger) -> None:
     """One pass for one DatasetGeneration; errors are logged and counted, the next tick retries.
 
     The pass re-reads the object under the lock and writes its own patches before releasing it,
@@ -474,7 +480,7 @@ async def reconcile_resource(body: kopf.Body, memo: Any, logger: logging.Logger)
             logger.error(f"reconcile failed: {type(e).__name__}: {e}")
 
 
-async def _reconcile(kube: Kube, body: dict[str, Any], memo: Any, logger: logging.Logger) -> None:
+async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: logging.Logger) -> None:
     meta = body["metadata"]
     status = dict(body.get("status") or {})
     try:
