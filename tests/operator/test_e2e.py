@@ -283,6 +283,15 @@ def test_tool_drift_suspends_with_the_jobs_message_and_stale_attempts_are_ignore
     assert cluster.get(DSG, NS, "drift")["spec"]["suspend"] is True
     assert [(e["type"], e["reason"]) for e in cluster.events(NS, "drift")] == [("Warning", "ToolSemanticsDrift")]
 
+    cluster.create(DSG, NS, dsg("broke", file_spec(tmp_path / "broke")))
+    player.rayjob("broke-gen-1")
+    write_progress(tmp_path / "broke", "1", "InsufficientCredits", 3, "0.05",
+                   message="402 from the provider: add credits, then resume")
+    wait_for("Suspended", phase_is(cluster, "broke", "Suspended"))
+    cond = condition(cluster, "broke", "Suspended")
+    assert (cond["reason"], cond["message"]) == (
+        "InsufficientCredits", "402 from the provider: add credits, then resume")
+
 
 KUBECTL = "/usr/bin/kubectl"
 

@@ -145,6 +145,22 @@ def names(actions: list[Any]) -> list[str]:
 
 CASES = [
     Case(
+        "a job stopped outside the operator ends the run",
+        obs(generation_children=(gen(state="Stopped"),), progress=prog("Stopped", message="stopped by a signal")),
+        ["Event:Warning:GenerationEnded"],
+        "Failed",
+        conds={"Failed": ("True", "GenerationEnded")},
+    ),
+    Case(
+        "resume after the job drained on a user suspend",
+        obs(status={"attempt": "1", "conditions": [cond("Suspended", "True", "SuspendedByUser")]},
+            progress=prog("Stopped")),
+        ["Event:Normal:Resumed", "CreateGeneration"],
+        "Pending",
+        attempt="2",
+        conds={"Suspended": ("False", "Resumed")},
+    ),
+    Case(
         "fresh: configmap and first attempt",
         obs(configmap_data=None),
         ["ApplyConfigMap", "CreateGeneration"],
