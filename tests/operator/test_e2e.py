@@ -332,6 +332,10 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     assert cond["reason"] == "BudgetExceeded"
     assert cond["message"].startswith("spent 0.42 USD of the 0.40 USD budget")
     assert cluster.get(DSG, NS, "kc")["spec"]["suspend"] is True
+    described = kubectl(operator, "describe", "dsg", "kc")
+    events = described.split("\nEvents:", 1)[1]
+    assert "Warning  BudgetExceeded" in events and "spent 0.42 USD of the 0.40 USD budget" in events
+    assert "Reason:                BudgetExceeded" in described  # the Suspended condition
     wait_for("attempt 1 stopped and deleted", lambda: cluster.get(RAYJOBS, NS, "kc-gen-1") is None)
 
     kubectl(operator, "patch", "dsg", "kc", "--type", "merge",
