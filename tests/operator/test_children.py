@@ -84,3 +84,20 @@ def test_deterministic_names() -> None:
     assert children.generation_name("dg", "2") == "dg-gen-2"
     assert children.extraction_name("dg") == "dg-extract"
     assert spec_doc()["output"]["uri"] == "s3://out/run"
+
+
+def _pod_template(template: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template}
+
+
+def test_manifests_validate_against_the_kubernetes_schemas() -> None:
+    """Built-in kinds (and the RayJob's pod templates) checked with the Kubernetes OpenAPI schemas."""
+    import kubernetes_validate
+
+    sp = spec(extraction__enabled=True)
+    kubernetes_validate.validate(children.configmap("dg", "ns", sp), "1.33", strict=True)
+    kubernetes_validate.validate(children.extraction_job("dg", "ns", sp, {"kueue.x-k8s.io/queue-name": "q"}),
+                                 "1.33", strict=True)
+    rj = children.rayjob("dg", "ns", sp, "1")["spec"]["rayClusterSpec"]
+    for tpl in (rj["headGroupSpec"]["template"], rj["workerGroupSpecs"][0]["template"]):
+        kubernetes_validate.validate(_pod_template(tpl), "1.33", strict=True)
