@@ -385,6 +385,15 @@ def test_unrunnable_spec_and_failed_child_end_in_failed_with_reasons(cluster, op
     assert [e["reason"] for e in cluster.events(NS, "local")] == ["PermanentError"]
     assert cluster.get(RAYJOBS, NS, "local-gen-1") is None
 
+    # a spec the CRD would reject but that reached the operator anyway (e.g. an older CRD)
+    cluster.create(DSG, NS, dsg("bogus", file_spec(tmp_path / "c", generation={"ray": {"mode": "Bogus"}})))
+    wait_for("bogus Failed", phase_is(cluster, "bogus", "Failed"))
+    cond = condition(cluster, "bogus", "Failed")
+    assert cond["reason"] == "PermanentError"
+    assert cond["message"].startswith("spec.generation.ray.mode: Input should be 'RayJob', 'Submit' or 'Local'")
+    time.sleep(1.5)  # three more polls: the event is not repeated
+    assert [e["reason"] for e in cluster.events(NS, "bogus")] == ["PermanentError"]
+
     player.rayjob("broken-gen-1")
     cluster.patch(RAYJOBS, NS, "broken-gen-1", {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED",
                                                            "reason": "AppFailed", "message": "exit code 137"}},
