@@ -453,6 +453,13 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
         p.actions.append(Event("Warning", job.reason or "ExtractionFailed",
                                job.message or f"Job {job.name} failed"))
         return "Failed"
+    if job.completions and job.succeeded >= job.completions:
+        count = children.extraction_count(spec)
+        message = (f"Job {job.name} completed but only {obs.summaries_done} of {count} pod summaries exist "
+                   f"under {spec.output.uri}/hidden/")
+        p.cond(FAILED, True, "ExtractionIncomplete", message)
+        p.actions.append(Event("Warning", "ExtractionIncomplete", message))
+        return "Failed"
     if job.suspended and job.kueue:
         p.cond(QUEUED, True, "WaitingForAdmission", f"{job.name} waits for Kueue admission")
     elif job.suspended:

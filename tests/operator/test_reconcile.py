@@ -145,6 +145,14 @@ def names(actions: list[Any]) -> list[str]:
 
 CASES = [
     Case(
+        "extraction Job complete without every pod summary",
+        obs(spec(extraction__enabled=True), progress=prog("Done"), summaries_done=1,
+            extraction=ExtractionChild("dg-extract", suspended=False, kueue=False, succeeded=2, completions=2)),
+        ["Event:Warning:ExtractionIncomplete"],
+        "Failed",
+        conds={"Failed": ("True", "ExtractionIncomplete")},
+    ),
+    Case(
         "a job stopped outside the operator ends the run",
         obs(generation_children=(gen(state="Stopped"),), progress=prog("Stopped", message="stopped by a signal")),
         ["Event:Warning:GenerationEnded"],
