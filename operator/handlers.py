@@ -350,6 +350,9 @@ def _stop_ray(address: str, job_id: str) -> None:
 
 
 async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt: str) -> dict[str, str]:
+    """Env of a submission. An existing cluster has no pod env of ours, so the API key and S3 keys go
+    in the job's runtime_env: Ray keeps them in its job table, readable by whoever can reach that
+    cluster's dashboard (who can run code there anyway). RayJob mode keeps them in Secrets only."""
     env = {"EYRIE_ATTEMPT": attempt, **children.stop_env(spec)}
     if spec.output.endpoint:
         env["EYRIE_S3_ENDPOINT"] = spec.output.endpoint
