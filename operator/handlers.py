@@ -313,7 +313,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     # progress after the children: what it says is at least as fresh as their status
     prog = error = manifest = None
     summaries = nbytes = 0
-    if not (spec.output.credentials_secret_ref and creds is None):
+    output_checked = not (spec.output.credentials_secret_ref and creds is None)
+    if output_checked:
         try:
             store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
             if isinstance(store, S3Store):
@@ -327,7 +328,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         name=name, namespace=ns, generation=meta.get("generation"), labels=dict(meta.get("labels") or {}),
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
-        missing_secrets=tuple(missing), progress=prog, progress_error=error, manifest_uri=manifest,
+        missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
+        manifest_uri=manifest,
         summaries_done=summaries, extraction_bytes=nbytes, stop_grace=STOP_GRACE)
 
 

@@ -116,6 +116,7 @@ class Observation:
     missing_secrets: tuple[str, ...] = ()  # each message names the spec field and the Secret
     progress: Progress | None = None
     progress_error: str | None = None
+    output_checked: bool = True  # False while the S3 credentials Secret is missing
     manifest_uri: str | None = None  # set when <output>/manifest.json exists
     summaries_done: int = 0
     extraction_bytes: int = 0  # from the manifest once extraction is merged into it
@@ -295,6 +296,10 @@ def reconcile(obs: Observation) -> Decision:
         p.cond(SECRETS_READY, True, "SecretsFound")
     if obs.progress_error:
         p.cond(OUTPUT_REACHABLE, False, "OutputUnreachable", obs.progress_error)
+    elif not obs.output_checked:
+        p.conds[OUTPUT_REACHABLE] = conditions.make(
+            OUTPUT_REACHABLE, "Unknown", "WaitingForCredentials",
+            "spec.output.credentialsSecretRef: the Secret is needed to read the output", obs.now, obs.generation)
     else:
         p.cond(OUTPUT_REACHABLE, True, "OutputReadable")
     can_start = not obs.missing_secrets and not obs.progress_error

@@ -145,6 +145,14 @@ def names(actions: list[Any]) -> list[str]:
 
 CASES = [
     Case(
+        "S3 credentials missing: output not checked yet",
+        obs(missing_secrets=("spec.output.credentialsSecretRef.accessKeyKey: Secret 'minio' not found",),
+            output_checked=False),
+        [],
+        "Pending",
+        conds={"SecretsReady": ("False", "SecretNotFound"), "OutputReachable": ("Unknown", "WaitingForCredentials")},
+    ),
+    Case(
         "extraction Job complete without every pod summary",
         obs(spec(extraction__enabled=True), progress=prog("Done"), summaries_done=1,
             extraction=ExtractionChild("dg-extract", suspended=False, kueue=False, succeeded=2, completions=2)),
