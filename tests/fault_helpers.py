@@ -12,19 +12,19 @@ import contextlib
 import gzip
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conftest import S3Server, start_seaweedfs, stop_pid
 
 from eyrie.jobs import records
 from eyrie.jobs.generate import GenerationResult, run_generation
@@ -177,111 +177,56 @@ def kill_all(pids: list[int]) -> None:
 
 # --------------------------------------------------------------------------- a private SeaweedFS
 
-S3_ACCESS_KEY = "eyriefaultaccess"
-S3_SECRET_KEY = "eyrie-fault-s3-secret-0a1b2c3d4e5f"
-_COMPONENTS = ("master", "volume", "filer", "s3", "webdav", "admin")
-_GRPC_OFFSET = 10000  # SeaweedFS puts each gRPC port at its HTTP port + 10000
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(n: int = len(_COMPONENTS)) -> int:
-    """A base port with base..base+n-1 and their gRPC twins free (the conftest server uses 8333)."""
-    for base in range(21000 + (os.getpid() % 200) * 40, 30000, 40):
-        if all(_port_free(p) and _port_free(p + _GRPC_OFFSET) for p in range(base, base + n)):
-            return base
-    raise RuntimeError("no free block of ports for a private SeaweedFS")
-
 
 @dataclass
 class PrivateS3:
-    """`weed mini` on its own ports and data dir, so a test can SIGKILL and restart it without
-    disturbing the session's shared server."""
+    """A SeaweedFS of the test's own (conftest's `start_seaweedfs` on free ports), so a test can SIGKILL
+    it and start it again on the same ports and data without touching the session's shared server."""
 
     base: Path
-    port_base: int = field(default_factory=free_port_block)
-    access_key: str = S3_ACCESS_KEY
-    secret_key: str = S3_SECRET_KEY
-    proc: subprocess.Popen | None = None
-    starts: int = 0
+    server: S3Server | None = None
 
-    @property
-    def s3_port(self) -> int:
-        return self.port_base + _COMPONENTS.index("s3")
+    def start(self) -> PrivateS3:
+        self.server = start_seaweedfs(self.base, self.server.ports if self.server else None)
+        return self
+
+    def _s(self) -> S3Server:
+        if self.server is None:
+            raise RuntimeError("private SeaweedFS not started")
+        return self.server
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return self._s().endpoint
+
+    @property
+    def access_key(self) -> str:
+        return self._s().access_key
+
+    @property
+    def secret_key(self) -> str:
+        return self._s().secret_key
 
     def env(self) -> dict[str, str]:
-        return {"EYRIE_S3_ACCESS_KEY": self.access_key, "EYRIE_S3_SECRET_KEY": self.secret_key,
-                "EYRIE_S3_ENDPOINT": self.endpoint}
-
-    def start(self, timeout: float = 60) -> PrivateS3:
-        beside = Path(sys.executable).parent / "weed"  # the venv's bin/ need not be on PATH
-        weed = str(beside) if beside.exists() else shutil.which("weed") or "weed"
-        data = self.base / "weed"
-        data.mkdir(parents=True, exist_ok=True)
-        cfg = self.base / "s3.json"
-        cfg.write_text(json.dumps({"identities": [{
-            "name": "eyrie", "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        ports = [f"-{c}.port={self.port_base + i}" for i, c in enumerate(_COMPONENTS)]
-        self.starts += 1
-        log = (self.base / f"weed-{self.starts}.log").open("wb")
-        self.proc = subprocess.Popen(
-            [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={cfg}",
-             "-master.telemetry=false", *ports],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.base, start_new_session=True)
-        self._wait_ready(timeout)
-        return self
-
-    def _wait_ready(self, timeout: float) -> None:
-        from minio import Minio
-
-        client = Minio(f"127.0.0.1:{self.s3_port}", access_key=self.access_key, secret_key=self.secret_key,
-                       secure=False)
-        deadline = time.time() + timeout
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited early: {(self.base / f'weed-{self.starts}.log').read_text()[-2000:]}")
-            try:
-                client.list_buckets()
-                return
-            except Exception:
-                if time.time() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"private SeaweedFS not ready on {self.endpoint} in {timeout} s") from None
-                time.sleep(0.3)
+        return self._s().env()
 
     def make_bucket(self, name: str) -> str:
         from minio import Minio
 
-        Minio(f"127.0.0.1:{self.s3_port}", access_key=self.access_key, secret_key=self.secret_key,
+        Minio(f"127.0.0.1:{self._s().port}", access_key=self.access_key, secret_key=self.secret_key,
               secure=False).make_bucket(name)
         return f"s3://{name}"
 
     def kill(self) -> None:
-        """SIGKILL the server's whole process group (weed mini runs its parts in one process)."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        """SIGKILL the server's process group (weed mini runs every component in one process)."""
+        proc = self._s().proc
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(3)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.server is not None:
+            stop_pid(self.server.proc)
 
     def store(self, uri: str) -> Store:
         from eyrie.jobs.store import S3Credentials
