@@ -148,7 +148,9 @@ def run_stages(dg: DatasetGeneration, until: str = "all", *, progress: bool = Tr
         write_progress(store, snap, attempt, "extract", outcome=Outcome.RUNNING, message="")
         run_extraction(spec, store)
         stage = "extract"
-    final_stage = "done" if until == "all" or stage == until else stage
+    # "done" (and the manifest) only once every stage this spec needs has run
+    needed = "extract" if spec.extraction.enabled else "samples" if spec.target.tokenizer else "generate"
+    final_stage = "done" if stage == needed else stage
     write_progress(store, snap, attempt, final_stage, outcome=Outcome.DONE, message="")
     if final_stage == "done":
         finalize_manifest(spec, store)

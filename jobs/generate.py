@@ -150,10 +150,16 @@ class _Stopper:
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Stopper:
+        self.install()
+        return self
+
+    def install(self) -> None:
+        """(Re)install the handlers: `ray.init()` replaces SIGTERM's with an immediate exit, which
+        would lose the answers in flight when Ray's stop_job signals the driver."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not the main thread: no handlers then
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
+                old = signal.signal(sig, self._handle)
+                self._old.setdefault(sig, old)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested and signum == signal.SIGINT:
@@ -300,6 +306,7 @@ def _run_ray(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
                      _node_ip_address="127.0.0.1")
         else:
             ray.init(log_to_driver=True)
+    stopper.install()
     n = spec.generation.ray.workers
     per, rpm, tpm = _worker_share(spec, n)
     coord = ray.remote(RunCoordinator).options(

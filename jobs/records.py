@@ -38,6 +38,11 @@ def samples_key(shard: int) -> str:
     return f"{SAMPLES}/shard-{shard:05d}.parquet"
 
 
+def summary_key(index: int, count: int) -> str:
+    """One extraction pod's summary (pod `index` of `count`)."""
+    return f"{HIDDEN}/summary-{index:05d}-of-{count:05d}.json"
+
+
 def parse_part_key(key: str) -> tuple[int, int] | None:
     m = _PART_RE.match(key)
     return (int(m.group(1)), int(m.group(2))) if m else None

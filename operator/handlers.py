@@ -223,12 +223,6 @@ def _job_child(doc: dict[str, Any]) -> ExtractionChild:
         reason=(failed or {}).get("reason", ""), message=(failed or {}).get("message", ""))
 
 
-def summary_key(index: int, count: int) -> str:
-    """Key of one extraction pod's summary; the same as eyrie.jobs.extract.shards.summary_key (a test
-    holds them equal), spelled here so the operator does not import torch."""
-    return f"{records.HIDDEN}/summary-{index:05d}-of-{count:05d}.json"
-
-
 @dataclass(frozen=True)
 class OutputState:
     progress: Any
@@ -255,7 +249,7 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
     summaries = 0
     if spec.extraction.enabled and prog is not None and prog.get("outcome") == "Done":
         n = children.extraction_count(spec)
-        summaries = sum(1 for i in range(n) if store.exists(summary_key(i, n)))
+        summaries = sum(1 for i in range(n) if store.exists(records.summary_key(i, n)))
     return OutputState(prog, manifest_url, summaries, nbytes)
 
 

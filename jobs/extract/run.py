@@ -41,7 +41,6 @@ from eyrie.jobs.extract.shards import (
     part_key,
     plan_parts,
     read_header,
-    summary_key,
 )
 from eyrie.jobs.store import NotFound, Store
 
@@ -500,7 +499,7 @@ def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, back
     finally:
         if own:
             be.close()
-    store.put(summary_key(index, count), json.dumps(summary.to_manifest(), indent=1).encode())
+    store.put(records.summary_key(index, count), json.dumps(summary.to_manifest(), indent=1).encode())
     return summary
 
 

@@ -61,10 +61,6 @@ def index_key(shard: int) -> str:
     return f"{HIDDEN}/shard-{shard:05d}.index.json"
 
 
-def summary_key(index: int, count: int) -> str:
-    return f"{HIDDEN}/summary-{index:05d}-of-{count:05d}.json"
-
-
 def parse_index_key(key: str) -> int | None:
     m = _INDEX_RE.match(key)
     return int(m.group(1)) if m else None

@@ -86,10 +86,6 @@ def test_submit_mode_runs_once_across_an_operator_restart(cluster, operator: Ope
     assert condition(cluster, "sub", "Succeeded")["status"] == "True"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "data plane: ray.init() in jobs/generate.py _run_ray replaces the driver's SIGTERM handler with "
-    "sys.exit, so Ray's stop_job kills the driver and the 2 in-flight responses are paid but never "
-    "persisted (32 billed for 30 prompts); fixed by re-installing the stop handler after ray.init()"))
 def test_submit_mode_suspend_stops_the_job_gracefully_and_resume_submits_attempt_2(
         cluster, operator: OperatorProcess, ray_head, s3_env, s3_bucket, tmp_path):
     from ray.job_submission import JobSubmissionClient

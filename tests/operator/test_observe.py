@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from eyrie.jobs.extract import shards
-from eyrie.operator.handlers import _job_child, _neighbour_attempts, _rayjob_child, summary_key
+from eyrie.jobs.records import summary_key
+from eyrie.operator.handlers import _job_child, _neighbour_attempts, _rayjob_child
 
 
 def rayjob(status: dict[str, Any], suspend: bool = False, stop: str | None = None) -> dict[str, Any]:
@@ -58,4 +58,4 @@ def test_neighbour_attempts() -> None:
 
 
 def test_summary_key_matches_the_extraction_stage() -> None:
-    assert summary_key(1, 4) == shards.summary_key(1, 4) == "hidden/summary-00001-of-00004.json"
+    assert summary_key(1, 4) == "hidden/summary-00001-of-00004.json"
