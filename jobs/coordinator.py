@@ -7,7 +7,9 @@ credits, a fatal error) wins and every worker sees it on its next call.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -65,10 +67,22 @@ class Counts:
         self.output_tokens += obs.output_tokens
 
 
+COMMIT_SHARE = Decimal("0.02")  # a commit raises the persisted bound by 2% of the budget...
+COMMIT_RESERVATIONS = 8  # ...or 8 reservations of the request that asked, whichever is more
+
+
 class RunCoordinator:
+    """`commit`, when given, persists an upper bound of what may have been paid (spent + reserved)
+    before any request is granted past the last bound: a run killed with answers paid but not yet
+    flushed resumes from that bound, so even kill -9 cannot take spend past maxUSD."""
+
     def __init__(self, max_usd: Decimal, spent: Decimal, counts: Counts, total: int,
-                 shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0)):
+                 shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0),
+                 commit: Callable[[Decimal], None] | None = None):
         self.ledger = Ledger(max_usd=max_usd, spent=spent)
+        self._commit = commit
+        self.committed = spent
+        self._commit_lock = asyncio.Lock()
         self.budget = AsyncLedger(self.ledger)
         self.counts = counts
         self.total = total
@@ -120,7 +134,26 @@ class RunCoordinator:
             await self.budget.release(rid)
             return None
         self._holders[rid] = worker
+        if self._commit is not None and self.ledger.spent + self.ledger.reserved > self.committed:
+            await self._raise_commit(amount)
         return rid
+
+    async def _raise_commit(self, amount: Decimal) -> None:
+        async with self._commit_lock:
+            exposure = self.ledger.spent + self.ledger.reserved
+            if exposure <= self.committed:  # another reservation's commit covered this one
+                return
+            step = max(self.ledger.max_usd * COMMIT_SHARE, amount * COMMIT_RESERVATIONS)
+            bound = min(self.ledger.max_usd, exposure + step)
+            await asyncio.to_thread(self._commit, bound)
+            self.committed = bound
+
+    async def settle_commit(self) -> None:
+        """A clean end: the persisted bound drops to the exact spend."""
+        if self._commit is not None:
+            async with self._commit_lock:
+                await asyncio.to_thread(self._commit, self.ledger.spent)
+                self.committed = self.ledger.spent
 
     async def finish(self, rid: int | None, cost: Decimal | None, paid: bool, obs: Observation) -> bool:
         """Settle (paid) or release a reservation and account the answer; True means stop."""

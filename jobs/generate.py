@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from eyrie.jobs import records, sources
+from eyrie.jobs.budget import usd
 from eyrie.jobs.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.gate import ToolGate
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
@@ -109,14 +110,39 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
             counts.failed += 1
         counts.input_tokens += int(usage.get("prompt_tokens") or 0)
         counts.output_tokens += int(usage.get("completion_tokens") or 0)
-    prev = read_progress(store)
-    if prev and prev.get("spentUSD"):
-        # progress also counts answers that were paid but never flushed before a crash
-        spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
     from eyrie.jobs.audit import previous_audit_spend
 
     audit = previous_audit_spend(store)
+    prev = read_progress(store)
+    if prev and prev.get("spentUSD"):
+        # progress also counts answers that were paid but never flushed before a crash...
+        spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
+    # ...and the committed bound covers even those paid after progress was last written
+    spent = max(spent, read_committed(store) - audit)
     return Checkpoint(spent=spent + audit, counts=counts, persisted=n, audit=audit)
+
+
+@dataclass(frozen=True)
+class BudgetCommitter:
+    """Writes `<output>/budget.json`; picklable (the coordinator actor opens the store itself)."""
+
+    uri: str
+    endpoint: str | None
+    region: str | None
+    attempt: str
+
+    def __call__(self, bound: Decimal) -> None:
+        from eyrie.jobs.store import open_store
+
+        doc = {"committedUSD": usd(bound), "attempt": self.attempt, "updatedAt": now_iso()}
+        open_store(self.uri, self.endpoint, None, self.region).put(records.BUDGET, orjson.dumps(doc))
+
+
+def read_committed(store: Store) -> Decimal:
+    try:
+        return Decimal(orjson.loads(store.get(records.BUDGET))["committedUSD"])
+    except NotFound:
+        return Decimal(0)
 
 
 def read_progress(store: Store) -> dict | None:
@@ -214,8 +240,9 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
         shard_prompts, total, _bad = load_prompts(spec)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate)
+        committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, attempt)
         coord_args = (spec.budget.max_usd, ckpt.spent, ckpt.counts, total, sorted(shard_prompts), gate,
-                      ckpt.audit)
+                      ckpt.audit, committer)
         run = _run_inline if inline or (spec.generation.ray.mode == "Local" and _no_ray()) else _run_ray
         on_progress = on_progress or (lambda s: None)
         snapshot = run(spec, attempt, base_url, coord_args, shard_prompts, store, stopper, on_progress)
@@ -286,6 +313,7 @@ def _run_inline(spec, attempt, base_url, coord_args, shard_prompts, store, stopp
             await asyncio.to_thread(monitor.tick, coord.snapshot())
         for t in tasks:
             t.result()
+        await coord.settle_commit()
         return coord.snapshot()
 
     return run_loop(main())
@@ -346,6 +374,7 @@ def _run_ray(spec, attempt, base_url, coord_args, shard_prompts, store, stopper,
                 ray.get(coord.stop.remote(Outcome.STOPPED, "stopped by a signal; resume by running again"))
                 ray.get(coord.wake.remote())
             monitor.tick(ray.get(coord.snapshot.remote()))
+        ray.get(coord.settle_commit.remote())
         return ray.get(coord.snapshot.remote())
     finally:
         ray.kill(coord)

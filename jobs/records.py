@@ -19,6 +19,7 @@ from eyrie.jobs.store import Store
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 AUDIT = "audit.json"
+BUDGET = "budget.json"  # the persisted upper bound of what may have been paid (see coordinator)
 GENERATIONS = "generations"
 SAMPLES = "samples"
 HIDDEN = "hidden"
