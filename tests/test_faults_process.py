@@ -205,7 +205,8 @@ def test_sigterm_stops_cleanly_and_the_resume_pays_nothing_twice(tmp_path):
     flush, outcome Stopped (exit 6); the resume then completes every prompt, each paid exactly once."""
     prompts = write_rows(tmp_path / "p.jsonl", simple_rows(N))
     out = f"file://{tmp_path}/out"
-    with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
+    # slow answers, so the signal lands mid-run even on a loaded machine
+    with SimulatorProcess(SimulatorConfig(latency_ms=4 * LATENCY_MS)) as sim:
         spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, concurrency=CONCURRENCY, flush_s=HOLD_S))
         proc = _start_inline(spec)
         try:
