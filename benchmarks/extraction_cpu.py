@@ -73,6 +73,7 @@ def main() -> None:
         print(f"bare forward (same batches):      {bare_tps:8.0f} tokens/s")
         print(f"whole path (S3 -> forward -> S3): {whole_tps:8.0f} tokens/s")
         print(f"ratio whole/bare: {ratio:.3f} (target >= {TARGET})")
+        print(f"RESULT extraction_cpu ratio={ratio:.3f} target>={TARGET} {'PASS' if ratio >= TARGET else 'MISS'}")
     finally:
         stop_pid(server.proc)
         shutil.rmtree(base, ignore_errors=True)

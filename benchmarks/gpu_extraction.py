@@ -82,6 +82,7 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gpu_extraction: no CUDA device here; not run (needs a GPU and eyrie[sglang])")
+        print("RESULT gpu_extraction not_run=no_cuda_device")
         return
     from eyrie.jobs.extract.hf_backend import HFBackend
     from eyrie.jobs.extract.sglang_backend import SGLangBackend

@@ -135,6 +135,8 @@ def main() -> None:
     print(f"  ratio eyrie/peer: p50 x{p50 / b50:.2f}  p95 x{p95 / b95:.2f}  RSS x{rss / peer_rss:.2f}")
     print(f"  target: p95 <= {TARGET_P95_S:.0f}s ({'met' if p95 <= TARGET_P95_S else 'MISSED'}), "
           f"peak RSS <= {TARGET_RSS_MIB:.0f} MiB ({'met' if rss <= TARGET_RSS_MIB else 'MISSED'})")
+    print(f"RESULT operator_scale p50_s={p50:.2f} p95_s={p95:.2f} rss_mib={rss:.0f} "
+          f"{'PASS' if p95 <= TARGET_P95_S else 'MISS'}")
 
 
 if __name__ == "__main__":

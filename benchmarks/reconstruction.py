@@ -107,6 +107,7 @@ def main() -> None:
     print(f"bare batch encode of the same texts:      {len(recs) / t_bare:9.1f} samples/s "
           f"{tokens / t_bare:12.0f} tokens/s")
     print(f"ratio {ratio:.2f} (target >= {TARGET}) -> {'OK' if ratio >= TARGET else 'BELOW TARGET'}")
+    print(f"RESULT reconstruction ratio={ratio:.2f} target>={TARGET} {'PASS' if ratio >= TARGET else 'MISS'}")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,7 @@ def main() -> None:
     print(f"eyrie check_response (lookup + leak scan):   {t_full * us:7.2f} us/call "
           f"(ratio {t_full / t_bare:.2f}, for information)")
     print(f"ratio check_calls / bare: {ratio:.2f}  (target <= {TARGET})  {'OK' if ratio <= TARGET else 'MISSED'}")
+    print(f"RESULT tool_validation ratio={ratio:.2f} target<={TARGET} {'PASS' if ratio <= TARGET else 'MISS'}")
 
 
 if __name__ == "__main__":
