@@ -151,3 +151,20 @@ def s3_bucket(s3_env) -> str:
     Minio(f"127.0.0.1:{s3_env.port}", access_key=S3_ACCESS_KEY, secret_key=S3_SECRET_KEY,
           secure=False).make_bucket(name)
     return f"s3://{name}"
+
+
+@pytest.fixture
+async def start_sim():
+    """Start in-process simulators on 127.0.0.1 (`await start_sim(**config)`); all closed after the test."""
+    from eyrie.jobs.simulator import SimulatorConfig, start_simulator
+
+    servers = []
+
+    async def start(**cfg):
+        s = await start_simulator(SimulatorConfig(**cfg))
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        await s.close()

@@ -31,7 +31,7 @@ from eyrie.jobs.api import (
     parse_completion,
     parse_retry_after,
 )
-from eyrie.jobs.simulator import SimulatorConfig, SimulatorServer, start_simulator
+from eyrie.jobs.simulator import SimulatorServer
 
 KEY = "sk-or-v1-0123456789abcdef-eyrie-test-secret"
 StartSim = Callable[..., Awaitable[SimulatorServer]]
@@ -54,20 +54,6 @@ def client(url: str, **kw: Any) -> ChatClient:
     opts.update(kw)
     key = opts.pop("api_key", None)
     return ChatClient(url, key, **opts)
-
-
-@pytest.fixture
-async def start_sim() -> AsyncIterator[StartSim]:
-    servers: list[SimulatorServer] = []
-
-    async def start(**cfg: Any) -> SimulatorServer:
-        s = await start_simulator(SimulatorConfig(**cfg))
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        await s.close()
 
 
 @pytest.fixture

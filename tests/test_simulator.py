@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -30,7 +30,6 @@ from eyrie.jobs.simulator import (
     declared_text_functions,
     kimi_markers,
     make_answer,
-    start_simulator,
 )
 from eyrie.jobs.spec import SimulatorSpec
 
@@ -89,20 +88,6 @@ TOOLS = [WEATHER, BOOKING]
 def body(i: int, **extra: Any) -> dict[str, Any]:
     return {"model": "acme/model", "messages": [{"role": "system", "content": "Be brief."},
                                                 {"role": "user", "content": f"Question number {i}?"}], **extra}
-
-
-@pytest.fixture
-async def start_sim() -> AsyncIterator[StartSim]:
-    servers: list[SimulatorServer] = []
-
-    async def start(**cfg: Any) -> SimulatorServer:
-        s = await start_simulator(SimulatorConfig(**cfg))
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        await s.close()
 
 
 async def post(session: aiohttp.ClientSession, sim: SimulatorServer, payload: Any) -> tuple[int, Any, Any]:
