@@ -67,8 +67,10 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
     """Write manifest.json from what the stages left in the store (callable by the operator)."""
     progress = _read_json(store, records.PROGRESS) or {}
     keys = store.list()
-    hidden_summaries = [_read_json(store, k) for k in keys
-                        if k.startswith(f"{records.HIDDEN}/summary-") and k.endswith(".json")]
+    from eyrie.jobs.extract.summary import summarize  # torch-free: the operator calls this too
+
+    extraction = summarize(store)
+    pods = sum(1 for k in keys if k.startswith(f"{records.HIDDEN}/summary-"))
     manifest = {
         "apiVersion": "eyrie.dev/v1alpha1",
         "kind": "DatasetManifest",
@@ -80,7 +82,7 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "tokens": progress.get("tokens"),
         "tools": progress.get("tools"),
         "reconstruction": _read_json(store, SAMPLES_SUMMARY),
-        "extraction": _merge_extraction(hidden_summaries) if hidden_summaries else None,
+        "extraction": {**extraction.to_manifest(), "pods": pods} if extraction else None,
         "files": {
             "generations": [k for k in keys if records.parse_part_key(k)],
             "samples": [k for k in keys if k.startswith(f"{records.SAMPLES}/shard-")],
@@ -90,21 +92,6 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
     }
     store.put(records.MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     return manifest
-
-
-def _merge_extraction(parts: list[dict]) -> dict:
-    """Pod summaries share the layer facts; counts add up."""
-    merged = dict(parts[0])
-    for key in ("samples", "tokens", "bytes", "shards"):
-        if all(isinstance(p.get(key), int) for p in parts):
-            merged[key] = sum(p[key] for p in parts)
-    skipped: dict[str, int] = {}
-    for p in parts:
-        for reason, n in (p.get("skipped") or {}).items():
-            skipped[reason] = skipped.get(reason, 0) + n
-    merged["skipped"] = skipped
-    merged["pods"] = len(parts)
-    return merged
 
 
 def run_stages(dg: DatasetGeneration, until: str = "all", *, progress: bool = True,

@@ -3,6 +3,7 @@ process, and a player for KubeRay and the kubelet that runs the real job entrypo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -265,3 +266,20 @@ def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any] | None:
 def dump_yaml(path: Path, doc: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def write_pod_summary(out: Path, index: int, count: int, shard: int, samples: int, tokens: int,
+                      nbytes: int) -> None:
+    """What an extraction pod writes when its share is done (the real ExtractionSummary format)."""
+    from eyrie.jobs.extract.summary import ExtractionSummary, ShardResult
+    from eyrie.jobs.records import summary_key
+    from eyrie.jobs.store import open_store
+
+    summary = ExtractionSummary(
+        engine="sglang", model="/models/target", aux_layers=[2, 31, 58], layer_convention="eagle3",
+        hidden_size=7168, num_layers=61, dtype="bfloat16", model_config_sha256="0" * 64,
+        bytes_per_token=4 * 7168 * 2,
+        shards=[ShardResult(shard=shard, index=f"hidden/shard-{shard:05d}.index.json",
+                            files=[f"hidden/shard-{shard:05d}-00000.safetensors"], bytes=nbytes,
+                            samples=samples, tokens=tokens, skipped={})])
+    open_store(f"file://{out}").put(summary_key(index, count), json.dumps(summary.to_manifest()).encode())

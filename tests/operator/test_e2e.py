@@ -21,7 +21,7 @@ from eyrie.jobs import records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
-from .conftest import API_KEY, NS, condition, dsg, free_port, status_of, wait_for
+from .conftest import API_KEY, NS, condition, dsg, free_port, status_of, wait_for, write_pod_summary
 from .kube import DSG, JOBS, RAYJOBS
 
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
@@ -247,8 +247,7 @@ def test_kueue_admission_extraction_and_completion(cluster, operator, player, tm
     cluster.patch(JOBS, NS, "kq-extract", {"spec": {"suspend": False}})  # Kueue admits
     store = open_store(f"file://{out}")
     for i in range(2):  # each pod writes its summary when its share is done
-        store.put(f"hidden/summary-{i:05d}-of-00002.json", json.dumps(
-            {"samples": 50, "tokens": 5000, "bytes": 1000, "shards": 1, "layers": [2, 31, 58]}).encode())
+        write_pod_summary(out, i, 2, shard=i, samples=50, tokens=5000, nbytes=1000)
     player.complete_job("kq-extract")
     wait_for("Succeeded", phase_is(cluster, "kq", "Succeeded"))
     st = status_of(cluster, "kq")

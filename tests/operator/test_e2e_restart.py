@@ -6,13 +6,10 @@ kubelet and writes the generation job's progress.json itself.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from eyrie.jobs.store import open_store
-
-from .conftest import API_KEY, NS, condition, dsg, status_of, wait_for
+from .conftest import API_KEY, NS, condition, dsg, status_of, wait_for, write_pod_summary
 from .kube import DSG, JOBS, RAYJOBS
 from .test_e2e import file_spec, phase_is, write_progress
 
@@ -76,8 +73,7 @@ def test_restart_in_every_phase_keeps_children_and_status(cluster, operator, pla
     assert names(cluster, ("", "v1", "configmaps")) == ["ph-spec"]
 
     # Succeeded: the pod's summary, the Job complete, the manifest written once
-    open_store(f"file://{out}").put("hidden/summary-00000-of-00001.json", json.dumps(
-        {"samples": 300, "tokens": 30000, "bytes": 4096, "shards": 1}).encode())
+    write_pod_summary(out, 0, 1, shard=0, samples=300, tokens=30000, nbytes=4096)
     player.complete_job("ph-extract")
     wait_for("Succeeded", phase_is(cluster, "ph", "Succeeded"))
     before = stable(status_of(cluster, "ph"))
