@@ -153,7 +153,8 @@ def read_progress(store: Store) -> dict | None:
 
 
 def write_progress(store: Store, snapshot: dict, attempt: str, stage: str, **extra: Any) -> dict:
-    doc = {"attempt": attempt, "stage": stage, **snapshot, **extra, "updatedAt": now_iso()}
+    run_id = {"runId": os.environ["EYRIE_RUN_ID"]} if os.environ.get("EYRIE_RUN_ID") else {}
+    doc = {"attempt": attempt, **run_id, "stage": stage, **snapshot, **extra, "updatedAt": now_iso()}
     store.put(records.PROGRESS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return doc
 

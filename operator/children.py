@@ -115,8 +115,10 @@ def secret_env(spec: DatasetGenerationSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _env(spec: DatasetGenerationSpec, attempt: str | None) -> list[dict[str, Any]]:
+def _env(spec: DatasetGenerationSpec, attempt: str | None, uid: str = "") -> list[dict[str, Any]]:
     env = [{"name": "EYRIE_ATTEMPT", "value": attempt}] if attempt is not None else []
+    if uid:
+        env.append({"name": "EYRIE_RUN_ID", "value": uid})
     if spec.output.endpoint:
         env.append({"name": "EYRIE_S3_ENDPOINT", "value": spec.output.endpoint})
     return env + secret_env(spec)
@@ -129,13 +131,13 @@ def _spec_volume(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
-           parent_labels: dict[str, str] | None = None) -> dict[str, Any]:
+           parent_labels: dict[str, str] | None = None, uid: str = "") -> dict[str, Any]:
     """A KubeRay RayJob running the generation job on its own cluster, torn down when it ends."""
     ray = spec.generation.ray
     if not ray.image:
         raise ChildSpecError("spec.generation.ray.image", "required when generation.ray.mode is RayJob")
     volume, mount = _spec_volume(name)
-    env = _env(spec, attempt)
+    env = _env(spec, attempt, uid)
     worker_resources: dict[str, Any] = {"cpu": str(ray.cpus_per_worker)}
     if ray.memory_per_worker:
         worker_resources["memory"] = ray.memory_per_worker

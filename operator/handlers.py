@@ -324,7 +324,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
         manifest_uri=manifest,
-        summaries_done=summaries, extraction_bytes=nbytes, stop_grace=STOP_GRACE)
+        summaries_done=summaries, extraction_bytes=nbytes, stop_grace=STOP_GRACE, uid=str(meta.get("uid") or ""))
 
 
 # ----------------------------------------------------------------------------------------- act
@@ -345,11 +345,14 @@ def _stop_ray(address: str, job_id: str) -> None:
     _ray_client(address).stop_job(job_id)
 
 
-async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt: str) -> dict[str, str]:
+async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt: str,
+                      uid: str) -> dict[str, str]:
     """Env of a submission. An existing cluster has no pod env of ours, so the API key and S3 keys go
     in the job's runtime_env: Ray keeps them in its job table, readable by whoever can reach that
     cluster's dashboard (who can run code there anyway). RayJob mode keeps them in Secrets only."""
     env = {"EYRIE_ATTEMPT": attempt, **children.stop_env(spec)}
+    if uid:
+        env["EYRIE_RUN_ID"] = uid
     if spec.output.endpoint:
         env["EYRIE_S3_ENDPOINT"] = spec.output.endpoint
     ref = spec.api.api_key_secret_ref
@@ -383,7 +386,7 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
                                 f"(attempt {action.attempt})")
             else:
                 sid = children.submission_id(ns, name, action.attempt)
-                env = await _submit_env(kube, ns, spec, action.attempt)
+                env = await _submit_env(kube, ns, spec, action.attempt, str(meta.get("uid") or ""))
                 spec_yaml = children.resolved_spec_yaml(name, ns, spec)
                 assert spec.generation.ray.address is not None  # the spec model requires it for Submit
                 await asyncio.to_thread(_submit, spec.generation.ray.address, sid, spec_yaml, env)

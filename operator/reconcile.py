@@ -44,6 +44,7 @@ class Progress:
     tokens: dict[str, int] = field(default_factory=dict)
     tools: dict[str, Any] = field(default_factory=dict)
     stage: str = "generate"
+    run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
 
 
 def _money(doc: dict[str, Any], key: str) -> Decimal:
@@ -66,6 +67,7 @@ def parse_progress(doc: Any) -> Progress:
         samples={k: int(v) for k, v in (doc.get("samples") or {}).items()},
         tokens={k: int(v) for k, v in (doc.get("tokens") or {}).items()},
         tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", "generate")),
+        run_id=str(doc.get("runId") or ""),
     )
 
 
@@ -121,6 +123,7 @@ class Observation:
     summaries_done: int = 0
     extraction_bytes: int = 0  # from the manifest once extraction is merged into it
     stop_grace: float = STOP_GRACE_SECONDS
+    uid: str = ""  # metadata.uid: attempts are numbered per object, so outcomes carry it too
 
 
 # ------------------------------------------------------------------------------------------ actions
@@ -314,7 +317,10 @@ def reconcile(obs: Observation) -> Decision:
     for child in stale:
         _stop(p, child)
 
-    prog = obs.progress if obs.progress and obs.progress.attempt == attempt else None
+    # an outcome counts only for this attempt of this object: a deleted and recreated object with
+    # the same output.uri starts again at attempt 1 and must not act on its predecessor's outcome
+    prog = obs.progress if (obs.progress and obs.progress.attempt == attempt
+                            and obs.progress.run_id in ("", obs.uid)) else None
     outcome = prog.outcome if prog else None
     spent = obs.progress.spent if obs.progress else Decimal(str(st.get("spentUSD") or "0"))
     was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
@@ -374,7 +380,7 @@ def reconcile(obs: Observation) -> Decision:
             return Decision(p.actions, p.status("Pending", attempt))
         body = None
         if spec.generation.ray.mode == "RayJob":
-            body = children.rayjob(obs.name, obs.namespace, spec, attempt, obs.labels)
+            body = children.rayjob(obs.name, obs.namespace, spec, attempt, obs.labels, obs.uid)
         p.actions.append(CreateGeneration(attempt, body))
         return Decision(p.actions, p.status("Pending", attempt))
     if child.state == "Failed":

@@ -232,9 +232,12 @@ def test_bad_rows_are_recorded_with_their_row_and_never_sent(tmp_path):
                   b'{"messages": [{"role": "user", "content": "fine too"}]}\n')
     out = f"file://{tmp_path}/out"
     with SimulatorProcess(SimulatorConfig()) as sim:
-        r = run_cli(make_spec(tmp_path, p, out, base_url=sim.base_url), env={"EYRIE_NO_RAY": "1"})
+        r = run_cli(make_spec(tmp_path, p, out, base_url=sim.base_url),
+                    env={"EYRIE_NO_RAY": "1", "EYRIE_ATTEMPT": "3", "EYRIE_RUN_ID": "uid-of-the-object"})
         stats = sim.stats()
     assert r.returncode == 0, r.stderr
+    # the operator's attempt and object uid come back in progress.json
+    assert (progress(out)["attempt"], progress(out)["runId"]) == ("3", "uid-of-the-object")
     recs = {x["row"]: x for x in persisted(out)}
     assert sorted(recs) == [0, 1, 2, 3, 4]
     assert [recs[i]["status"] for i in range(5)] == ["ok", "rejected", "rejected", "rejected", "ok"]

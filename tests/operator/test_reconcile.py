@@ -578,3 +578,22 @@ def test_parse_progress_rejects_unknown_outcome() -> None:
     with pytest.raises(ProgressError, match="spentUSD 'x'"):
         parse_progress({"attempt": "1", "outcome": "Running", "spentUSD": "x"})
     assert parse_progress({"attempt": 3, "outcome": "Done"}).spent == Decimal(0)
+
+
+def test_an_outcome_written_for_another_object_is_never_acted_on() -> None:
+    """A deleted and recreated DatasetGeneration with the same output.uri starts at attempt 1 again;
+    its predecessor's `Failed` for attempt 1 carries the old uid and must not fail the new one."""
+    old = replace(prog("Failed", message="old run broke"), run_id="uid-old")
+    d = reconcile(obs(generation_children=(gen(),), progress=old, uid="uid-new", status={"attempt": "1"}))
+    assert d.status["phase"] != "Failed"
+    assert not any(c["type"] == "Failed" and c["status"] == "True" for c in d.status["conditions"])
+    mine = replace(old, run_id="uid-new")
+    d = reconcile(obs(generation_children=(gen(),), progress=mine, uid="uid-new", status={"attempt": "1"}))
+    assert d.status["phase"] == "Failed"
+
+
+def test_the_run_id_reaches_the_job_and_comes_back_in_progress() -> None:
+    body = children.rayjob("dg", "ns", spec(generation__ray={"mode": "RayJob", "image": "img"}), "2", None, "uid-7")
+    head = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "EYRIE_RUN_ID", "value": "uid-7"} in head["env"]
+    assert parse_progress({"attempt": "2", "outcome": "Done", "runId": "uid-7"}).run_id == "uid-7"
