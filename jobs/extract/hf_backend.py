@@ -43,7 +43,9 @@ class HFBackend:
     def __init__(self, model_path: str, *, device: str | None = None, storage_dtype: str = "bfloat16",
                  trust_remote_code: bool = False, compute_dtype: torch.dtype | None = None):
         from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # eyrie reports its own progress; no per-load bars in job logs
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = compute_dtype or default_compute_dtype(self.device, storage_dtype)
         try:

@@ -342,6 +342,9 @@ def builtin_model(name: str) -> str:
         raise ExtractionError(f"extraction.model {name!r}: unknown builtin model; known: {BUILTIN_TINY}")
     folder = cache_root().parent / "models" / f"tiny-llama-{TINY_VOCAB}"
     if not (folder / "config.json").exists():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
         build_tiny_model(tmp, TINY_VOCAB)
         if folder.exists():  # built meanwhile by another process
