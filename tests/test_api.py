@@ -33,7 +33,7 @@ from eyrie.jobs.api import (
 )
 from eyrie.jobs.simulator import SimulatorServer
 
-KEY = "sk-or-v1-0123456789abcdef-eyrie-test-secret"
+KEY = "sk-or-v1-eyrie-test-secret-0123456789abcdef"
 StartSim = Callable[..., Awaitable[SimulatorServer]]
 
 TOOLS = [{"type": "function", "function": {
