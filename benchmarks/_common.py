@@ -87,3 +87,23 @@ async def bare_httpx(base_url: str, n: int, concurrency: int,
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def bare_aiohttp(base_url: str, n: int, concurrency: int) -> tuple[float, float]:
+    """The leanest client there is: raw aiohttp posting the same bodies and parsing the JSON. On a
+    small machine it shows what the simulator and the loop leave for any client."""
+    import aiohttp
+    import orjson
+
+    spec = spec_for(base_url, concurrency, False)
+    bodies = [orjson.dumps(build_body(spec, p.messages, None)) for p in prompts(n)]
+    sem = asyncio.Semaphore(concurrency)
+    url = base_url + "/chat/completions"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency + 1)) as session:
+        async def one(body: bytes) -> None:
+            async with sem, session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+                orjson.loads(await r.read())
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(b) for b in bodies))
+        return n / (time.perf_counter() - t0), (time.process_time() - c0) / n
