@@ -33,11 +33,6 @@ class Observation:
 
     status: str  # ok | failed | rejected
     policy: str = "keep"  # keep | drop | flag
-    declared: bool = False
-    called: bool = False
-    calls: int = 0
-    invalid_calls: int = 0
-    leaked: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
     retries: int = 0

@@ -25,7 +25,7 @@ import orjson
 
 from eyrie.jobs import records, sources
 from eyrie.jobs.budget import usd
-from eyrie.jobs.coordinator import Counts, Outcome, RunCoordinator
+from eyrie.jobs.coordinator import Counts, Observation, Outcome, RunCoordinator
 from eyrie.jobs.gate import ToolGate
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import NotFound, Store
@@ -61,19 +61,16 @@ def prompt_identity(item: sources.Prompt | sources.BadRow) -> Any:
     return {"messages": item.messages, "tools": item.tools}
 
 
-def load_prompts(spec: DatasetGenerationSpec) -> tuple[ShardPrompts, int, list[sources.BadRow]]:
+def load_prompts(spec: DatasetGenerationSpec) -> tuple[ShardPrompts, int]:
     """Every prompt of every source, keyed by shard; bad rows travel too (they get a record)."""
     shards: ShardPrompts = {i: [] for i in range(spec.generation.shards)}
-    bad: list[sources.BadRow] = []
     total = 0
     for src in spec.sources:
         for item in sources.iter_source(src, spec.output.endpoint):
             sid = records.sample_id(src.name, item.row, prompt_identity(item))
             shards[records.shard_of(sid, spec.generation.shards)].append((sid, item))
             total += 1
-            if isinstance(item, sources.BadRow):
-                bad.append(item)
-    return shards, total, bad
+    return shards, total
 
 
 # ------------------------------------------------------------------------------- checkpoint
@@ -85,7 +82,6 @@ class Checkpoint:
 
     spent: Decimal
     counts: Counts
-    persisted: int
     audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
 
 
@@ -93,23 +89,14 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
     """Scan every persisted record once; `gate` absorbs earlier answers into its cumulative metrics."""
     counts = Counts()
     spent = Decimal(0)
-    n = 0
     for rec in records.iter_records(store):
-        n += 1
         spent += Decimal(rec.get("costUSD") or "0")
         usage = rec.get("usage") or {}
-        status, policy = rec.get("status"), rec.get("policy", "keep")
-        if status == "ok":
-            counts.dropped += policy == "drop"
-            counts.done += policy != "drop"
-            if gate is not None and rec.get("checks"):
-                gate.absorb(ResponseCheck.from_record(rec["checks"]))
-        elif status == "rejected":
-            counts.dropped += 1
-        else:
-            counts.failed += 1
-        counts.input_tokens += int(usage.get("prompt_tokens") or 0)
-        counts.output_tokens += int(usage.get("completion_tokens") or 0)
+        counts.add(Observation(str(rec.get("status")), policy=rec.get("policy", "keep"),
+                               input_tokens=int(usage.get("prompt_tokens") or 0),
+                               output_tokens=int(usage.get("completion_tokens") or 0)))
+        if gate is not None and rec.get("status") == "ok" and rec.get("checks"):
+            gate.absorb(ResponseCheck.from_record(rec["checks"]))
     from eyrie.jobs.audit import previous_audit_spend
 
     audit = previous_audit_spend(store)
@@ -119,7 +106,7 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
         spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
     # ...and the committed bound covers even those paid after progress was last written
     spent = max(spent, read_committed(store) - audit)
-    return Checkpoint(spent=spent + audit, counts=counts, persisted=n, audit=audit)
+    return Checkpoint(spent=spent + audit, counts=counts, audit=audit)
 
 
 @dataclass(frozen=True)
@@ -238,7 +225,7 @@ def run_generation(dg: DatasetGeneration, store: Store, attempt: str, *, inline:
     with ExitStack() as stack, _Stopper() as stopper:
         base_url = _simulator(spec, stack) if spec.api.base_url == SIMULATED else spec.api.base_url
         asyncio.run(preflight(spec, base_url, store))
-        shard_prompts, total, _bad = load_prompts(spec)
+        shard_prompts, total = load_prompts(spec)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, attempt)

@@ -295,7 +295,6 @@ class ShardWorker:
             return rec
         body = build_body(self.spec, prepared.messages, prepared.tools)
         rec["request"] = body
-        declared = bool(prepared.declared_tools)
         est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools,
                                      self._count_tokens())
         try:
@@ -323,7 +322,7 @@ class ShardWorker:
             return None
         except RequestFailed as e:
             rec.update(status="failed", attempts=e.attempts, error={"type": e.kind, "message": str(e)})
-            obs = Observation("failed", declared=declared, retries=max(0, e.attempts - 1), error_kind=e.kind)
+            obs = Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind)
             self._stop_if(await self._call("finish", rid, None, False, obs))
             return rec
         cost = actual_cost(self.pricing, done.usage, done.cost)  # None: settled at the reservation
@@ -333,9 +332,7 @@ class ShardWorker:
         rec.update(status="ok", response=done.response, usage=done.usage, attempts=done.attempts,
                    costUSD=usd(cost if cost is not None else amount), checks=check.to_record(),
                    policy=verdict)
-        obs = Observation("ok", policy=verdict, declared=declared, called=check.called,
-                          calls=len(done.response.get("tool_calls") or ()), invalid_calls=check.invalid_calls,
-                          leaked=check.leaked, input_tokens=int(usage.get("prompt_tokens") or 0),
+        obs = Observation("ok", policy=verdict, input_tokens=int(usage.get("prompt_tokens") or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),
                           retries=done.attempts - 1, check=check)
         self._stop_if(await self._call("finish", rid, cost, True, obs))
