@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from eyrie.jobs.extract.layers import num_aux_layers, spool_bytes
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
 ATTEMPT_ANNOTATION = "eyrie.dev/attempt"
@@ -26,6 +27,10 @@ SPEC_KEY = "spec.yaml"
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
 RAYJOB_API = ("ray.io", "v1", "rayjobs")
 GENERATION_ENTRYPOINT = f"eyrie run {SPEC_PATH} --until samples"
+# The operator cannot read the model, so /dev/shm is sized for the widest supported hidden size
+# (Llama-3.1-405B); a sizeLimit reserves nothing, and the backend checks the real need at start-up.
+SHM_HIDDEN_BOUND = 16384
+SHM_HEADROOM = 1 << 30  # NCCL's tensor-parallel buffers live in /dev/shm too
 
 
 class ChildSpecError(ValueError):
@@ -183,6 +188,14 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
     return body
 
 
+def shm_size(spec: DatasetGenerationSpec) -> str:
+    """sizeLimit of the extraction pod's /dev/shm: one spooled batch at the widest hidden size, plus NCCL's."""
+    ext = spec.extraction
+    need = spool_bytes(ext.max_tokens_per_batch, num_aux_layers(ext.layers), SHM_HIDDEN_BOUND,
+                       4 if ext.dtype == "float32" else 2)
+    return f"{math.ceil((need + SHM_HEADROOM) / 2**20)}Mi"
+
+
 def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
                    parent_labels: dict[str, str] | None = None) -> dict[str, Any]:
     """An Indexed batch/v1 Job: one index per shard group, GPUs per pod, scheduled as the spec says."""
@@ -203,7 +216,12 @@ def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
     }
     if ext.gpus_per_pod > 0:
         container["resources"] = {"limits": {"nvidia.com/gpu": ext.gpus_per_pod}}
-    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container], "volumes": [volume]}
+    volumes = [volume]
+    if ext.engine == "sglang":
+        # containers get 64 MiB of /dev/shm; SGLang spools a whole batch of hidden states there
+        volumes.append({"name": "eyrie-shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(spec)}})
+        container["volumeMounts"].append({"name": "eyrie-shm", "mountPath": "/dev/shm"})
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container], "volumes": volumes}
     if ext.node_selector:
         pod_spec["nodeSelector"] = dict(ext.node_selector)
     if ext.tolerations:

@@ -120,3 +120,18 @@ def resolve_layers(layers: Literal["auto"] | list[int], num_layers: int) -> Laye
                 f"extraction.layers: layer id {b} follows {a}; ids must be strictly increasing "
                 "(engines capture in layer order)")
     return LayerChoice(tuple(ids), EXPLICIT_CONVENTION.format(ids=", ".join(map(str, ids))))
+
+
+def num_aux_layers(layers: Literal["auto"] | list[int]) -> int:
+    """How many aux layers a spec's `extraction.layers` captures, without knowing the model."""
+    return 3 if layers == "auto" else len(layers)
+
+
+def spool_bytes(tokens: int, num_aux: int, hidden: int, elem_bytes: int) -> int:
+    """Bytes the sglang backend spools for `tokens` positions: aux (num_aux x H) and last (H) each.
+
+    SGLang's `generate()` returns only after the whole batch, so a batch is spooled in full before
+    eyrie reads it; the extraction Job's /dev/shm and the backend's start-up check both use this.
+    """
+    return tokens * (num_aux + 1) * hidden * elem_bytes
+

@@ -372,7 +372,7 @@ def open_backend(spec: Any) -> Backend:
         from eyrie.jobs.extract.sglang_backend import SGLangBackend
 
         return SGLangBackend(model_path(spec), tp_size=max(1, ex.gpus_per_pod), storage_dtype=ex.dtype,
-                             trust_remote_code=ex.trust_remote_code)
+                             trust_remote_code=ex.trust_remote_code, max_tokens_per_batch=ex.max_tokens_per_batch)
     from eyrie.jobs.extract.hf_backend import HFBackend
 
     return HFBackend(model_path(spec), device=ex.device, storage_dtype=ex.dtype,

@@ -68,6 +68,29 @@ def test_extraction_job_is_indexed_on_gpus() -> None:
     assert "EYRIE_ATTEMPT" not in {e["name"] for e in c["env"]}
 
 
+def test_sglang_extraction_mounts_a_memory_dev_shm_that_holds_one_batch() -> None:
+    """Containers get 64 MiB of /dev/shm; SGLang spools a whole batch there before eyrie reads it."""
+    from eyrie.jobs.extract.layers import spool_bytes
+
+    body = children.extraction_job("dg", "ns", spec(extraction__enabled=True, extraction__engine="sglang",
+                                                    extraction__layers=[3, 20, 40, 60]))
+    pod = body["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["emptyDir"]["medium"] == "Memory"
+    limit = int(vol["emptyDir"]["sizeLimit"].removesuffix("Mi")) * 2**20
+    # one default batch (16,384 tokens) of 4 aux + last at the widest hidden size, bf16, and NCCL's share
+    assert limit >= spool_bytes(16384, 4, 16384, 2) + (1 << 30)
+    wider = children.extraction_job("dg", "ns", spec(extraction__enabled=True, extraction__engine="sglang",
+                                                     extraction__maxTokensPerBatch=65536))
+    (wvol,) = [v for v in wider["spec"]["template"]["spec"]["volumes"] if "emptyDir" in v]
+    assert int(wvol["emptyDir"]["sizeLimit"].removesuffix("Mi")) * 2**20 >= spool_bytes(65536, 3, 16384, 2)
+    # the transformers backend spools nothing
+    plain = children.extraction_job("dg", "ns", spec(extraction__enabled=True))["spec"]["template"]["spec"]
+    assert all("emptyDir" not in v for v in plain["volumes"])
+
+
 def test_configmap_holds_the_resolved_spec_and_no_secret() -> None:
     cm = children.configmap("dg", "ns", spec())
     assert cm["metadata"]["name"] == "dg-spec"
@@ -97,6 +120,9 @@ def test_manifests_validate_against_the_kubernetes_schemas() -> None:
     sp = spec(extraction__enabled=True)
     kubernetes_validate.validate(children.configmap("dg", "ns", sp), "1.33", strict=True)
     kubernetes_validate.validate(children.extraction_job("dg", "ns", sp, {"kueue.x-k8s.io/queue-name": "q"}),
+                                 "1.33", strict=True)
+    kubernetes_validate.validate(children.extraction_job("dg", "ns", spec(extraction__enabled=True,
+                                                                          extraction__engine="sglang")),
                                  "1.33", strict=True)
     rj = children.rayjob("dg", "ns", sp, "1")["spec"]["rayClusterSpec"]
     for tpl in (rj["headGroupSpec"]["template"], rj["workerGroupSpecs"][0]["template"]):
