@@ -33,6 +33,7 @@ here is checked against that wheel's source by tests/test_sglang_pin.py, without
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -87,6 +88,20 @@ REFUSED_ENGINE_ARGS: dict[str, tuple[Any, str]] = {
 }
 # Engine arguments eyrie sets itself: a different value would silently change what is captured.
 OWNED_ENGINE_ARGS = ("model_path", "tp_size", "dtype", "disable_radix_cache", "skip_tokenizer_init")
+
+
+def sglang_imports() -> list[tuple[str, str]]:
+    """(module, name) of every SGLang name this file imports, read from its own source.
+
+    The pin test resolves each in the pinned wheel's source; the GPU check imports each for real.
+    """
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(ast.parse(Path(__file__).read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sglang":
+            found.update((node.module or "", a.name) for a in node.names)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sglang":
+            found.add(("sglang", node.attr))
+    return sorted(found)
 
 
 class SGLangCaptureError(ExtractionError):
