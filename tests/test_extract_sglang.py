@@ -249,6 +249,15 @@ def test_flags_and_list_must_agree(tmp_path):
         sb.captured_layers(model)
 
 
+def test_a_model_whose_capture_switch_stays_off_is_refused():
+    class SwitchOff(ListModel):
+        def set_eagle3_layers_to_capture(self, layer_ids=None):
+            self.model.layers_to_capture = [v + 1 for v in layer_ids]
+
+    with pytest.raises(sb.SGLangCaptureError, match=r"SwitchOff\.capture_aux_hidden_states is off"):
+        sb.configure_capture(SwitchOff(10), [2, 5, 7])
+
+
 # ------------------------------------------------------------------------ defect 3: the spool
 
 
