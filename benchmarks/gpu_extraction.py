@@ -75,8 +75,7 @@ def llama_config(hidden: int, layers: int, intermediate: int, heads: int, kv: in
 
     return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                       max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                       torch_dtype="bfloat16")
+                       max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False)
 
 
 def build_small_llama(path: Path) -> None:
@@ -100,7 +99,7 @@ def hf_reference(path: Path, samples: list[list[int]], layers: list[int]) -> lis
     """HF `output_hidden_states[i]` for each aux layer i, and the final hidden state (after the norm)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()  # transformers 5
     out = []
     with torch.no_grad():
         for ids in samples:
@@ -220,8 +219,7 @@ def check_moe(ctx: dict[str, Any]) -> dict[str, Any]:
     path = ctx["base"] / "qwen3moe"
     Qwen3MoeConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
                    num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                   num_experts=8, num_experts_per_tok=2, max_position_embeddings=8192,
-                   torch_dtype="bfloat16").save_pretrained(path)
+                   num_experts=8, num_experts_per_tok=2, max_position_embeddings=8192).save_pretrained(path)
     g = torch.Generator().manual_seed(3)
     samples = [torch.randint(0, 32000, (int(n),), generator=g).tolist() for n in (5, 100, 400)]
     got, _ = run_sglang(path, samples, MOE_LAYERS, load_format="dummy")  # the handshake checks the flags
