@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -52,7 +53,9 @@ def _wheel_source() -> Path:
     tmp = cache_dir / f".src-{sb.SGLANG_VERSION}.{os.getpid()}"
     with zipfile.ZipFile(wheels[0]) as z:
         z.extractall(tmp, [n for n in z.namelist() if n.startswith("sglang/") and n.endswith(".py")])
-    if not src.exists():
+    if src.exists():  # unpacked meanwhile by another run
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
         tmp.replace(src)
     return src
 
