@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds, once per machine, the real control plane the cluster tests run (DESIGN §9), from Go modules at the
+# versions pinned in versions.env, into ${EYRIE_TESTBED_CACHE:-~/.cache/eyrie-testbed}/<component>-<version>/.
+# A warm machine returns in well under a second; nothing is written into the repository.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache="${EYRIE_TESTBED_CACHE:-$HOME/.cache/eyrie-testbed}"
+export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0 GOWORK=off
+niceness=(nice -n 15)
+
+# build NAME VERSION MAIN_MODULE PACKAGE... : a throwaway module requiring MAIN_MODULE, so that the replace directives in
+# its own go.mod (which point into its source tree) do not apply; EXTRA_GOMOD is appended to that go.mod.
+build() {
+  local name=$1 version=$2 module=$3; shift 3
+  local dest="$cache/$name-$version"
+  [[ -f "$dest/.done" ]] && return 0
+  echo "testbed: building $name $version (once per machine)" >&2
+  local src; src="$(mktemp -d)"
+  printf 'module eyrie.dev/testbed/%s\n\ngo 1.26\n\nrequire %s %s\n%s\n' \
+    "$name" "$module" "$version" "${EXTRA_GOMOD:-}" >"$src/go.mod"
+  mkdir -p "$dest/bin"
+  (cd "$src" && "${niceness[@]}" go build -trimpath -ldflags="-s -w ${LDFLAGS:-}" -o "$dest/bin/" "$@")
+  rm -rf "$src"
+  touch "$dest/.done"
+}
+
+build etcd "$ETCD" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
+[[ -x "$cache/etcd-$ETCD/bin/etcd" ]] || mv "$cache/etcd-$ETCD/bin/server" "$cache/etcd-$ETCD/bin/etcd"
+build kuberay "$KUBERAY" github.com/ray-project/kuberay/ray-operator github.com/ray-project/kuberay/ray-operator
+
+# k8s.io/kubernetes requires its staging modules at v0.0.0 (replaced by ./staging in its own tree): replace each
+# with its published v0.N.x, the usual way of importing it.
+if [[ ! -f "$cache/kubernetes-$KUBERNETES/.done" ]]; then
+  k8s_minor="${KUBERNETES#v1.}"
+  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+  staging="$(awk '$1 ~ /^k8s\.io\// && $2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$gomod" | sort -u)"
+  [[ -n "$staging" ]] || { echo "testbed: no staging modules in k8s.io/kubernetes@$KUBERNETES's go.mod" >&2; exit 1; }
+  replaces="$(for m in $staging; do echo "replace $m => $m v0.$k8s_minor"; done)"
+  version_pkg=k8s.io/component-base/version
+  EXTRA_GOMOD="$replaces" LDFLAGS="-X $version_pkg.gitVersion=$KUBERNETES -X $version_pkg.gitMajor=1 \
+-X $version_pkg.gitMinor=${k8s_minor%%.*} -X $version_pkg.gitTreeState=clean" \
+    build kubernetes "$KUBERNETES" k8s.io/kubernetes k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager
+fi

