@@ -10,13 +10,14 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-from eyrie.jobs import records
-from eyrie.jobs.coordinator import Counts, RunCoordinator
-from eyrie.jobs.gate import ToolGate
+from eyrie.jobs.contract import layout
+from eyrie.jobs.generate.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.requests import build_body
+from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.sources import Prompt
 from eyrie.jobs.spec import parse_spec
 from eyrie.jobs.store import FileStore
-from eyrie.jobs.worker import ShardWorker, build_body
+from eyrie.jobs.tools.gate import ToolGate
 
 
 def prompts(n: int) -> list[Prompt]:
@@ -43,14 +44,14 @@ async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tu
     spec = spec_for(base_url, concurrency, stream)
     shard_prompts: dict[int, list] = {s: [] for s in range(spec.generation.shards)}
     for p in prompts(n):
-        sid = records.sample_id(p.source, p.row, {"messages": p.messages, "tools": None})
-        shard_prompts[records.shard_of(sid, spec.generation.shards)].append((sid, p))
+        sid = p.sample_id()
+        shard_prompts[layout.shard_of(sid, spec.generation.shards)].append((sid, p))
     with tempfile.TemporaryDirectory() as d:
         store = FileStore(Path(d))
         coord = RunCoordinator(Decimal(1000), Decimal(0), Counts(), n, sorted(shard_prompts),
                                ToolGate(spec.tools.gate))
-        worker = ShardWorker(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, None,
-                             concurrency, None, None, coord, shard_prompts, store)
+        config = WorkerConfig(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, concurrency)
+        worker = ShardWorker(config, coord, shard_prompts, store)
         t0, c0 = time.perf_counter(), time.process_time()
         persisted = await worker.run()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0

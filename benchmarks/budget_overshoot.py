@@ -21,12 +21,14 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
-from eyrie.jobs.budget import Pricing, worst_case
-from eyrie.jobs.generate import run_generation
+from eyrie.jobs.context import RunContext
+from eyrie.jobs.generate.budget import Pricing, worst_case
+from eyrie.jobs.generate.driver import run_generation
+from eyrie.jobs.generate.requests import estimate_prompt_tokens
+from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.spec import parse_spec
 from eyrie.jobs.store import FileStore
-from eyrie.jobs.worker import estimate_prompt_tokens
 
 PRICE_IN, PRICE_OUT = Decimal("0.60"), Decimal("2.50")
 MAX_TOKENS = 256
@@ -59,7 +61,8 @@ def eyrie(base_url: str, n: int, concurrency: int, cap: Decimal, work: Path) -> 
         "output": {"uri": f"file://{work}/out"},
     })
     t0 = time.perf_counter()
-    result = run_generation(dg, FileStore(work / "out"), "bench", inline=True)
+    with provider(dg.spec) as base_url:
+        result = run_generation(dg, FileStore(work / "out"), RunContext("bench"), base_url, inline=True)
     return result.outcome, time.perf_counter() - t0
 
 

@@ -86,8 +86,10 @@ def curator_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdi
 
 def eyrie_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdir: Path) -> tuple[float, Decimal, int]:
     """(requests/s, eyrie's spentUSD, records) for the same n prompts through run_generation inline."""
-    from eyrie.jobs import records
-    from eyrie.jobs.generate import run_generation
+    from eyrie.jobs.context import RunContext
+    from eyrie.jobs.contract import records
+    from eyrie.jobs.generate.driver import run_generation
+    from eyrie.jobs.pipeline import provider
     from eyrie.jobs.spec import parse_spec
     from eyrie.jobs.store import FileStore
 
@@ -107,7 +109,8 @@ def eyrie_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdir:
     store = FileStore(workdir / "out")
     os.environ.setdefault("EYRIE_API_KEY", "sk-bench")
     t0 = time.perf_counter()
-    result = run_generation(dg, store, "bench", inline=True)
+    with provider(dg.spec) as base_url:
+        result = run_generation(dg, store, RunContext("bench"), base_url, inline=True)
     dt = time.perf_counter() - t0
     assert result.outcome == "Done", result.message
     return n / dt, Decimal(result.snapshot["spentUSD"]), sum(1 for _ in records.iter_records(store))

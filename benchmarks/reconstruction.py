@@ -21,9 +21,9 @@ import random
 import time
 from typing import Any
 
-from eyrie.jobs.chat.formats import resolve_format
-from eyrie.jobs.chat.tokenizers import load_tokenizer
-from eyrie.jobs.reconstruct import Reconstructor, Sample
+from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.reconstructor import Reconstructor, Sample
+from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
 from eyrie.jobs.spec import TargetSpec
 
 TARGET = 0.8

@@ -13,7 +13,7 @@ import time
 
 import orjson
 
-from eyrie.jobs.api import SSEAccumulator
+from eyrie.jobs.api.sse import SSEAccumulator
 
 TARGET = 0.7
 READ = 16 * 1024

@@ -19,7 +19,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from eyrie.jobs.tools import Prepared, ToolValidator, check_response, normalize_tools
+from eyrie.jobs.tools.checks import check_response
+from eyrie.jobs.tools.declarations import Prepared, normalize_tools
+from eyrie.jobs.tools.validation import ToolValidator
 
 TARGET = 1.3
 

@@ -36,6 +36,7 @@ import orjson
 from aiohttp import web
 
 from eyrie.jobs.spec import SimulatorSpec
+from eyrie.jobs.tools.declarations import DeclarationError, parse_text_declarations
 
 # One source of truth for the fault names: the spec's Literal.
 FAULTS: tuple[str, ...] = get_args(get_args(SimulatorSpec.model_fields["faults"].annotation)[0])
@@ -46,7 +47,6 @@ DEFAULT_FAULTS: tuple[str, ...] = (
 )
 PROVIDER = "eyrie-simulator"
 MODEL_ID = "eyrie/simulated"
-TEXT_DECL_MARKER = "Use them if required -"
 _MILLION = Decimal(1_000_000)
 _COMMENT = b": OPENROUTER PROCESSING\n\n"
 _DONE = b"data: [DONE]\n\n"
@@ -249,25 +249,18 @@ def _text(rng: random.Random, words: int) -> str:
 
 
 def declared_text_functions(messages: list[Any]) -> list[dict[str, Any]]:
-    """Functions declared as JSON objects after `Use them if required -` in a system message."""
+    """Functions declared as text in a system message, read with eyrie's own declaration parser."""
     for m in messages:
         if not (isinstance(m, dict) and m.get("role") == "system" and isinstance(m.get("content"), str)):
             continue
-        text = m["content"]
-        at = text.find(TEXT_DECL_MARKER)
-        if at < 0:
+        try:
+            decls, _rest = parse_text_declarations(m["content"])
+        except DeclarationError:
             continue
-        dec, pos, found = json.JSONDecoder(), at + len(TEXT_DECL_MARKER), []
-        while (pos := text.find("{", pos)) >= 0:
-            try:
-                obj, end = dec.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                pos += 1
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-                found.append(obj)
-            pos = end
-        return found
+        fns = [d.get("function", d) if isinstance(d, dict) else d for d in decls]
+        found = [f for f in fns if isinstance(f, dict) and isinstance(f.get("name"), str)]
+        if found:
+            return found
     return []
 
 

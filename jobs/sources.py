@@ -21,13 +21,15 @@ from urllib.parse import urlparse
 
 import orjson
 
+from eyrie.jobs.contract.layout import sample_id
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import SourceSpec
 from eyrie.jobs.store import NotFound, StoreError, open_store, read_uri, split_uri
 
 PARQUET_BATCH_ROWS = 1024
 
 
-class SourceError(RuntimeError):
+class SourceError(EyrieError, RuntimeError):
     """A source that cannot be read at all (missing, unreadable, unsupported); names source and URI."""
 
 
@@ -45,9 +47,9 @@ class Prompt:
     tools: list[dict[str, Any]] | None
     fmt: str
 
-    def content(self) -> dict[str, Any]:
-        """What identifies the prompt for `records.sample_id` (messages and row tools)."""
-        return {"messages": self.messages, "tools": self.tools}
+    def sample_id(self) -> str:
+        """The one sample identity (DESIGN §3): source, row and content (messages and row tools)."""
+        return sample_id(self.source, self.row, {"messages": self.messages, "tools": self.tools})
 
 
 @dataclass
@@ -57,6 +59,10 @@ class BadRow:
     source: str
     row: int
     reason: str
+
+    def sample_id(self) -> str:
+        """Source and row only: the id must not change with the wording of `reason`."""
+        return sample_id(self.source, self.row, {"badRow": True})
 
 
 class _RowError(ValueError):
@@ -299,7 +305,7 @@ def _glaive(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
         raise _RowError("'system' and 'chat' must be strings")
     msgs: list[dict[str, Any]] = []
     text = system.strip().removeprefix("SYSTEM:").strip()
-    if text:  # declarations stay in the text; tools.prepare_prompt decides how to send them
+    if text:  # declarations stay in the text; declarations.prepare_prompt decides how to send them
         msgs.append({"role": "system", "content": text})
     msgs.append({"role": "user", "content": glaive_first_user(chat)})
     return msgs, None

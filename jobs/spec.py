@@ -26,6 +26,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from eyrie.jobs.errors import InputError
+
 GROUP = "eyrie.dev"
 VERSION = "v1alpha1"
 KIND = "DatasetGeneration"
@@ -35,7 +37,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 SIMULATED = "simulated"
 
 
-class SpecError(ValueError):
+class SpecError(InputError, ValueError):
     """A spec that cannot run; the message names every offending field path."""
 
     def __init__(self, problems: list[tuple[str, str]]):

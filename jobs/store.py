@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 from urllib.parse import urlparse
 
+from eyrie.jobs.errors import EyrieError
+
 T = TypeVar("T")
 
 
-class StoreError(RuntimeError):
+class StoreError(EyrieError, RuntimeError):
     """The store cannot be reached or written; the message names the URI, never a credential."""
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.layers import num_aux_layers, spool_bytes
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
@@ -33,7 +34,7 @@ SHM_HIDDEN_BOUND = 16384
 SHM_HEADROOM = 1 << 30  # NCCL's tensor-parallel buffers live in /dev/shm too
 
 
-class ChildSpecError(ValueError):
+class ChildSpecError(EyrieError, ValueError):
     """The spec lacks something a cluster child needs; `field` is the spec path to fix."""
 
     def __init__(self, field: str, message: str):

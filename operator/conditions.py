@@ -13,8 +13,6 @@ from typing import Any, Literal
 SECRETS_READY = "SecretsReady"
 OUTPUT_REACHABLE = "OutputReachable"
 QUEUED = "Queued"
-GENERATING = "Generating"
-EXTRACTING = "Extracting"
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"

@@ -23,7 +23,10 @@ import orjson
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from eyrie.jobs import records
+from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.manifest import finalize_manifest
+from eyrie.jobs.contract.progress import Outcome, ProgressError, parse_progress
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
 from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError, open_store
 
@@ -40,12 +43,10 @@ from .reconcile import (
     FinalizeManifest,
     GenerationChild,
     Observation,
-    ProgressError,
     SetExtractionSuspend,
     StopGeneration,
     SuspendSpec,
     invalid_spec,
-    parse_progress,
     reconcile,
 )
 
@@ -54,7 +55,7 @@ STOP_GRACE = float(os.environ.get("EYRIE_STOP_GRACE_SECONDS", "120"))
 RAY_TIMEOUT = 10.0
 
 
-class KubeError(RuntimeError):
+class KubeError(EyrieError, RuntimeError):
     """An API request failed; the message names the request and the server's answer."""
 
     def __init__(self, method: str, path: str, status: int, detail: str):
@@ -234,22 +235,22 @@ class OutputState:
 def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
     """progress.json, whether a complete manifest exists, and how many pods have finished."""
     try:
-        prog = orjson.loads(store.get(records.PROGRESS))
+        prog = orjson.loads(store.get(layout.PROGRESS))
     except NotFound:
         prog = None
     manifest_url, nbytes = None, 0
     try:
-        manifest = orjson.loads(store.get(records.MANIFEST))
+        manifest = orjson.loads(store.get(layout.MANIFEST))
         # with extraction on, only a manifest that includes it closes the run
         if not spec.extraction.enabled or manifest.get("extraction"):
-            manifest_url = store.url(records.MANIFEST)
+            manifest_url = store.url(layout.MANIFEST)
             nbytes = int((manifest.get("extraction") or {}).get("bytes") or 0)
     except NotFound:
         pass
     summaries = 0
-    if spec.extraction.enabled and prog is not None and prog.get("outcome") == "Done":
+    if spec.extraction.enabled and prog is not None and prog.get("outcome") == Outcome.DONE:
         n = children.extraction_count(spec)
-        summaries = sum(1 for i in range(n) if store.exists(records.summary_key(i, n)))
+        summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
     return OutputState(prog, manifest_url, summaries, nbytes)
 
 
@@ -411,12 +412,10 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
         elif isinstance(action, Event):
             kopf.event(body, type=action.type, reason=action.reason, message=action.message)
         elif isinstance(action, FinalizeManifest):
-            from eyrie.jobs.commands import finalize_manifest
-
             creds = await _credentials(kube, ns, spec)
             store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
             await asyncio.to_thread(finalize_manifest, spec, store)
-            logger.info(f"wrote {store.url(records.MANIFEST)}")
+            logger.info(f"wrote {store.url(layout.MANIFEST)}")
 
 
 async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerationSpec,

@@ -10,65 +10,21 @@ calls `reconcile`, carries out the actions and patches the status. The rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
+from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, Progress
 from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 
 from . import children, conditions
 from .conditions import FAILED, OUTPUT_REACHABLE, QUEUED, SECRETS_READY, SUCCEEDED, SUSPENDED
 
-OUTCOMES = ("Running", "Done", "BudgetExhausted", "ToolSemanticsDrift", "InsufficientCredits", "Failed",
-            "Stopped")
 # outcome -> the Suspended condition's reason
-STOP_REASONS = {"BudgetExhausted": "BudgetExceeded", "ToolSemanticsDrift": "ToolSemanticsDrift",
-                "InsufficientCredits": "InsufficientCredits"}
+STOP_REASONS = {Outcome.BUDGET_EXHAUSTED: "BudgetExceeded", Outcome.TOOL_SEMANTICS_DRIFT: "ToolSemanticsDrift",
+                Outcome.INSUFFICIENT_CREDITS: "InsufficientCredits"}
 USER_SUSPENDED = "SuspendedByUser"
-STOP_GRACE_SECONDS = 120.0  # after a graceful stop request, a still-running child is deleted anyway
 TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-class ProgressError(ValueError):
-    """progress.json exists but cannot be understood; the message names the field."""
-
-
-@dataclass(frozen=True)
-class Progress:
-    attempt: str
-    outcome: str
-    message: str = ""
-    spent: Decimal = Decimal(0)
-    reserved: Decimal = Decimal(0)
-    samples: dict[str, int] = field(default_factory=dict)
-    tokens: dict[str, int] = field(default_factory=dict)
-    tools: dict[str, Any] = field(default_factory=dict)
-    stage: str = "generate"
-    run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
-
-
-def _money(doc: dict[str, Any], key: str) -> Decimal:
-    try:
-        return Decimal(str(doc.get(key, "0")))
-    except InvalidOperation:
-        raise ProgressError(f"progress.json: {key} {doc.get(key)!r} is not a decimal amount") from None
-
-
-def parse_progress(doc: Any) -> Progress:
-    """Read the generation job's progress document (DESIGN §3); unknown keys are ignored."""
-    if not isinstance(doc, dict):
-        raise ProgressError("progress.json: must be a JSON object")
-    outcome = doc.get("outcome")
-    if outcome not in OUTCOMES:
-        raise ProgressError(f"progress.json: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
-    return Progress(
-        attempt=str(doc.get("attempt", "")), outcome=outcome, message=str(doc.get("message", "")),
-        spent=_money(doc, "spentUSD"), reserved=_money(doc, "reservedUSD"),
-        samples={k: int(v) for k, v in (doc.get("samples") or {}).items()},
-        tokens={k: int(v) for k, v in (doc.get("tokens") or {}).items()},
-        tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", "generate")),
-        run_id=str(doc.get("runId") or ""),
-    )
 
 
 ChildState = Literal["Queued", "Pending", "Running", "Succeeded", "Failed", "Stopped"]
@@ -325,7 +281,7 @@ def reconcile(obs: Observation) -> Decision:
     spent = obs.progress.spent if obs.progress else Decimal(str(st.get("spentUSD") or "0"))
     was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
 
-    if outcome == "Done":
+    if outcome == Outcome.DONE:
         phase = _after_generation(p, obs, was_suspended)
         return Decision(p.actions, p.status(phase, attempt), p.suspended_reason)
 

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# repository tooling (hack/derived.py, hack/specdoc.py) is not installed; tests import it from there
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
+
 S3_ACCESS_KEY = "eyrietestaccess"
 S3_SECRET_KEY = "eyrie-test-s3-secret-9f8e7d6c5b4a"
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyrie.jobs import records
+from eyrie.jobs.contract import layout
 from eyrie.jobs.spec import DatasetGenerationSpec, parse_spec
 from eyrie.jobs.store import Store
 
@@ -41,12 +41,12 @@ def random_rows(shard: int, n: int, vocab: int, seed: int, min_len: int = 3, max
         t = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
         ids = torch.randint(0, vocab, (t,), generator=g).tolist()
         cut = t // 2
-        rows.append((records.sample_id(f"src{shard}", i, ids), ids, [0] * cut + [1] * (t - cut)))
+        rows.append((layout.sample_id(f"src{shard}", i, ids), ids, [0] * cut + [1] * (t - cut)))
     return rows
 
 
 def put_samples(store: Store, shard: int, rows: Sequence[tuple[str, list[int], list[int]]]) -> None:
-    store.put(records.samples_key(shard), samples_parquet(rows))
+    store.put(layout.samples_key(shard), samples_parquet(rows))
 
 
 def make_spec(output: str, model: str | Path, **extraction: Any) -> DatasetGenerationSpec:

@@ -26,8 +26,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import S3Server, start_seaweedfs, stop_pid
 
-from eyrie.jobs import records
-from eyrie.jobs.generate import GenerationResult, run_generation
+from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.generate.driver import GenerationResult, run_generation
+from eyrie.jobs.pipeline import provider
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import Store, open_output, open_store
 
@@ -90,7 +92,9 @@ def run_inline(spec_path: Path, monkeypatch: Any) -> tuple[GenerationResult, Sto
     monkeypatch.setenv("EYRIE_API_KEY", API_KEY)
     dg = load_spec(spec_path)
     store = open_output(dg.spec)
-    return run_generation(dg, store, f"fault-{time.time_ns()}", inline=True), store
+    with provider(dg.spec) as base_url:
+        ctx = RunContext(attempt=f"fault-{time.time_ns()}", api_key=API_KEY)
+        return run_generation(dg, store, ctx, base_url, inline=True), store
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -101,7 +105,7 @@ def persisted(store: Store) -> list[dict]:
 
 
 def progress(store: Store) -> dict:
-    return json.loads(store.get(records.PROGRESS))
+    return json.loads(store.get(layout.PROGRESS))
 
 
 def assert_exactly_once(recs: list[dict], rows: range | list[int]) -> dict[int, dict]:

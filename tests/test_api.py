@@ -17,20 +17,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from eyrie.jobs.api import (
-    ApiUnreachable,
-    AuthError,
-    ChatClient,
-    InsufficientCredits,
-    RequestFailed,
-    SSEAccumulator,
-    TokenBucket,
-    _Retry,
-    backoff_delay,
-    is_loopback,
-    parse_completion,
-    parse_retry_after,
-)
+from eyrie.jobs.api import ApiUnreachable, AuthError, ChatClient, InsufficientCredits, RequestFailed
+from eyrie.jobs.api.errors import _Retry
+from eyrie.jobs.api.limits import TokenBucket, backoff_delay, is_loopback, parse_retry_after
+from eyrie.jobs.api.sse import SSEAccumulator, parse_completion
 from eyrie.jobs.simulator import SimulatorServer
 
 KEY = "sk-or-v1-eyrie-test-secret-0123456789abcdef"

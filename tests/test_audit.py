@@ -11,12 +11,16 @@ from pathlib import Path
 
 import yaml
 
-from eyrie.jobs import records, tools
-from eyrie.jobs.audit import pick_prompts, run_audit
+from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.generate.audit import pick_prompts, run_audit
+from eyrie.jobs.generate.requests import build_body
+from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, make_answer
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import open_store
-from eyrie.jobs.worker import build_body
+from eyrie.jobs.tools import declarations
+from eyrie.jobs.tools.leaks import scan_leaks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,10 +43,10 @@ def expected(dg, picked, mode: str) -> dict:
     cfg = SimulatorConfig()
     called = leaks = 0
     for _sid, prompt in picked:
-        prepared = tools.prepare_prompt(prompt, mode)
+        prepared = declarations.prepare_prompt(prompt, mode)
         ans = make_answer(build_body(dg.spec, prepared.messages, prepared.tools), cfg)
         called += bool(ans.tool_calls)
-        leaks += bool(tools.scan_leaks(ans.content) or tools.scan_leaks(ans.reasoning))
+        leaks += bool(scan_leaks(ans.content) or scan_leaks(ans.reasoning))
     return {"called": called, "leaks": leaks}
 
 
@@ -52,7 +56,8 @@ def test_audit_table_matches_what_the_simulator_did(tmp_path):
     picked = pick_prompts(dg, 20)
     assert len(picked) == 20  # 8 glaive rows declare functions, then openai rows with tools
     assert [p.source for _, p in picked[:8]] == ["glaive"] * 8
-    doc = run_audit(dg, 20)
+    with provider(dg.spec) as url:
+        doc = run_audit(dg, 20, RunContext("audit-test"), url)
     m = doc["modes"]
     for mode in ("text", "structured"):
         exp = expected(dg, picked, mode)
@@ -63,7 +68,7 @@ def test_audit_table_matches_what_the_simulator_did(tmp_path):
     assert m["structured"]["leaks"] == 0 and m["structured"]["callRate"] > m["text"]["callRate"]
     assert m["text"]["leaks"] > 0
     assert m["difference"]["callRate"] == round(m["structured"]["callRate"] - m["text"]["callRate"], 6)
-    stored = json.loads(open_store(dg.spec.output.uri).get(records.AUDIT))
+    stored = json.loads(open_store(dg.spec.output.uri).get(layout.AUDIT))
     assert stored["spentUSD"] == doc["spentUSD"]
     assert Decimal(doc["spentUSD"]) == Decimal(m["text"]["costUSD"]) + Decimal(m["structured"]["costUSD"])
     assert stored["sampleIds"] == [sid for sid, _ in picked]
@@ -72,13 +77,14 @@ def test_audit_table_matches_what_the_simulator_did(tmp_path):
 def test_audit_spend_counts_against_the_run_budget(tmp_path):
     path = spec_file(tmp_path)
     dg = load_spec(path)
-    doc = run_audit(dg, 10)
+    with provider(dg.spec) as url:
+        doc = run_audit(dg, 10, RunContext("audit-test"), url)
     audit_spent = Decimal(doc["spentUSD"])
     env = {**os.environ, "EYRIE_NO_RAY": "1"}
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
-    prog = json.loads(open_store(dg.spec.output.uri).get(records.PROGRESS))
+    prog = json.loads(open_store(dg.spec.output.uri).get(layout.PROGRESS))
     recs = list(records.iter_records(open_store(dg.spec.output.uri)))
     assert Decimal(prog["auditUSD"]) == audit_spent
     assert Decimal(prog["spentUSD"]) == audit_spent + sum(Decimal(x["costUSD"]) for x in recs)

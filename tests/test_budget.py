@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eyrie.jobs.budget import (
+from eyrie.jobs.generate.budget import (
     AsyncLedger,
     Ledger,
     Pricing,
@@ -123,9 +123,9 @@ def test_concurrent_workers_share_one_cap(seed, cap):
 
 
 def test_prompt_token_bounds_with_and_without_the_target_tokenizer():
-    from eyrie.jobs.chat.tokenizers import load_tokenizer
+    from eyrie.jobs.generate.requests import estimate_prompt_tokens
+    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
     from eyrie.jobs.spec import TargetSpec
-    from eyrie.jobs.worker import estimate_prompt_tokens
 
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "Explain photosynthesis in three sentences, 日本語も少し。"}]

@@ -11,12 +11,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import derived  # hack/derived.py
 import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 
-from eyrie.jobs import derived
 from eyrie.jobs.crd import crd_yaml
 from eyrie.operator.main import parse_args
 from eyrie.operator.rbac import RULES

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 sys.path.insert(0, str(Path(__file__).parent))
 from extract_helpers import make_spec, put_samples, random_rows, reference
 
-from eyrie.jobs import records
+from eyrie.jobs.contract import layout
 from eyrie.jobs.extract import HiddenReader, SampleNotFound, ShardError, read_sample
 from eyrie.jobs.extract.codec import E4M3_MAX, Layout
 from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model
@@ -269,7 +269,7 @@ def test_a_model_whose_vocabulary_is_too_small_is_an_error(tmp_path, tiny, backe
 def test_explicit_out_of_range_layer_fails_before_writing(tmp_path, tiny, backend):
     with pytest.raises(LayerError, match="layer id 7 is out of range for a model with 4"):
         _run(tmp_path, tiny, backend=backend, layers=[1, 2, 7])
-    assert open_store(f"file://{tmp_path}/out").list(records.HIDDEN) == []
+    assert open_store(f"file://{tmp_path}/out").list(layout.HIDDEN) == []
 
 
 def test_missing_or_corrupt_shards_and_unknown_ids_are_named(tmp_path, tiny, backend):
@@ -291,7 +291,7 @@ def test_missing_or_corrupt_shards_and_unknown_ids_are_named(tmp_path, tiny, bac
     plan = make_plan(make_spec(out, tiny, dtype="float32"), backend)
     with pytest.raises(ShardError, match=r"samples/shard-00009\.parquet: samples shard is missing"):
         extract_shard(store, 9, backend, plan, 1 << 30, 1024)
-    store.put(records.samples_key(7), b"not parquet")
+    store.put(layout.samples_key(7), b"not parquet")
     with pytest.raises(ShardError, match=r"samples/shard-00007\.parquet: not a samples parquet"):
         extract_shard(store, 7, backend, plan, 1 << 30, 1024)
 
@@ -314,7 +314,7 @@ def test_index_count_split_covers_every_shard_once(tmp_path, tiny, backend):
     merged = summarize(store)
     assert merged is not None and [s.shard for s in merged.shards] == [0, 1, 2, 3, 4]
     assert merged.samples == 10
-    assert sorted(store.list(records.HIDDEN))[-3:] == [
+    assert sorted(store.list(layout.HIDDEN))[-3:] == [
         "hidden/summary-00000-of-00003.json", "hidden/summary-00001-of-00003.json",
         "hidden/summary-00002-of-00003.json"]
 
@@ -356,7 +356,7 @@ def test_resume_after_the_extractor_is_killed_mid_shard(tmp_path, tiny, ref_mode
         proc.wait(30)
     assert seen == [part_key(0, 0), part_key(0, 1)]
     assert not store.exists(index_key(0))
-    kept = {k: os.stat(tmp_path / "out" / k).st_ino for k in store.list(records.HIDDEN)}
+    kept = {k: os.stat(tmp_path / "out" / k).st_ino for k in store.list(layout.HIDDEN)}
     assert part_key(0, 0) in kept
 
     summary = run_extraction(make_spec(out, tiny, dtype="float32", shardBytes=1 << 16, maxTokensPerBatch=1), store)

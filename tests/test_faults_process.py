@@ -39,7 +39,7 @@ from fault_helpers import (
     write_spec,
 )
 
-from eyrie.jobs.coordinator import COMMIT_SHARE
+from eyrie.jobs.generate.coordinator import COMMIT_SHARE
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
 

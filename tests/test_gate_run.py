@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from eyrie.jobs import records
+from eyrie.jobs.contract import layout, records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
 
@@ -52,7 +52,7 @@ def test_text_declared_tools_trip_the_gate_within_canary_plus_concurrency(tmp_pa
         r, out = run(tmp_path, sim.base_url, "text", concurrency=4)
         completed = sim.stats()["completed"]
     assert r.returncode == 4, r.stderr
-    prog = json.loads(open_store(out).get(records.PROGRESS))
+    prog = json.loads(open_store(out).get(layout.PROGRESS))
     assert prog["outcome"] == "ToolSemanticsDrift"
     assert "below minToolCallRate 0.50" in prog["message"] or "above maxLeakRate" in prog["message"]
     assert 20 <= completed <= 20 + 4
@@ -64,7 +64,7 @@ def test_structured_tools_pass_the_gate(tmp_path):
         r, out = run(tmp_path, sim.base_url, "structured", concurrency=4)
         completed = sim.stats()["completed"]
     assert r.returncode == 0, r.stderr
-    prog = json.loads(open_store(out).get(records.PROGRESS))
+    prog = json.loads(open_store(out).get(layout.PROGRESS))
     assert prog["outcome"] == "Done" and completed == 120
     assert prog["tools"]["declaredPrompts"] == 120 and prog["tools"]["leaks"] == 0
     assert prog["tools"]["callRate"] > 0.8

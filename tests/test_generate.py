@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from eyrie.jobs import records
+from eyrie.jobs.contract import layout, records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
 
@@ -37,8 +37,8 @@ def write_prompts(path: Path, n: int, tools_every: int = 3) -> Path:
 
 def largest_reservation(prompts: Path, max_tokens: int) -> Decimal:
     """The worst case eyrie reserves for the largest of these prompts."""
-    from eyrie.jobs.budget import Pricing, worst_case
-    from eyrie.jobs.worker import estimate_prompt_tokens
+    from eyrie.jobs.generate.budget import Pricing, worst_case
+    from eyrie.jobs.generate.requests import estimate_prompt_tokens
 
     pricing = Pricing(Decimal(PRICING["inputPerMillion"]), Decimal(PRICING["outputPerMillion"]))
     rows = [json.loads(line) for line in prompts.read_text().splitlines()]
@@ -84,7 +84,7 @@ def persisted(store_uri: str) -> list[dict]:
 
 
 def progress(store_uri: str) -> dict:
-    return json.loads(open_store(store_uri).get(records.PROGRESS))
+    return json.loads(open_store(store_uri).get(layout.PROGRESS))
 
 
 def test_local_ray_run_persists_every_prompt_once_and_spend_matches_the_provider(tmp_path):
@@ -103,7 +103,7 @@ def test_local_ray_run_persists_every_prompt_once_and_spend_matches_the_provider
     assert {x["row"] for x in recs} == set(range(30))
     # parts land in the shard their ids hash to
     for s, _p, key in records.list_parts(open_store(out)):
-        assert all(records.shard_of(x["sample_id"], 3) == s for x in records.decode_part(open_store(out).get(key)))
+        assert all(layout.shard_of(x["sample_id"], 3) == s for x in records.decode_part(open_store(out).get(key)))
     prog = progress(out)
     assert prog["outcome"] == "Done" and prog["samples"] == {"total": 30, "done": 30, "dropped": 0, "failed": 0}
     assert Decimal(prog["spentUSD"]) == Decimal(stats["billedUSD"]) == sum(Decimal(x["costUSD"]) for x in recs)
@@ -193,7 +193,7 @@ def test_s3_output_keeps_secrets_out_of_every_byte(tmp_path, s3_bucket, s3_env):
     assert r.returncode == 0, r.stderr
     store = open_store(out)
     keys = store.list()
-    assert records.PROGRESS in keys and len(persisted(out)) == 12
+    assert layout.PROGRESS in keys and len(persisted(out)) == 12
     blobs = [r.stdout, r.stderr] + [store.get(k) for k in keys]
     for k in keys:
         if k.endswith(".gz"):

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from eyrie.jobs.chat.formats import ChatFormat, Rendering, Turn, resolve_format
-from eyrie.jobs.chat.tokenizers import LoadedTokenizer, TiktokenBackend, load_tokenizer
-from eyrie.jobs.reconstruct import Excluded, Reconstructor, Sample
+from eyrie.jobs.reconstruct.base import ChatFormat, Rendering, Turn
+from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
+from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, TiktokenBackend, load_tokenizer
 from eyrie.jobs.spec import TargetSpec
 
 KIMI = Path(__file__).parent / "data" / "kimi_synthetic"

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from eyrie.jobs import records
-from eyrie.jobs.chat.formats import resolve_format
-from eyrie.jobs.chat.tokenizers import clear_cache, load_tokenizer
-from eyrie.jobs.reconstruct import Reconstructor
-from eyrie.jobs.samples import SCHEMA, build_samples
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.reconstructor import Reconstructor
+from eyrie.jobs.reconstruct.samples import SCHEMA, build_samples
+from eyrie.jobs.reconstruct.tokenizers import clear_cache, load_tokenizer
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import FileStore
 
@@ -22,7 +22,7 @@ KIMI = Path(__file__).parent / "data" / "kimi_synthetic"
 
 
 def read_samples(store: FileStore, shard: int) -> pa.Table:
-    return pq.read_table(io.BytesIO(store.get(records.samples_key(shard))))
+    return pq.read_table(io.BytesIO(store.get(layout.samples_key(shard))))
 
 
 def record(sid: str, content: str | None = "Hello", *, status: str = "ok", policy: str = "keep",
@@ -46,16 +46,16 @@ def spec(tmp_path) -> DatasetGenerationSpec:
 def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, tmp_path):
     store = FileStore(tmp_path / "out")
     a, d, e = record("r1", completion_tokens=13), record("r4", policy="flag"), record("r6", "Bye 👋")
-    store.put(records.part_key(0, 0), records.encode_part([a, record("r2", status="failed"),
+    store.put(layout.part_key(0, 0), records.encode_part([a, record("r2", status="failed"),
                                                            record("r3", policy="drop")]))
-    store.put(records.part_key(0, 1), records.encode_part([d, record("r1")]))  # r1 again: a duplicate
-    store.put(records.part_key(2, 0), records.encode_part([
+    store.put(layout.part_key(0, 1), records.encode_part([d, record("r1")]))  # r1 again: a duplicate
+    store.put(layout.part_key(2, 0), records.encode_part([
         e, record("r7", messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"}])]))
-    store.put(records.samples_key(7), b"stale")  # a shard with no records any more
+    store.put(layout.samples_key(7), b"stale")  # a shard with no records any more
 
     summary = build_samples(spec, store)
 
-    assert sorted(store.list(records.SAMPLES)) == [records.samples_key(0), records.samples_key(2)]
+    assert sorted(store.list(layout.SAMPLES)) == [layout.samples_key(0), layout.samples_key(2)]
     tok = load_tokenizer(spec.target)
     rebuild = Reconstructor(resolve_format("kimi-k2.5", tok), tok)
     expected = {sid: rebuild(r) for sid, r in (("r1", a), ("r4", d), ("r6", e))}
@@ -88,17 +88,17 @@ def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, 
     assert got["promptTokenGap"]["count"] == 1 and got["promptTokenGap"]["min"] == expected["r1"].n_prompt - 40
     assert [(x["sampleId"], x["reason"]) for x in got["excludedExamples"]] == [
         ("r2", "status_failed"), ("r3", "policy_drop"), ("r1", "duplicate"), ("r7", "template_error")]
-    assert got["files"] == [records.samples_key(0), records.samples_key(2)]
+    assert got["files"] == [layout.samples_key(0), layout.samples_key(2)]
 
 
 def test_build_samples_is_idempotent_and_writes_empty_shards(spec, tmp_path):
     store = FileStore(tmp_path / "out")
-    store.put(records.part_key(0, 0), records.encode_part([record("r1"), record("r2", "Yo")]))
-    store.put(records.part_key(1, 0), records.encode_part([record("r3", status="rejected")]))
+    store.put(layout.part_key(0, 0), records.encode_part([record("r1"), record("r2", "Yo")]))
+    store.put(layout.part_key(1, 0), records.encode_part([record("r3", status="rejected")]))
     first = build_samples(spec, store)
-    bytes0 = store.get(records.samples_key(0))
+    bytes0 = store.get(layout.samples_key(0))
     again = build_samples(spec, store)
-    assert store.get(records.samples_key(0)) == bytes0
+    assert store.get(layout.samples_key(0)) == bytes0
     assert first.to_manifest() == again.to_manifest()
     empty = read_samples(store, 1)
     assert empty.num_rows == 0 and empty.schema == SCHEMA
@@ -106,23 +106,23 @@ def test_build_samples_is_idempotent_and_writes_empty_shards(spec, tmp_path):
 
 
 def test_build_samples_fails_before_writing_when_the_format_cannot_be_used(spec, tmp_path):
-    from eyrie.jobs.chat.tokenizers import TokenizerError
+    from eyrie.jobs.reconstruct.tokenizers import TokenizerError
 
     store = FileStore(tmp_path / "out")
-    store.put(records.part_key(0, 0), records.encode_part([record("r1")]))
+    store.put(layout.part_key(0, 0), records.encode_part([record("r1")]))
     bad = spec.model_copy(update={"target": spec.target.model_copy(update={"chat_format": "deepseek-v4"})})
     with pytest.raises(TokenizerError, match=r"chatFormat deepseek-v4: marker"):
         build_samples(bad, store)
-    assert store.list(records.SAMPLES) == []
+    assert store.list(layout.SAMPLES) == []
 
 
 def test_build_samples_streams_row_groups(spec, tmp_path, monkeypatch):
-    from eyrie.jobs import samples
+    from eyrie.jobs.reconstruct import samples
 
     monkeypatch.setattr(samples, "ROW_GROUP", 2)
     store = FileStore(tmp_path / "out")
-    store.put(records.part_key(0, 0), records.encode_part([record(f"r{i}", f"answer {i}") for i in range(1, 6)]))
+    store.put(layout.part_key(0, 0), records.encode_part([record(f"r{i}", f"answer {i}") for i in range(1, 6)]))
     build_samples(spec, store)
-    meta = pq.ParquetFile(io.BytesIO(store.get(records.samples_key(0)))).metadata
+    meta = pq.ParquetFile(io.BytesIO(store.get(layout.samples_key(0)))).metadata
     assert (meta.num_row_groups, meta.num_rows) == (3, 5)
     assert read_samples(store, 0).column("sample_id").to_pylist() == ["r1", "r2", "r3", "r4", "r5"]

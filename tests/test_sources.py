@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from eyrie.jobs.contract import layout
 from eyrie.jobs.sources import BadRow, Prompt, SourceError, check_source, iter_source
 from eyrie.jobs.spec import SourceSpec
 from eyrie.jobs.store import open_store
@@ -49,7 +50,7 @@ def test_openai_prompt_ends_at_the_last_user_turn(tmp_path):
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Weather in Oslo?"}],
         [{"type": "function", "function": {"name": "w"}}], "openai")
-    assert p.content() == {"messages": p.messages, "tools": p.tools}
+    assert p.sample_id() == layout.sample_id(p.source, p.row, {"messages": p.messages, "tools": p.tools})
 
 
 def test_sharegpt_roles_system_and_tools_fields(tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from eyrie.jobs.chat import kimi
-from eyrie.jobs.chat.formats import resolve_format
-from eyrie.jobs.chat.tokenizers import (
+from eyrie.jobs.reconstruct import kimi_facts as kimi
+from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.tokenizers import (
     TokenizerError,
     bundled_tokenizer_path,
     check_tokenizer,

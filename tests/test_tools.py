@@ -9,23 +9,21 @@ import orjson
 import pytest
 
 from eyrie.jobs.sources import Prompt
-from eyrie.jobs.tools import (
+from eyrie.jobs.tools.checks import ResponseCheck, check_response, policy
+from eyrie.jobs.tools.declarations import (
     EMPTY_PARAMETERS,
     TEXT_PREAMBLE,
     DeclarationError,
     Prepared,
     Rejected,
-    ResponseCheck,
     ToolLimits,
-    ToolValidator,
-    check_response,
     normalize_tools,
     parse_text_declarations,
-    policy,
     prepare_prompt,
     render_text_declarations,
-    scan_leaks,
 )
+from eyrie.jobs.tools.leaks import scan_leaks
+from eyrie.jobs.tools.validation import ToolValidator
 
 GLAIVE_HEAD = "You are a helpful assistant with access to the following functions. Use them if required -\n"
 NEWS = {"name": "get_news_headlines", "description": "Get the latest news headlines",

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from eyrie.jobs.gate import ToolGate, summarize_mode
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
 from eyrie.jobs.spec import GateSpec, SourceSpec
-from eyrie.jobs.tools import Prepared, Rejected, check_response, policy, prepare_prompt
+from eyrie.jobs.tools.checks import check_response, policy
+from eyrie.jobs.tools.declarations import Prepared, Rejected, prepare_prompt
+from eyrie.jobs.tools.gate import ToolGate, summarize_mode
 
 CORPUS = Path(__file__).parent / "data" / "tools"
 SOURCES = [("glaive", "glaive"), ("hermes", "sharegpt"), ("xlam", "openai")]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from eyrie.jobs.gate import DriftStop, ToolGate, summarize_mode
 from eyrie.jobs.spec import GateSpec
-from eyrie.jobs.tools import CallVerdict, ResponseCheck
+from eyrie.jobs.tools.checks import ResponseCheck
+from eyrie.jobs.tools.gate import DriftStop, ToolGate, summarize_mode
+from eyrie.jobs.tools.validation import CallVerdict
 
 GOOD = (True, True, 0, 1, False)  # declared, called, invalid_calls, calls, leaked
 SILENT = (True, False, 0, 0, False)  # a tool prompt answered without a call

@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.layers import LayerError, ModelFacts, model_facts
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(EyrieError, RuntimeError):
     """The extraction model cannot be loaded; the message names the path."""
 
 

@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from eyrie.jobs.errors import EyrieError
+
 EAGLE3_CONVENTION = (
     "eagle3: aux = inputs of decoder layers {ids} (HF output_hidden_states indices; SGLang "
     "layers_to_capture; SpecForge aux_hidden_states_layers + 1), default 2, L//2, L-3; "
@@ -42,7 +44,7 @@ _VOLATILE_CONFIG_KEYS = {"transformers_version", "_name_or_path", "_commit_hash"
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
 
 
-class LayerError(ValueError):
+class LayerError(EyrieError, ValueError):
     """`extraction.layers` cannot be used with this model; the message names the layer id."""
 
 

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyrie.jobs import records
+from eyrie.jobs.contract.extraction import ExtractionError, ExtractionSummary, ShardResult, summarize
+from eyrie.jobs.contract.layout import SAMPLES, parse_samples_key, samples_key, summary_key
 from eyrie.jobs.extract import codec
 from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, resolve_layers
 from eyrie.jobs.extract.shards import (
@@ -33,7 +34,6 @@ from eyrie.jobs.extract.shards import (
     encode_index,
     encode_part,
     index_key,
-    list_indexes,
     load_index,
     parse_header,
     part_entries,
@@ -41,12 +41,10 @@ from eyrie.jobs.extract.shards import (
     plan_parts,
     read_header,
 )
-from eyrie.jobs.extract.summary import ExtractionError, ExtractionSummary, ShardResult, summarize
 from eyrie.jobs.store import NotFound, Store
 
 log = logging.getLogger("eyrie.extract")
 
-SAMPLES_RE_PREFIX = f"{records.SAMPLES}/shard-"
 
 
 class VocabMismatch(ExtractionError):
@@ -138,7 +136,7 @@ def screen(rows: Sequence[SampleRow], facts: ModelFacts) -> tuple[list[SampleRow
 
 def read_samples(store: Store, shard: int) -> list[SampleRow]:
     """Rows of samples/shard-N.parquet, ids and masks as numpy views (no per-token Python objects)."""
-    key = records.samples_key(shard)
+    key = samples_key(shard)
     try:
         data = store.get(key)
     except NotFound:
@@ -161,15 +159,8 @@ def read_samples(store: Store, shard: int) -> list[SampleRow]:
 
 
 def list_sample_shards(store: Store) -> list[int]:
-    out = []
-    for key in store.list(records.SAMPLES):
-        name = key.removeprefix(SAMPLES_RE_PREFIX)
-        if key.startswith(SAMPLES_RE_PREFIX) and name.endswith(".parquet") and name[:-8].isdigit():
-            out.append(int(name[:-8]))
-    return sorted(out)
+    return sorted(s for key in store.list(SAMPLES) if (s := parse_samples_key(key)) is not None)
 
-
-# ------------------------------------------------------------------------------------ summary
 
 
 # ------------------------------------------------------------------------------------ the stage
@@ -240,7 +231,7 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
     oov = [s for s in skipped if s.reason == "token_out_of_vocab"]
     if oov and len(oov) * 2 > len(rows):
         raise VocabMismatch(
-            f"{store.url(records.samples_key(shard))}: {len(oov)} of {len(rows)} samples use token ids "
+            f"{store.url(samples_key(shard))}: {len(oov)} of {len(rows)} samples use token ids "
             f"outside the model's vocabulary of {backend.facts.vocab_size} (e.g. sample {oov[0].sample_id}: "
             f"{oov[0].detail}); extraction.model does not match target.tokenizer")
     layout = plan.layout
@@ -269,8 +260,8 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
                 if json.loads(header["__metadata__"]["sample_ids"]) != sids:
                     raise ShardError(
                         f"{store.url(key)}: holds other samples than this run plans (did "
-                        f"{records.samples_key(shard)} change?); delete "
-                        f"{records.HIDDEN}/shard-{shard:05d}-* to extract the shard again")
+                        f"{samples_key(shard)} change?); delete "
+                        f"{layout.HIDDEN}/shard-{shard:05d}-* to extract the shard again")
                 size = store.size(key)
                 files.append((key, size))
                 entries.update(part_entries(header, start, file_no, layout, size, store.url(key)))
@@ -335,8 +326,8 @@ TINY_VOCAB = 163_840  # covers DeepSeek-V4 (~129k) and Kimi (163,840) token ids
 def builtin_model(name: str) -> str:
     """`builtin:tiny-llama`: a random-weight 4-layer Llama built once into the cache (no download).
     For the quickstart and demos only: its hidden states mean nothing."""
-    from eyrie.jobs.chat.tokenizers import cache_root
     from eyrie.jobs.extract.hf_backend import build_tiny_model
+    from eyrie.jobs.reconstruct.tokenizers import cache_root
 
     if name != BUILTIN_TINY:
         raise ExtractionError(f"extraction.model {name!r}: unknown builtin model; known: {BUILTIN_TINY}")
@@ -402,14 +393,9 @@ def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, back
     finally:
         if own:
             be.close()
-    store.put(records.summary_key(index, count), json.dumps(summary.to_manifest(), indent=1).encode())
+    store.put(summary_key(index, count), json.dumps(summary.to_manifest(), indent=1).encode())
     return summary
 
 
-def completed_shards(store: Store) -> list[int]:
-    """Input shards whose index exists (what the operator reports as shardsDone)."""
-    return [s for s, _ in list_indexes(store)]
-
-
 __all__ = ["ExtractionError", "ExtractionSummary", "ShardResult", "VocabMismatch", "assign_shards",
-           "batches_by_length", "completed_shards", "run_extraction", "summarize"]
+           "batches_by_length", "run_extraction", "summarize"]

@@ -54,7 +54,7 @@ import safetensors.torch
 import torch
 
 from eyrie.jobs.extract.layers import ModelFacts, model_facts, spool_bytes
-from eyrie.jobs.extract.summary import ExtractionError
+from eyrie.jobs.contract.extraction import ExtractionError
 
 SGLANG_VERSION = "0.5.23"
 CAPTURE_ENV = "EYRIE_SGLANG_CAPTURE"

@@ -27,8 +27,9 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from eyrie.jobs.contract.layout import HIDDEN
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.codec import Layout, decode
-from eyrie.jobs.records import HIDDEN
 from eyrie.jobs.store import NotFound, Store, open_store
 
 PART_FORMAT = "eyrie-hidden/1"
@@ -42,7 +43,7 @@ _ST_DTYPES: dict[str, torch.dtype] = {
 }
 
 
-class ShardError(RuntimeError):
+class ShardError(EyrieError, RuntimeError):
     """A hidden shard or its index is missing, truncated or inconsistent; the message names the key."""
 
 

@@ -271,8 +271,8 @@ def dump_yaml(path: Path, doc: dict[str, Any]) -> Path:
 def write_pod_summary(out: Path, index: int, count: int, shard: int, samples: int, tokens: int,
                       nbytes: int) -> None:
     """What an extraction pod writes when its share is done (the real ExtractionSummary format)."""
-    from eyrie.jobs.extract.summary import ExtractionSummary, ShardResult
-    from eyrie.jobs.records import summary_key
+    from eyrie.jobs.contract.extraction import ExtractionSummary, ShardResult
+    from eyrie.jobs.contract.layout import summary_key
     from eyrie.jobs.store import open_store
 
     summary = ExtractionSummary(

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from eyrie.jobs import records
+from eyrie.jobs.contract import layout, records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
@@ -86,7 +86,7 @@ def test_apply_runs_generation_to_succeeded_with_a_manifest(cluster, operator, p
     assert Decimal(st["spentUSD"]) == billed > 0
     cond = condition(cluster, "run1", "Succeeded")
     assert cond is not None and cond["status"] == "True" and cond["observedGeneration"] == 1
-    manifest = json.loads(store_of(s3_env, s3_bucket).get(records.MANIFEST))
+    manifest = json.loads(store_of(s3_env, s3_bucket).get(layout.MANIFEST))
     assert manifest["attempt"] == "1" and manifest["samples"]["done"] == 12
     assert [e["reason"] for e in cluster.events(NS, "run1")] == ["Succeeded"]
     # the API key never reached the spec the job reads, nor the status
@@ -145,7 +145,7 @@ def test_user_suspend_stops_the_job_and_resume_continues_from_the_checkpoint(
         wait_for("some samples done", lambda: (status_of(cluster, "pause").get("samples") or {}).get("done", 0) >= 4)
         cluster.patch(DSG, NS, "pause", {"spec": {"suspend": True}})
         rc = player.on_deleted_sigterm("pause-gen-1")  # graceful stop, then the RayJob is torn down
-        assert rc != 0 or json.loads(store_of(s3_env, s3_bucket).get(records.PROGRESS))["outcome"] != "Done"
+        assert rc != 0 or json.loads(store_of(s3_env, s3_bucket).get(layout.PROGRESS))["outcome"] != "Done"
         wait_for("Suspended", phase_is(cluster, "pause", "Suspended"))
         cond = condition(cluster, "pause", "Suspended")
         assert (cond["status"], cond["reason"]) == ("True", "SuspendedByUser")
@@ -191,7 +191,7 @@ def test_operator_killed_mid_run_restarts_without_duplicates_or_lost_status(
 def write_progress(out: Path, attempt: str, outcome: str, done: int, spent: str, message: str = "",
                    stage: str = "generate") -> None:
     """What the generation job writes (DESIGN §3), for scenarios the simulator cannot stage quickly."""
-    open_store(f"file://{out}").put(records.PROGRESS, json.dumps({
+    open_store(f"file://{out}").put(layout.PROGRESS, json.dumps({
         "attempt": attempt, "outcome": outcome, "message": message, "spentUSD": spent, "reservedUSD": "0",
         "maxUSD": "5", "samples": {"total": 100, "done": done, "dropped": 0, "failed": 0},
         "tokens": {"input": 10 * done, "output": 20 * done}, "stage": stage,
@@ -253,7 +253,7 @@ def test_kueue_admission_extraction_and_completion(cluster, operator, player, tm
     st = status_of(cluster, "kq")
     assert st["outputManifest"] == f"file://{out}/manifest.json"
     assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2, "bytes": 2000}
-    manifest = json.loads(store.get(records.MANIFEST))
+    manifest = json.loads(store.get(layout.MANIFEST))
     assert manifest["extraction"]["samples"] == 100 and manifest["extraction"]["pods"] == 2
     assert cluster.get(JOBS, NS, "kq-extract")["spec"]["suspend"] is False
     metrics = operator.metrics()
@@ -365,7 +365,7 @@ def test_real_pipeline_generation_samples_then_indexed_extraction_to_succeeded(
         assert codes == [0, 0], [player.log(f"full-extract-{i}") for i in range(2)]
         wait_for("Succeeded", phase_is(cluster, "full", "Succeeded"), timeout=20)
     st = status_of(cluster, "full")
-    manifest = json.loads(store_of(s3_env, s3_bucket).get(records.MANIFEST))
+    manifest = json.loads(store_of(s3_env, s3_bucket).get(layout.MANIFEST))
     assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2, "bytes": manifest["extraction"]["bytes"]}
     assert manifest["extraction"]["bytes"] > 0
     assert manifest["extraction"]["pods"] == 2

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from eyrie.jobs.records import summary_key
+from eyrie.jobs.contract.layout import summary_key
 from eyrie.operator.handlers import _job_child, _neighbour_attempts, _rayjob_child
 
 

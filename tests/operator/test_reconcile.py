@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from eyrie.jobs.contract.progress import ProgressError, parse_progress
 from eyrie.jobs.spec import parse_spec
 from eyrie.operator import children, conditions
 from eyrie.operator.reconcile import (
@@ -18,8 +19,6 @@ from eyrie.operator.reconcile import (
     GenerationChild,
     Observation,
     Progress,
-    ProgressError,
-    parse_progress,
     reconcile,
 )
 

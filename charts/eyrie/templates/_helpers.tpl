@@ -33,11 +33,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .repository .tag -}}
 {{- end -}}
 
-{{/* The operator's permissions, generated from operator/rbac.py by `python -m eyrie.jobs.derived`. */}}
+{{/* The operator's permissions, generated from operator/rbac.py by `python hack/derived.py`. */}}
 {{- define "eyrie.rbacRules" -}}
 {{- $doc := .Files.Get "files/rbac.json" | fromJson -}}
 {{- if not $doc.rules -}}
-{{- fail "files/rbac.json is missing or empty: run `python -m eyrie.jobs.derived`" -}}
+{{- fail "files/rbac.json is missing or empty: run `python hack/derived.py`" -}}
 {{- end -}}
 {{- toJson $doc.rules -}}
 {{- end -}}

@@ -1,1 +1,0 @@
-"""Chat formats and tokenizer loading."""

@@ -1,0 +1,3 @@
+from eyrie.jobs.cli import main
+
+main()

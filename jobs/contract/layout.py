@@ -1,0 +1,68 @@
+"""The store layout of DESIGN §3: every key a stage writes or reads, and the sample identity.
+
+The one place that knows the store's keys: the data plane and the operator both import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+import orjson
+
+MANIFEST = "manifest.json"
+PROGRESS = "progress.json"
+AUDIT = "audit.json"
+BUDGET = "budget.json"  # the persisted upper bound of what may have been paid (see coordinator)
+GENERATIONS = "generations"
+SAMPLES = "samples"
+HIDDEN = "hidden"
+SAMPLES_SUMMARY = "samples/summary.json"  # the reconstruction summary the manifest quotes
+
+_PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
+_SAMPLES_RE = re.compile(r"^samples/shard-(\d{5})\.parquet$")
+
+
+def shard_prefix(shard: int) -> str:
+    return f"{GENERATIONS}/shard-{shard:05d}"
+
+
+def part_key(shard: int, part: int) -> str:
+    return f"{shard_prefix(shard)}/part-{part:05d}.jsonl.gz"
+
+
+def samples_key(shard: int) -> str:
+    return f"{SAMPLES}/shard-{shard:05d}.parquet"
+
+
+def summary_key(index: int, count: int) -> str:
+    """One extraction pod's summary (pod `index` of `count`)."""
+    return f"{HIDDEN}/summary-{index:05d}-of-{count:05d}.json"
+
+
+def parse_part_key(key: str) -> tuple[int, int] | None:
+    m = _PART_RE.match(key)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def parse_samples_key(key: str) -> int | None:
+    """The shard of a samples Parquet key (None for any other key)."""
+    m = _SAMPLES_RE.match(key)
+    return int(m.group(1)) if m else None
+
+
+def sample_id(source: str, row: int, prompt: Any) -> str:
+    """Stable id of one prompt: a hash of (source name, row index, prompt content)."""
+    h = hashlib.sha256()
+    h.update(source.encode())
+    h.update(b"\0")
+    h.update(str(row).encode())
+    h.update(b"\0")
+    h.update(orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS))
+    return h.hexdigest()[:32]
+
+
+def shard_of(sid: str, shards: int) -> int:
+    """Shard assignment by id: stable across reruns whatever the order rows are read in."""
+    return int(sid[:8], 16) % shards

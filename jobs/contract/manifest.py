@@ -1,0 +1,55 @@
+"""manifest.json (DESIGN §3): what a finished run holds, built from what the stages left in the store.
+
+Torch-free: `eyrie run` writes it when its last stage ends; the operator writes it when the last
+extraction pod's summary lands.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.extraction import summarize
+from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.store import NotFound, Store
+
+
+def read_json(store: Store, key: str) -> Any:
+    """A JSON document of the store, or None when it is not there."""
+    try:
+        return orjson.loads(store.get(key))
+    except NotFound:
+        return None
+
+
+def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
+    """Write manifest.json from what the stages left in the store."""
+    progress = read_progress(store) or {}
+    keys = store.list()
+    extraction = summarize(store)
+    pods = sum(1 for k in keys if k.startswith(f"{layout.HIDDEN}/summary-"))
+    manifest = {
+        "apiVersion": "eyrie.dev/v1alpha1",
+        "kind": "DatasetManifest",
+        "specHash": spec.spec_hash(),
+        "model": spec.target.model,
+        "attempt": progress.get("attempt"),
+        "spentUSD": progress.get("spentUSD"),
+        "samples": progress.get("samples"),
+        "tokens": progress.get("tokens"),
+        "tools": progress.get("tools"),
+        "reconstruction": read_json(store, layout.SAMPLES_SUMMARY),
+        "extraction": {**extraction.to_manifest(), "pods": pods} if extraction else None,
+        "files": {
+            "generations": [k for k in keys if layout.parse_part_key(k)],
+            "samples": [k for k in keys if k.startswith(f"{layout.SAMPLES}/shard-")],
+            "hidden": [k for k in keys if k.startswith(f"{layout.HIDDEN}/") and "summary-" not in k],
+        },
+        "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    store.put(layout.MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    return manifest

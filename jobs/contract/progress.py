@@ -1,0 +1,104 @@
+"""progress.json (DESIGN §3): the live state of a run, written by the data plane, read by the operator.
+
+One model for both sides: `Outcome` and `Stage` are the closed sets of strings the document holds,
+`write_progress` writes it, `parse_progress` reads it back strictly (the operator decides on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from eyrie.jobs.contract.layout import PROGRESS
+from eyrie.jobs.errors import EyrieError
+from eyrie.jobs.store import NotFound, Store
+
+STOP_GRACE_SECONDS = 120.0  # after a graceful stop request, a still-running job is ended anyway
+
+
+class Outcome(StrEnum):
+    RUNNING = "Running"
+    DONE = "Done"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
+    TOOL_SEMANTICS_DRIFT = "ToolSemanticsDrift"
+    INSUFFICIENT_CREDITS = "InsufficientCredits"
+    FAILED = "Failed"
+    STOPPED = "Stopped"  # a signal (Ray stop_job, Ctrl-C) asked the run to stop; resumable
+
+
+class Stage(StrEnum):
+    GENERATE = "generate"
+    SAMPLES = "samples"
+    EXTRACT = "extract"
+    DONE = "done"
+
+
+class ProgressError(EyrieError):
+    """progress.json exists but cannot be understood; the message names the field."""
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Progress:
+    attempt: str
+    outcome: Outcome
+    message: str = ""
+    spent: Decimal = Decimal(0)
+    reserved: Decimal = Decimal(0)
+    samples: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    tools: dict[str, Any] = field(default_factory=dict)
+    stage: str = Stage.GENERATE
+    run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
+
+
+def _money(doc: dict[str, Any], key: str) -> Decimal:
+    try:
+        return Decimal(str(doc.get(key, "0")))
+    except InvalidOperation:
+        raise ProgressError(f"progress.json: {key} {doc.get(key)!r} is not a decimal amount") from None
+
+
+def parse_progress(doc: Any) -> Progress:
+    """Read the generation job's progress document; unknown keys are ignored."""
+    if not isinstance(doc, dict):
+        raise ProgressError("progress.json: must be a JSON object")
+    try:
+        outcome = Outcome(doc.get("outcome"))
+    except ValueError:
+        raise ProgressError(f"progress.json: outcome {doc.get('outcome')!r} is not one of "
+                            f"{', '.join(Outcome)}") from None
+    return Progress(
+        attempt=str(doc.get("attempt", "")), outcome=outcome, message=str(doc.get("message", "")),
+        spent=_money(doc, "spentUSD"), reserved=_money(doc, "reservedUSD"),
+        samples={k: int(v) for k, v in (doc.get("samples") or {}).items()},
+        tokens={k: int(v) for k, v in (doc.get("tokens") or {}).items()},
+        tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", Stage.GENERATE)),
+        run_id=str(doc.get("runId") or ""),
+    )
+
+
+def read_progress(store: Store) -> dict | None:
+    """The raw document (None before the first write)."""
+    try:
+        return orjson.loads(store.get(PROGRESS))
+    except NotFound:
+        return None
+
+
+def write_progress(store: Store, snapshot: dict, attempt: str, stage: Stage, run_id: str | None = None,
+                   **extra: Any) -> dict:
+    """`run_id`: the DatasetGeneration's uid the operator passed (EYRIE_RUN_ID), so a recreated
+    object with the same output never acts on its predecessor's outcome."""
+    ids = {"runId": run_id} if run_id else {}
+    doc = {"attempt": attempt, **ids, "stage": str(stage), **snapshot, **extra, "updatedAt": now_iso()}
+    store.put(PROGRESS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    return doc

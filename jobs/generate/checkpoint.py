@@ -1,0 +1,77 @@
+"""What earlier attempts left in the store: the floor for spend, the counters, the committed bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+import orjson
+
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.progress import now_iso, read_progress
+from eyrie.jobs.generate.budget import usd
+from eyrie.jobs.generate.coordinator import Counts, Observation
+from eyrie.jobs.store import NotFound, Store
+from eyrie.jobs.tools.checks import ResponseCheck
+from eyrie.jobs.tools.gate import ToolGate
+
+
+@dataclass
+class Checkpoint:
+    """What earlier attempts left in the store: the floor for spend and the counters."""
+
+    spent: Decimal
+    counts: Counts
+    audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
+
+
+def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
+    """Scan every persisted record once; `gate` absorbs earlier answers into its cumulative metrics."""
+    counts = Counts()
+    spent = Decimal(0)
+    for rec in records.iter_records(store):
+        spent += Decimal(rec.get("costUSD") or "0")
+        usage = rec.get("usage") or {}
+        counts.add(Observation(str(rec.get("status")), policy=rec.get("policy", "keep"),
+                               input_tokens=int(usage.get("prompt_tokens") or 0),
+                               output_tokens=int(usage.get("completion_tokens") or 0)))
+        if gate is not None and rec.get("status") == "ok" and rec.get("checks"):
+            gate.absorb(ResponseCheck.from_record(rec["checks"]))
+    audit = previous_audit_spend(store)
+    prev = read_progress(store)
+    if prev and prev.get("spentUSD"):
+        # progress also counts answers that were paid but never flushed before a crash...
+        spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
+    # ...and the committed bound covers even those paid after progress was last written
+    spent = max(spent, read_committed(store) - audit)
+    return Checkpoint(spent=spent + audit, counts=counts, audit=audit)
+
+
+@dataclass(frozen=True)
+class BudgetCommitter:
+    """Writes `<output>/budget.json`; picklable (the coordinator actor opens the store itself)."""
+
+    uri: str
+    endpoint: str | None
+    region: str | None
+    attempt: str
+
+    def __call__(self, bound: Decimal) -> None:
+        from eyrie.jobs.store import open_store
+
+        doc = {"committedUSD": usd(bound), "attempt": self.attempt, "updatedAt": now_iso()}
+        open_store(self.uri, self.endpoint, None, self.region).put(layout.BUDGET, orjson.dumps(doc))
+
+
+def read_committed(store: Store) -> Decimal:
+    try:
+        return Decimal(orjson.loads(store.get(layout.BUDGET))["committedUSD"])
+    except NotFound:
+        return Decimal(0)
+
+
+def previous_audit_spend(store: Store) -> Decimal:
+    try:
+        return Decimal(orjson.loads(store.get(layout.AUDIT)).get("cumulativeSpentUSD", "0"))
+    except NotFound:
+        return Decimal(0)

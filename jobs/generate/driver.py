@@ -1,0 +1,245 @@
+"""The generation job (DESIGN §3, §4): read prompts, shard them, run shard workers, keep progress.
+
+Runs as the entrypoint of a Ray job in a cluster (RayJob or a submission: `ray.init()` joins the
+cluster it runs in) and under a local `ray.init()` for `generation.ray.mode: Local`. The driver
+owns progress.json; the run coordinator (a named Ray actor) owns the budget and stop decision;
+workers own their shards' parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from eyrie.jobs import sources
+from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract.layout import shard_of
+from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
+from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.generate.coordinator import RunCoordinator
+from eyrie.jobs.generate.preflight import preflight
+from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
+from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
+from eyrie.jobs.store import Store
+from eyrie.jobs.tools.gate import ToolGate
+
+PROGRESS_EVERY_S = 2.0
+MAX_WORKER_RESTARTS = 3
+
+
+# ----------------------------------------------------------------------------------- prompts
+
+ShardPrompts = dict[int, list[tuple[str, sources.Prompt | sources.BadRow]]]
+
+
+def load_prompts(spec: DatasetGenerationSpec) -> tuple[ShardPrompts, int]:
+    """Every prompt of every source, keyed by shard; bad rows travel too (they get a record)."""
+    shards: ShardPrompts = {i: [] for i in range(spec.generation.shards)}
+    total = 0
+    for src in spec.sources:
+        for item in sources.iter_source(src, spec.output.endpoint):
+            sid = item.sample_id()
+            shards[shard_of(sid, spec.generation.shards)].append((sid, item))
+            total += 1
+    return shards, total
+
+
+# ------------------------------------------------------------------------------------ run
+
+
+@dataclass
+class GenerationResult:
+    outcome: str
+    message: str
+    snapshot: dict
+
+
+class _Stopper:
+    """SIGTERM/SIGINT (Ray's stop_job, Ctrl-C): stop dispatching, let in-flight requests finish."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stopper:
+        self.install()
+        return self
+
+    def install(self) -> None:
+        """(Re)install the handlers: `ray.init()` replaces SIGTERM's with an immediate exit, which
+        would lose the answers in flight when Ray's stop_job signals the driver."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(ValueError):  # not the main thread: no handlers then
+                old = signal.signal(sig, self._handle)
+                self._old.setdefault(sig, old)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class _Plan:
+    """Everything a way of running the workers (inline or on Ray) needs."""
+
+    spec: DatasetGenerationSpec
+    ctx: RunContext
+    base_url: str
+    coordinator: dict[str, Any]  # RunCoordinator's keyword arguments
+    shard_prompts: ShardPrompts
+    store: Store
+    stopper: _Stopper
+    monitor: _Monitor
+
+    def worker_config(self, worker_id: str) -> WorkerConfig:
+        a, n = self.spec.api, self.spec.generation.ray.workers
+        return WorkerConfig(
+            spec_json=self.spec.model_dump_json(by_alias=True), worker_id=worker_id, attempt=self.ctx.attempt,
+            base_url=self.base_url, concurrency=max(1, a.max_concurrency // n),
+            rpm=max(1, a.requests_per_minute // n) if a.requests_per_minute else None,
+            tpm=max(1, a.tokens_per_minute // n) if a.tokens_per_minute else None)
+
+
+def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
+                   on_progress: Callable[[dict], None] | None = None) -> GenerationResult:
+    """Generate until every prompt is persisted or the run stops; returns the final snapshot.
+    `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`)."""
+    spec = dg.spec
+    with _Stopper() as stopper:
+        asyncio.run(preflight(spec, base_url, store, ctx.api_key))
+        shard_prompts, total = load_prompts(spec)
+        gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
+        ckpt = read_checkpoint(store, gate)
+        committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
+        coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
+                       "shards": sorted(shard_prompts), "gate": gate, "audit_usd": ckpt.audit, "commit": committer}
+        monitor = _Monitor(store, ctx, on_progress or (lambda s: None))
+        plan = _Plan(spec, ctx, base_url, coordinator, shard_prompts, store, stopper, monitor)
+        snapshot = _run_inline(plan) if inline else _run_ray(plan)
+    # The store is the truth: a worker lost before flushing reported answers that were never
+    # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
+    final_gate = ToolGate(spec.tools.gate)
+    final = read_checkpoint(store, final_gate)
+    snapshot["samples"] = {"total": total, "done": final.counts.done, "dropped": final.counts.dropped,
+                           "failed": final.counts.failed}
+    snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
+    snapshot["tools"] = final_gate.metrics()
+    if snapshot["outcome"] == Outcome.RUNNING:
+        c = snapshot["samples"]
+        missing = c["total"] - c["done"] - c["dropped"] - c["failed"]
+        if missing > 0:
+            snapshot["outcome"] = Outcome.FAILED
+            snapshot["message"] = f"{missing} prompts were not processed (workers lost); run again to resume"
+        else:
+            snapshot["outcome"] = Outcome.DONE
+    monitor.on_progress(snapshot)
+    write_progress(store, snapshot, ctx.attempt, Stage.GENERATE, ctx.run_id)
+    return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), snapshot)
+
+
+class _Monitor:
+    """Throttled progress.json writes plus the on_progress callback (the progress bar)."""
+
+    def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[dict], None]):
+        self.store, self.ctx, self.on_progress = store, ctx, on_progress
+        self.last = 0.0
+
+    def tick(self, snap: dict) -> None:
+        self.on_progress(snap)
+        if time.monotonic() - self.last >= PROGRESS_EVERY_S:
+            write_progress(self.store, snap, self.ctx.attempt, Stage.GENERATE, self.ctx.run_id)
+            self.last = time.monotonic()
+
+
+STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"
+
+
+def _run_inline(plan: _Plan) -> dict:
+    """Workers as tasks in this process (`--inline`, `EYRIE_NO_RAY=1`, benchmarks)."""
+
+    async def main() -> dict:
+        coord = RunCoordinator(**plan.coordinator)
+        workers = [ShardWorker(plan.worker_config(f"w{i}"), coord, plan.shard_prompts, plan.store,
+                               api_key=plan.ctx.api_key) for i in range(plan.spec.generation.ray.workers)]
+        tasks = [asyncio.create_task(w.run()) for w in workers]
+        while not all(t.done() for t in tasks):
+            await asyncio.wait(tasks, timeout=0.5)
+            if plan.stopper.requested:
+                coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
+                await coord.wake()
+            # off the loop: a store that retries (S3 down) must not stall answers in flight
+            await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
+        for t in tasks:
+            t.result()
+        await coord.settle_commit()
+        return coord.snapshot()
+
+    return run_loop(main())
+
+
+def _run_ray(plan: _Plan) -> dict:
+    import ray
+    from ray.exceptions import RayActorError
+
+    spec = plan.spec
+    if not ray.is_initialized():
+        # Workers inherit this process's environment (a local cluster) or their pod's (RayJob),
+        # which is how the API key reaches them: never through a runtime_env, which Ray records.
+        if spec.generation.ray.mode == "Local" and not os.environ.get("RAY_ADDRESS"):
+            # a private cluster bound to loopback for this run only (DESIGN §9)
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     _node_ip_address="127.0.0.1")
+        else:
+            ray.init(log_to_driver=True)
+    plan.stopper.install()
+    n = spec.generation.ray.workers
+    coord = ray.remote(RunCoordinator).options(
+        name=f"eyrie-coordinator-{plan.ctx.attempt}", num_cpus=0, max_concurrency=100_000).remote(**plan.coordinator)
+    refs = {s: ray.put(p) for s, p in plan.shard_prompts.items()}
+    actor_cls = ray.remote(ShardWorker).options(
+        num_cpus=spec.generation.ray.cpus_per_worker if spec.generation.ray.mode != "Local" else 0,
+        max_concurrency=1, max_restarts=0)
+
+    def start(i: int, gen: int) -> tuple[str, Any, Any]:
+        wid = f"w{i}.{gen}"
+        # no api_key argument: Ray records arguments; the worker reads its own environment
+        w = actor_cls.remote(plan.worker_config(wid), coord, refs, None, is_actor=True)
+        return wid, w, w.run_blocking.remote()
+
+    running = {}
+    for i in range(n):
+        wid, w, ref = start(i, 0)
+        running[ref] = (i, wid, w)
+    restarts = 0
+    try:
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
+            for ref in ready:
+                i, wid, _w = running.pop(ref)
+                try:
+                    ray.get(ref)
+                except RayActorError:
+                    ray.get(coord.worker_lost.remote(wid))
+                    if restarts < MAX_WORKER_RESTARTS * n:
+                        restarts += 1
+                        nwid, nw, nref = start(i, restarts)
+                        running[nref] = (i, nwid, nw)
+            if plan.stopper.requested:
+                ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
+                ray.get(coord.wake.remote())
+            plan.monitor.tick(ray.get(coord.snapshot.remote()))
+        ray.get(coord.settle_commit.remote())
+        return ray.get(coord.snapshot.remote())
+    finally:
+        ray.kill(coord)

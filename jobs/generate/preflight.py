@@ -1,0 +1,36 @@
+"""Everything that can fail before the first paid request fails here, and costs nothing."""
+
+from __future__ import annotations
+
+from eyrie.jobs.errors import InputError
+from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.store import Store
+
+
+class PreflightError(InputError, RuntimeError):
+    """The run cannot start: nothing was paid; the message says what to fix."""
+
+
+async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, api_key: str | None) -> None:
+    """Everything that can fail before the first paid request fails here."""
+    from eyrie.jobs.api import ApiError, ChatClient
+
+    try:
+        store.check_writable()
+    except Exception as e:
+        raise PreflightError(f"output.uri: the store is not writable: {e}") from None
+    async with ChatClient(base_url, api_key, timeout=min(30.0, spec.api.request_timeout_seconds),
+                          max_retries=0, max_concurrency=1) as client:
+        try:
+            await client.preflight()
+        except ApiError as e:
+            raise PreflightError(f"api.baseUrl: {e}") from None
+    if spec.target.tokenizer:
+        from eyrie.jobs.reconstruct.tokenizers import check_tokenizer
+
+        try:
+            check_tokenizer(spec.target, spec.output.endpoint)
+        except Exception as e:
+            raise PreflightError(f"target.tokenizer: {e}") from None
+
+

@@ -1,0 +1,57 @@
+"""Request building: the body as sent (and recorded: it never holds a secret) and the bounds the
+budget reserves against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from eyrie.jobs.spec import DatasetGenerationSpec
+
+TOKENS_PER_MESSAGE = 16  # role markers and separators a chat template adds per message
+
+
+def estimate_prompt_tokens(messages: list[dict], tool_list: list[dict] | None,
+                           count: Callable[[str], int] | None = None) -> int:
+    """An upper bound on prompt tokens. With the target's tokenizer: the tokens of the prompt's JSON
+    (quotes and escapes make it longer than the rendered prompt) plus 5% and the template's
+    per-message markers. Without one: the UTF-8 byte count, since a byte-level BPE token is never
+    shorter than one byte, so the bound holds for any such model."""
+    text = orjson.dumps(messages)
+    if tool_list:
+        text += orjson.dumps(tool_list)
+    overhead = TOKENS_PER_MESSAGE * (len(messages) + 1) + (TOKENS_PER_MESSAGE * len(tool_list or ()))
+    if count is not None:
+        return int(count(text.decode()) * 1.05) + overhead
+    return len(text) + overhead
+
+
+def build_body(spec: DatasetGenerationSpec, messages: list[dict], tool_list: list[dict] | None) -> dict:
+    """The request body as sent (and as recorded: it never holds a secret)."""
+    s = spec.api.sampling
+    body: dict[str, Any] = {"model": spec.target.model, "messages": messages, "max_tokens": s.max_tokens}
+    if tool_list:
+        body["tools"] = tool_list
+    if s.temperature is not None:
+        body["temperature"] = s.temperature
+    if s.top_p is not None:
+        body["top_p"] = s.top_p
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.reasoning is not None:
+        body["reasoning"] = s.reasoning.dump()
+    if spec.api.provider is not None:
+        p = spec.api.provider.dump()
+        # OpenRouter's provider object is snake_case.
+        body["provider"] = {
+            {"allowFallbacks": "allow_fallbacks", "requireParameters": "require_parameters",
+             "dataCollection": "data_collection"}.get(k, k): v for k, v in p.items()}
+    return body
+
+
+def max_output_tokens(spec: DatasetGenerationSpec) -> int:
+    s = spec.api.sampling
+    extra = s.reasoning.max_tokens if s.reasoning and s.reasoning.max_tokens else 0
+    return s.max_tokens + extra

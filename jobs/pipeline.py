@@ -1,0 +1,98 @@
+"""The run end to end: generate -> samples -> extract -> manifest (DESIGN §3).
+
+`eyrie run` calls `run_stages`; the CLI only parses arguments and prints. Each stage's own package
+does the work; this module decides which stages a spec needs and records where the run stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+
+import orjson
+
+from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.manifest import finalize_manifest
+from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
+from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
+from eyrie.jobs.store import open_output
+
+UNTIL = ("generate", "samples", "all")
+TEXT_MODE_WARNING = (
+    "tools.mode is text: functions reach the model only as prompt text, not as the API's `tools`; the "
+    "model may call them less often or differently than it natively would. Use it for comparisons "
+    "(`eyrie audit`), not for a dataset.")
+
+
+@contextmanager
+def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
+    """The base URL to send requests to: `api.baseUrl`, or the built-in simulator on loopback for
+    `simulated` (started here, stopped on exit; the generation stage itself never imports it)."""
+    if spec.api.base_url != SIMULATED:
+        yield spec.api.base_url
+        return
+    from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+
+    cfg = SimulatorConfig.from_spec(spec.api.simulator)
+    if spec.budget.pricing is not None:
+        cfg.input_per_million = spec.budget.pricing.input_per_million
+        cfg.output_per_million = spec.budget.pricing.output_per_million
+    with SimulatorProcess(cfg) as sim:
+        yield sim.base_url
+
+
+def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, inline: bool = False,
+               on_progress: Callable[[dict], None] | None = None,
+               notify: Callable[[str], None] = lambda _msg: None,
+               on_audit: Callable[[dict], None] | None = None) -> tuple[Outcome, str]:
+    """generate -> samples (needs target.tokenizer) -> extract (needs extraction.enabled) -> manifest.
+    `notify` receives notes for the user (warnings, a skipped audit), `on_progress` live snapshots and
+    `on_audit` the audit's table (tools.mode audit)."""
+    from eyrie.jobs.generate.driver import run_generation
+
+    spec = dg.spec
+    store = open_output(spec)
+    if spec.tools.mode == "text":
+        notify(f"warning: {TEXT_MODE_WARNING}")
+    with ExitStack() as stack:
+        base_url = stack.enter_context(provider(spec))
+        if spec.tools.mode == "audit" and not store.exists(layout.AUDIT):
+            from eyrie.jobs.generate.audit import AuditError, run_audit
+
+            try:
+                doc = run_audit(dg, spec.tools.gate.canary_samples, ctx, base_url)
+                if on_audit is not None:
+                    on_audit(doc)
+            except AuditError as e:
+                notify(f"audit skipped: {e}")
+        result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress)
+    snap = {k: v for k, v in result.snapshot.items() if k not in ("outcome", "message")}
+
+    def mark(stage: Stage, outcome: Outcome, message: str = "") -> None:
+        write_progress(store, snap, ctx.attempt, stage, ctx.run_id, outcome=outcome, message=message)
+
+    if result.outcome != Outcome.DONE:
+        mark(Stage.GENERATE, result.outcome, result.message)
+        return result.outcome, result.message
+    stage = Stage.GENERATE
+    if spec.target.tokenizer and until in ("samples", "all"):
+        from eyrie.jobs.reconstruct.samples import build_samples
+
+        mark(Stage.SAMPLES, Outcome.RUNNING)
+        summary = build_samples(spec, store)
+        store.put(layout.SAMPLES_SUMMARY, orjson.dumps(summary.to_manifest(), option=orjson.OPT_INDENT_2))
+        stage = Stage.SAMPLES
+    if spec.extraction.enabled and until == "all":
+        from eyrie.jobs.extract.run import run_extraction
+
+        mark(Stage.EXTRACT, Outcome.RUNNING)
+        run_extraction(spec, store)
+        stage = Stage.EXTRACT
+    # "done" (and the manifest) only once every stage this spec needs has run
+    needed = Stage.EXTRACT if spec.extraction.enabled else Stage.SAMPLES if spec.target.tokenizer else Stage.GENERATE
+    final = Stage.DONE if stage == needed else stage
+    mark(final, Outcome.DONE)
+    if final == Stage.DONE:
+        finalize_manifest(spec, store)
+    return Outcome.DONE, ""

@@ -1,0 +1,40 @@
+"""The chat formats by name: `target.chatFormat` resolved and checked against the tokenizer."""
+
+from __future__ import annotations
+
+from eyrie.jobs.reconstruct.base import ChatFormat
+from eyrie.jobs.reconstruct.deepseek import DeepSeekV3, DeepSeekV4
+from eyrie.jobs.reconstruct.kimi import KimiK25
+from eyrie.jobs.reconstruct.qwen3 import Qwen3
+from eyrie.jobs.reconstruct.template import TemplateFormat
+from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, TokenizerError
+
+NAMED: dict[str, type[ChatFormat]] = {f.name: f for f in (KimiK25, DeepSeekV3, DeepSeekV4, Qwen3)}
+
+
+def resolve_format(name: str, tokenizer: LoadedTokenizer) -> ChatFormat:
+    """`target.chatFormat` for this tokenizer, checked: a template exists (auto), every marker of the
+    format is one token ID, and IDs the family fixes are where it expects them."""
+    if name == "auto":
+        if not tokenizer.chat_template:
+            raise TokenizerError(
+                f"target.chatFormat: auto needs a chat template, but tokenizer {tokenizer.name!r} has none; "
+                f"set target.chatFormat to one of {sorted(NAMED)}")
+        fmt: ChatFormat = TemplateFormat(tokenizer)
+    elif name in NAMED:
+        fmt = NAMED[name]()
+    else:
+        raise TokenizerError(f"target.chatFormat: unknown format {name!r}; use auto or one of {sorted(NAMED)}")
+    for marker in fmt.markers:
+        tid = tokenizer.token_id(marker)
+        if tid is None:
+            raise TokenizerError(
+                f"target.chatFormat {name}: marker {marker!r} is not a single token in tokenizer "
+                f"{tokenizer.name!r} (it encodes to {len(tokenizer.encode(marker))} IDs); "
+                "is this the tokenizer of that model family?")
+        want = fmt.expected_ids.get(marker)
+        if want is not None and tid != want:
+            raise TokenizerError(
+                f"target.chatFormat {name}: tokenizer {tokenizer.name!r} gives {marker!r} ID {tid}, "
+                f"but {name} models use {want}")
+    return fmt

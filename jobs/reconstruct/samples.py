@@ -1,0 +1,167 @@
+"""The samples stage: generation records -> `samples/shard-NNNNN.parquet`, one file per shard.
+
+Rebuilt from the records every time (idempotent): each generation shard's parts are read, every
+record is reconstructed (`eyrie.jobs.reconstruct`), the kept samples are written atomically through
+the store, and what was excluded is counted by reason. The summary goes into manifest.json.
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
+from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
+from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.store import Store
+
+SCHEMA = pa.schema([
+    ("sample_id", pa.string()),
+    ("source", pa.string()),
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("n_tokens", pa.int32()),
+    ("flags", pa.list_(pa.string())),
+])
+EXAMPLES = 20  # excluded samples quoted in the summary (with their reason), the rest only counted
+ROW_GROUP = 256  # samples per parquet row group: what is held as Python lists at a time
+
+
+def _distribution(values: list[int]) -> dict[str, Any]:
+    if not values:
+        return {"count": 0}
+    s = sorted(values)
+
+    def q(p: float) -> int:
+        return s[min(len(s) - 1, round(p * (len(s) - 1)))]
+
+    return {"count": len(s), "exact": sum(v == 0 for v in s), "mean": round(statistics.fmean(s), 3),
+            "min": s[0], "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1]}
+
+
+@dataclass
+class SamplesSummary:
+    """What reconstruction did, for the manifest (`to_manifest`) and the run's report."""
+
+    tokenizer: str
+    tokenizer_sha256: str
+    tokenizer_files: dict[str, str]
+    chat_format: str
+    template_sha256: str
+    shards: int = 0
+    records: int = 0
+    samples: int = 0
+    tokens: int = 0
+    response_tokens: int = 0
+    excluded: Counter[str] = field(default_factory=Counter)
+    flagged: Counter[str] = field(default_factory=Counter)
+    completion_gaps: list[int] = field(default_factory=list, repr=False)
+    prompt_gaps: list[int] = field(default_factory=list, repr=False)
+    logprobs: Counter[str] = field(default_factory=Counter)
+    examples: list[dict[str, str]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    def add(self, result: Sample | Excluded) -> None:
+        self.records += 1
+        if isinstance(result, Excluded):
+            self.excluded[result.reason] += 1
+            if len(self.examples) < EXAMPLES:
+                self.examples.append({"sampleId": result.sample_id, "reason": result.reason,
+                                      "message": result.message})
+            return
+        self.samples += 1
+        self.tokens += result.n_tokens
+        self.response_tokens += result.n_tokens - result.n_prompt
+        self.flagged.update(result.flags)
+        if result.completion_gap is not None:
+            self.completion_gaps.append(result.completion_gap)
+        if result.prompt_gap is not None:
+            self.prompt_gaps.append(result.prompt_gap)
+        if result.logprobs:
+            self.logprobs[result.logprobs] += 1
+
+    def to_manifest(self) -> dict[str, Any]:
+        return {
+            "tokenizer": {"name": self.tokenizer, "sha256": self.tokenizer_sha256, "files": self.tokenizer_files},
+            "chatTemplate": {"format": self.chat_format, "sha256": self.template_sha256},
+            "samples": {
+                "shards": self.shards, "files": self.files, "records": self.records, "kept": self.samples,
+                "tokens": self.tokens, "responseTokens": self.response_tokens,
+                "excluded": dict(sorted(self.excluded.items())), "flags": dict(sorted(self.flagged.items())),
+                # response tokens minus usage.completion_tokens, per kept sample
+                "completionTokenGap": _distribution(self.completion_gaps),
+                "largeCompletionGaps": self.flagged.get("token_count_gap", 0),
+                "promptTokenGap": _distribution(self.prompt_gaps),
+                "logprobs": dict(self.logprobs),
+                "excludedExamples": self.examples,
+            },
+        }
+
+
+def samples_table(samples: list[Sample]) -> pa.Table:
+    return pa.Table.from_pydict({
+        "sample_id": [s.sample_id for s in samples],
+        "source": [s.source for s in samples],
+        "input_ids": [s.input_ids for s in samples],
+        "loss_mask": [s.loss_mask for s in samples],
+        "n_tokens": [s.n_tokens for s in samples],
+        "flags": [list(s.flags) for s in samples],
+    }, schema=SCHEMA)
+
+
+def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded], summary: SamplesSummary) -> None:
+    """Stream one shard's samples into a compressed parquet in memory (row group by row group, so
+    token lists never pile up), then store it with one atomic put."""
+    buf = io.BytesIO()
+    with pq.ParquetWriter(buf, SCHEMA, compression="zstd") as writer:
+        batch: list[Sample] = []
+        for result in results:
+            summary.add(result)
+            if isinstance(result, Sample):
+                batch.append(result)
+                if len(batch) == ROW_GROUP:
+                    writer.write_table(samples_table(batch))
+                    batch = []
+        if batch:
+            writer.write_table(samples_table(batch))
+    key = layout.samples_key(shard)
+    store.put(key, buf.getvalue())
+    summary.shards += 1
+    summary.files.append(key)
+
+
+def _shard_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator[Sample | Excluded]:
+    seen: set[str] = set()
+    for record in records.iter_records(store, shard):
+        sid = record.get("sample_id", "")
+        if sid in seen:  # one sample per prompt, whatever was written twice
+            yield Excluded(sid, record.get("source", ""), "duplicate", f"sample {sid}: a second record")
+            continue
+        result = rebuild(record)
+        if isinstance(result, Sample):
+            seen.add(sid)
+        yield result
+
+
+def build_samples(spec: DatasetGenerationSpec, store: Store,
+                  tokenizer: LoadedTokenizer | None = None) -> SamplesSummary:
+    """Rebuild every `samples/shard-*.parquet` from the generation records in `store`."""
+    tok = tokenizer or load_tokenizer(spec.target, spec.output.endpoint)
+    fmt = resolve_format(spec.target.chat_format, tok)
+    rebuild = Reconstructor(fmt, tok)
+    summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
+                             chat_format=fmt.name, template_sha256=fmt.sha256)
+    for shard in sorted({s for s, _p, _k in records.list_parts(store)}):
+        _write_shard(store, shard, _shard_results(rebuild, store, shard), summary)
+    for stale in set(store.list(layout.SAMPLES)) - set(summary.files):
+        store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists
+    return summary

@@ -1,0 +1,170 @@
+"""Run-level tool semantics: the drift gate, the progress metrics and the audit summary. Pure.
+
+The gate exists so a run with the wrong tool semantics (a model that stops calling tools, calls them
+badly, or a provider that leaks raw markers) stops after `canarySamples` answers, not after the
+budget: it judges the first `canarySamples` answers, then keeps judging a sliding window of the
+same size. Each observe is O(1): a deque of per-answer tuples and running sums.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from eyrie.jobs.spec import GateSpec
+from eyrie.jobs.tools.checks import ResponseCheck
+
+MAX_PER_TOOL_NAMES = 1000  # a model inventing names must not grow the metrics without bound
+OTHER_TOOLS = "(other)"
+
+
+@dataclass
+class Tally:
+    """Counts over a set of answers; rates are 0.0 when their denominator is empty."""
+
+    answers: int = 0
+    declared: int = 0  # answers to prompts that declared tools
+    called: int = 0  # of those, answers with at least one tool call
+    calls: int = 0  # tool calls in all answers
+    invalid: int = 0  # invalid tool calls
+    leaked: int = 0  # answers with leaked tool-call markers
+
+    def add(self, declared: bool, called: bool, calls: int, invalid: int, leaked: bool,
+            sign: int = 1) -> None:
+        self.answers += sign
+        self.declared += sign * declared
+        self.called += sign * (declared and called)
+        self.calls += sign * calls
+        self.invalid += sign * invalid
+        self.leaked += sign * leaked
+
+    @property
+    def call_rate(self) -> float:
+        return self.called / self.declared if self.declared else 0.0
+
+    @property
+    def invalid_rate(self) -> float:
+        return self.invalid / self.calls if self.calls else 0.0
+
+    @property
+    def leak_rate(self) -> float:
+        return self.leaked / self.answers if self.answers else 0.0
+
+
+@dataclass(frozen=True)
+class DriftStop:
+    """Why the gate stopped the run; `message` is what the user reads (metric, value, limit, window)."""
+
+    metric: str  # "toolCallRate" | "invalidCallRate" | "leakRate"
+    value: float
+    limit: float
+    message: str
+
+
+def _fmt(x: float) -> str:
+    """0.1 -> "0.10", 0.021 -> "0.021": at least two decimals, no float noise."""
+    s = f"{x:.4f}".rstrip("0")
+    return s + "0" * max(0, 2 - len(s.partition(".")[2]))
+
+
+class ToolGate:
+    """Watches answers and says when tool semantics drifted outside the spec's limits.
+
+    The tool-call rate is judged only once the window holds `min_declared` answers to prompts that
+    declare tools (default: min(canarySamples, 20)), so a dataset with few tool prompts is not
+    stopped on noise; the invalid-call rate only when the window holds a call. `observe` returns a
+    DriftStop once (the first time a limit is crossed); it stays in `stopped`. Answers observed
+    after the stop (in-flight requests) still count in `metrics()`.
+    """
+
+    def __init__(self, gate: GateSpec, min_declared: int | None = None):
+        self.spec = gate
+        self.size = gate.canary_samples
+        self.min_declared = min(self.size, 20) if min_declared is None else min_declared
+        self.total = Tally()
+        self.window = Tally()
+        self._recent: deque[tuple[bool, bool, int, int, bool]] = deque()
+        self.per_tool: dict[str, dict[str, int]] = {}
+        self.stopped: DriftStop | None = None
+
+    def observe(self, declared: bool, called: bool, invalid_calls: int, calls: int,
+                leaked: bool) -> DriftStop | None:
+        """Count one answer; return a DriftStop the first time a limit is crossed, else None."""
+        entry = (declared, called, calls, invalid_calls, leaked)
+        self.total.add(*entry)
+        self.window.add(*entry)
+        self._recent.append(entry)
+        if len(self._recent) > self.size:
+            self.window.add(*self._recent.popleft(), sign=-1)
+        if not self.spec.enabled or self.stopped or len(self._recent) < self.size:
+            return None  # judged once this attempt's window is full: a resumed run re-runs the canary
+        self.stopped = self._judge()
+        return self.stopped
+
+    def observe_check(self, check: ResponseCheck) -> DriftStop | None:
+        """`observe` from a ResponseCheck, also counting calls per tool name."""
+        self._count_tools(check)
+        return self.observe(check.declared, check.called, check.invalid_calls, len(check.calls), check.leaked)
+
+    def absorb(self, check: ResponseCheck) -> None:
+        """Count an answer of an earlier attempt in the cumulative metrics, without judging it."""
+        self._count_tools(check)
+        self.total.add(check.declared, check.called, len(check.calls), check.invalid_calls, check.leaked)
+
+    def _count_tools(self, check: ResponseCheck) -> None:
+        for v in check.calls:
+            name = v.name if v.name is not None else OTHER_TOOLS
+            if name not in self.per_tool and len(self.per_tool) >= MAX_PER_TOOL_NAMES:
+                name = OTHER_TOOLS
+            counts = self.per_tool.setdefault(name, {"calls": 0, "invalid": 0})
+            counts["calls"] += 1
+            counts["invalid"] += not v.valid
+
+    def _where(self) -> str:
+        n = self.total.answers
+        if n == self.size:
+            return f"over the first {self.size} answers"
+        return f"over the last {self.size} answers ({n - self.size + 1}-{n})"
+
+    def _judge(self) -> DriftStop | None:
+        w, g = self.window, self.spec
+        if w.declared >= self.min_declared and w.call_rate < g.min_tool_call_rate:
+            return DriftStop("toolCallRate", w.call_rate, g.min_tool_call_rate,
+                             f"tool-call rate {_fmt(w.call_rate)} below minToolCallRate "
+                             f"{_fmt(g.min_tool_call_rate)} {self._where()} ({w.called} of {w.declared} "
+                             f"answers to prompts that declare tools called one)")
+        if w.calls and w.invalid_rate > g.max_invalid_call_rate:
+            return DriftStop("invalidCallRate", w.invalid_rate, g.max_invalid_call_rate,
+                             f"invalid-call rate {_fmt(w.invalid_rate)} above maxInvalidCallRate "
+                             f"{_fmt(g.max_invalid_call_rate)} {self._where()} ({w.invalid} of {w.calls} "
+                             f"tool calls invalid)")
+        if w.leak_rate > g.max_leak_rate:
+            return DriftStop("leakRate", w.leak_rate, g.max_leak_rate,
+                             f"leak rate {_fmt(w.leak_rate)} above maxLeakRate {_fmt(g.max_leak_rate)} "
+                             f"{self._where()} ({w.leaked} of {w.answers} answers with leaked tool-call markers)")
+        return None
+
+    def metrics(self) -> dict[str, Any]:
+        """Cumulative counts for progress.json `tools` (the first four keys) and the manifest."""
+        t = self.total
+        return {"declaredPrompts": t.declared, "callRate": round(t.call_rate, 6), "invalidCalls": t.invalid,
+                "leaks": t.leaked, "answers": t.answers, "calls": t.calls,
+                "perTool": {k: dict(v) for k, v in sorted(self.per_tool.items())}}
+
+
+def summarize_mode(checks: Sequence[ResponseCheck], costs: Iterable[Decimal | str | float | int | None],
+                   output_tokens: Iterable[int | None]) -> dict[str, Any]:
+    """One column of the audit table: rates over the answers of one tools mode, tokens and cost."""
+    t = Tally()
+    for c in checks:
+        t.add(c.declared, c.called, len(c.calls), c.invalid_calls, c.leaked)
+    tokens = [n for n in output_tokens if n is not None]
+    cost = sum((Decimal(str(c)) for c in costs if c is not None), Decimal(0))
+    return {"answers": t.answers, "declaredPrompts": t.declared, "callRate": round(t.call_rate, 6),
+            "calls": t.calls, "invalidCalls": t.invalid, "invalidRate": round(t.invalid_rate, 6),
+            "leaks": t.leaked, "leakRate": round(t.leak_rate, 6),
+            "meanOutputTokens": round(sum(tokens) / len(tokens), 2) if tokens else 0.0,
+            "costUSD": str(cost)}
