@@ -23,13 +23,13 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/home/eyrie \
     HF_HOME=/home/eyrie/.cache/huggingface
 COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-# Freeze the image's CUDA stack: installing eyrie[sglang] must not replace torch or SGLang. If the
+# Freeze the image's CUDA stack: installing eyrie[jobs,sglang] must not replace torch or SGLang. If the
 # extra's SGLang pin and the image disagree, pip fails here instead of building a mixed image.
 RUN python3 -c "import sys; assert sys.version_info >= (3, 11), 'eyrie needs Python >= 3.11; pick an SGLang image that has it'" \
     && python3 -c "import importlib.metadata as m, sys; v = m.version('sglang'); sys.exit(None if v == '${SGLANG_VERSION}' else f'the base image has SGLang {v}; eyrie[sglang] pins ${SGLANG_VERSION}')" \
     && python3 -c "import importlib.metadata as m; print('\n'.join(f'{p}=={m.version(p)}' for p in ('torch', 'sglang')))" > /tmp/image-constraints.txt \
     && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt \
-         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[sglang]" \
+         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs,sglang]" \
     && rm -rf /tmp/wheels /tmp/image-constraints.txt \
     && python3 -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \
     && groupadd --gid 10001 eyrie \

@@ -15,7 +15,6 @@ RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 # --- runtime
 FROM ${PYTHON_IMAGE}
 ARG EYRIE_VERSION=0.1.0
-ARG TORCH_VERSION=2.13.0
 LABEL org.opencontainers.image.title="eyrie-operator" \
       org.opencontainers.image.version="${EYRIE_VERSION}" \
       org.opencontainers.image.description="eyrie Kubernetes operator (kopf)"
@@ -23,10 +22,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp
-# torch is a dependency of eyrie; take the CPU wheel (the default one pulls gigabytes of CUDA)
-RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-RUN python -m pip install --no-cache-dir "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl" \
+# the operator extra: kopf and the Kubernetes client, no torch or transformers
+RUN python -m pip install --no-cache-dir "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[operator]" \
     && rm -rf /tmp/wheels \
     && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \
     && groupadd --gid 10001 eyrie \

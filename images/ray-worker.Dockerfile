@@ -28,6 +28,6 @@ COPY --from=wheel --chown=1000:100 /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl
 # the constraint keeps the image's Ray: driver and workers must run the same Ray version
 RUN echo "ray==${RAY_VERSION}" > /tmp/ray-constraint.txt \
     && python -m pip install --no-cache-dir --constraint /tmp/ray-constraint.txt \
-         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl" \
+         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
     && rm -rf /tmp/wheels /tmp/ray-constraint.txt \
     && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v; r = m.version('ray'); assert r == '${RAY_VERSION}', r"

@@ -8,7 +8,9 @@ to the store's root (the run's output URI).
 from __future__ import annotations
 
 import io
+import itertools
 import os
+import random
 import tempfile
 import time
 from collections.abc import Callable
@@ -136,13 +138,25 @@ class FileStore:
         self.delete(probe)
 
 
-class S3Store:
-    """An S3 bucket/prefix through the minio SDK. Transient failures are retried with backoff."""
+# S3 error codes a retry can fix; anything else (denied, bad request, a bug) fails at once.
+TRANSIENT_S3_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                                "OperationAborted", "XMinioServerNotInitialized"})
+NOT_FOUND_S3_CODES = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket"})
 
-    RETRIES = 6
+
+class S3Store:
+    """An S3 bucket/prefix through the minio SDK. The one retry policy: a transient failure (a 5xx
+    code above, a dropped or refused connection, a timeout) is retried with jittered exponential
+    backoff for up to `RETRY_SECONDS` (an S3 outage that long costs a pause, not the run); minio's
+    own urllib3 retries are off so the two never stack."""
+
+    RETRY_SECONDS = 60.0
+    BACKOFF_BASE, BACKOFF_CAP = 0.25, 8.0
 
     def __init__(self, uri: str, endpoint: str | None, credentials: S3Credentials | None,
                  region: str | None = None):
+        import certifi
+        import urllib3
         from minio import Minio
 
         parsed = urlparse(uri)
@@ -152,12 +166,16 @@ class S3Store:
         ep = urlparse(endpoint or "https://s3.amazonaws.com")
         if not ep.netloc:
             raise StoreError(f"output.endpoint {endpoint!r} is not a URL such as http://minio:9000")
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=10, read=120), maxsize=32, retries=False,
+            cert_reqs="CERT_REQUIRED", ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where())
         self._client = Minio(
             ep.netloc,
             access_key=credentials.access_key if credentials else None,
             secret_key=credentials.secret_key if credentials else None,
             secure=ep.scheme == "https",
             region=region,
+            http_client=http,
         )
 
     def _key(self, key: str) -> str:
@@ -165,23 +183,24 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
-        from minio.error import S3Error
+        import urllib3
+        from minio.error import S3Error, ServerError
 
-        delay = 0.5
-        for attempt in range(self.RETRIES + 1):
+        deadline = time.monotonic() + self.RETRY_SECONDS
+        for attempt in itertools.count():
             try:
                 return fn()
             except S3Error as e:
-                if e.code in ("NoSuchKey", "NoSuchObject", "NoSuchBucket") and what.startswith("get"):
+                if e.code in NOT_FOUND_S3_CODES and what.startswith("get"):
                     raise NotFound(f"{what}: {e.code}") from None
-                if e.code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                              "NoSuchBucket") or attempt == self.RETRIES:
+                if e.code not in TRANSIENT_S3_CODES or time.monotonic() >= deadline:
                     raise StoreError(f"{what} failed: {e.code}: {e.message}") from None
-            except Exception as e:  # connection refused/reset, timeouts: the server may come back
-                if attempt == self.RETRIES:
-                    raise StoreError(f"{what} failed: {type(e).__name__}: {e}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            except (ServerError, urllib3.exceptions.HTTPError, OSError) as e:  # a bare 5xx, the network
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"{what} failed after {self.RETRY_SECONDS:.0f} s of retries: "
+                                     f"{type(e).__name__}: {e}") from None
+            step = min(self.BACKOFF_CAP, self.BACKOFF_BASE * 2 ** attempt)
+            time.sleep(min(random.uniform(step / 2, step), max(0.0, deadline - time.monotonic())))
         raise AssertionError("unreachable")
 
     def put(self, key: str, data: bytes) -> None:

@@ -110,7 +110,7 @@ def test_installs_the_wheel_of_the_charts_version(name):
               expand(s["value"], df.args)]
     assert len(copies) == 1 and copies[0].startswith("--from=wheel "), f"{name}: no COPY of the wheel stage's wheel"
     runs = [expand(s["value"], df.args) for s in stage if s["instruction"] == "RUN"]
-    installs = [r for r in runs if re.search(rf"pip install[^&]*/tmp/wheels/{re.escape(WHEEL)}", r)]
+    installs = [r for r in runs if re.search(rf"pip install[^&]*/tmp/wheels/{re.escape(WHEEL)}(\[[a-z,]+\])?\"", r)]
     assert len(installs) == 1, f"{name}: one pip install of {WHEEL} expected"
     # the build asserts the installed distribution's version, so a mismatch fails the build
     assert f"m.version('eyrie'); assert v == '{VERSION}'" in installs[0]
@@ -120,7 +120,7 @@ def test_installs_the_wheel_of_the_charts_version(name):
 def test_extractor_installs_the_sglang_extra_without_replacing_the_images_stack():
     runs = [s["value"] for s in final_stage(parse("extractor")) if s["instruction"] == "RUN"]
     [install] = [r for r in runs if "pip install" in r]
-    assert "-py3-none-any.whl[sglang]" in install
+    assert "-py3-none-any.whl[jobs,sglang]" in install
     assert "--constraint /tmp/image-constraints.txt" in install
     assert "('torch', 'sglang')" in install
 
@@ -159,6 +159,6 @@ def test_the_wheel_stage_builds_the_wheel_the_images_install(tmp_path):
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [WHEEL]
     names = set(zipfile.ZipFile(tmp_path / "dist" / WHEEL).namelist())
     # what the images run: `eyrie operator`, `eyrie run`, `eyrie extract`
-    assert {"eyrie/operator/main.py", "eyrie/jobs/cli.py", "eyrie/jobs/extract/cli.py"} <= names
+    assert {"eyrie/operator/main.py", "eyrie/jobs/cli/__init__.py", "eyrie/jobs/extract/cli.py"} <= names
     entry = zipfile.ZipFile(tmp_path / "dist" / WHEEL).read(f"eyrie-{VERSION}.dist-info/entry_points.txt").decode()
     assert "eyrie = eyrie.jobs.cli:main" in entry

@@ -1,3 +1,5 @@
+import time
+
 import pytest
 
 from eyrie.jobs.store import FileStore, NotFound, StoreError, open_store, split_uri
@@ -65,3 +67,76 @@ def test_split_uri():
     assert split_uri("s3://b/f.jsonl") == ("s3://b", "f.jsonl")
     folder, name = split_uri("file:///tmp/a/b.parquet")
     assert folder == "file:///tmp/a" and name == "b.parquet"
+
+
+# ------------------------------------------------------------------------------ the S3 retry policy
+
+
+def _s3_error(code: str):
+    from minio.error import S3Error
+
+    return S3Error(None, code, f"{code} message", "res", "req", "host")
+
+
+def _store_with_short_retries():
+    from eyrie.jobs.store import S3Store
+
+    s = S3Store("s3://bucket/prefix", "http://127.0.0.1:9", None)
+    s.RETRY_SECONDS, s.BACKOFF_BASE, s.BACKOFF_CAP = 2.0, 0.01, 0.05
+    return s
+
+
+def test_s3_retries_transient_failures_then_succeeds():
+    import urllib3
+
+    s = _store_with_short_retries()
+    failures = [_s3_error("SlowDown"), urllib3.exceptions.ProtocolError("reset"), ConnectionRefusedError()]
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+
+    assert s._retry("put s3://bucket/prefix/k", fn) == "ok"
+    assert len(calls) == 4
+
+
+def test_s3_does_not_retry_what_a_retry_cannot_fix():
+    s = _store_with_short_retries()
+    calls = []
+
+    def denied():
+        calls.append(1)
+        raise _s3_error("AccessDenied")
+
+    with pytest.raises(StoreError, match="AccessDenied"):
+        s._retry("put s3://bucket/prefix/k", denied)
+    assert len(calls) == 1
+
+    def bug():
+        calls.append(1)
+        raise TypeError("a programming error")
+
+    with pytest.raises(TypeError):  # not a StoreError, and not retried
+        s._retry("put s3://bucket/prefix/k", bug)
+    assert len(calls) == 2
+
+
+def test_s3_gives_up_after_its_retry_window_and_says_so():
+    s = _store_with_short_retries()
+    s.RETRY_SECONDS = 0.3
+
+    def down():
+        raise ConnectionRefusedError("connection refused")
+
+    t0 = time.monotonic()
+    with pytest.raises(StoreError, match="after 0 s of retries: ConnectionRefusedError"):
+        s._retry("get s3://bucket/prefix/k", down)
+    assert 0.3 <= time.monotonic() - t0 < 2.0
+
+
+def test_minios_own_retries_are_off():
+    s = _store_with_short_retries()
+    assert s._client._http.connection_pool_kw["retries"].total is False

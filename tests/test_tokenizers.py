@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from eyrie.jobs.reconstruct import kimi_facts as kimi
-from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.formats import check_tokenizer, resolve_format
 from eyrie.jobs.reconstruct.tokenizers import (
     TokenizerError,
     bundled_tokenizer_path,
-    check_tokenizer,
     clear_cache,
     load_tokenizer,
 )

@@ -26,7 +26,7 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
         except ApiError as e:
             raise PreflightError(f"api.baseUrl: {e}") from None
     if spec.target.tokenizer:
-        from eyrie.jobs.reconstruct.tokenizers import check_tokenizer
+        from eyrie.jobs.reconstruct.formats import check_tokenizer
 
         try:
             check_tokenizer(spec.target, spec.output.endpoint)

@@ -7,7 +7,8 @@ from eyrie.jobs.reconstruct.deepseek import DeepSeekV3, DeepSeekV4
 from eyrie.jobs.reconstruct.kimi import KimiK25
 from eyrie.jobs.reconstruct.qwen3 import Qwen3
 from eyrie.jobs.reconstruct.template import TemplateFormat
-from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, TokenizerError
+from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, TokenizerError, load_tokenizer
+from eyrie.jobs.spec import TargetSpec
 
 NAMED: dict[str, type[ChatFormat]] = {f.name: f for f in (KimiK25, DeepSeekV3, DeepSeekV4, Qwen3)}
 
@@ -38,3 +39,11 @@ def resolve_format(name: str, tokenizer: LoadedTokenizer) -> ChatFormat:
                 f"target.chatFormat {name}: tokenizer {tokenizer.name!r} gives {marker!r} ID {tid}, "
                 f"but {name} models use {want}")
     return fmt
+
+
+def check_tokenizer(target: TargetSpec, endpoint: str | None = None) -> LoadedTokenizer:
+    """Preflight (before any paid request): load the tokenizer and resolve `target.chatFormat`
+    against it, so a missing template or a marker that is not one token fails the run now."""
+    tok = load_tokenizer(target, endpoint)
+    resolve_format(target.chat_format, tok)
+    return tok

@@ -17,7 +17,7 @@ layout the Kimi repositories ship (`tiktoken.model` + `tokenizer_config.json`, n
 is loaded without remote code into a `tiktoken.Encoding` with Kimi's pre-tokenization pattern and
 the special tokens of `added_tokens_decoder` at their IDs, so each marker is one ID.
 
-Every failure is a `TokenizerError` naming `target.tokenizer`: the lead calls `check_tokenizer`
+Every failure is a `TokenizerError` naming `target.tokenizer`: the lead calls `formats.check_tokenizer`
 before any paid request so a tokenizer that cannot load fails the run for free.
 """
 
@@ -467,16 +467,6 @@ def load_tokenizer(target: TargetSpec, endpoint: str | None = None) -> LoadedTok
     if not target.tokenizer:
         raise TokenizerError("target.tokenizer: not set; token reconstruction needs the target's tokenizer")
     return _load_cached(target.tokenizer, target.trust_remote_code, endpoint)
-
-
-def check_tokenizer(target: TargetSpec, endpoint: str | None = None) -> LoadedTokenizer:
-    """Preflight (before any paid request): load the tokenizer and resolve `target.chatFormat`
-    against it, so a missing template or a marker that is not one token fails the run now."""
-    from eyrie.jobs.reconstruct.formats import resolve_format
-
-    tok = load_tokenizer(target, endpoint)
-    resolve_format(target.chat_format, tok)
-    return tok
 
 
 def clear_cache() -> None:
