@@ -164,3 +164,12 @@ def test_eyrie_operator_runs_where_torch_and_transformers_cannot_be_imported():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "--namespace" in r.stdout
+
+
+def test_every_package_folder_is_in_the_wheel():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join((name, *init.parent.relative_to(folder).parts)).rstrip(".")
+             for name, folder in PACKAGES.items() for init in folder.rglob("__init__.py")}
+    assert found == listed
