@@ -23,7 +23,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp
 COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-# the operator extra: kopf and the Kubernetes client, no torch or transformers
+# the operator extra: kopf and kubernetes_asyncio, no torch or transformers
 RUN python -m pip install --no-cache-dir "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[operator]" \
     && rm -rf /tmp/wheels \
     && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \

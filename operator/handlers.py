@@ -9,19 +9,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import kopf
 import orjson
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.manifest import finalize_manifest
@@ -31,6 +28,8 @@ from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecE
 from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError, open_store
 
 from . import children, conditions, metrics
+from .config import OperatorConfig
+from .kube import Kind, Kube
 from .reconcile import (
     ApplyConfigMap,
     CreateExtraction,
@@ -50,89 +49,15 @@ from .reconcile import (
     reconcile,
 )
 
-INTERVAL = float(os.environ.get("EYRIE_OPERATOR_INTERVAL", "5"))
-STOP_GRACE = float(os.environ.get("EYRIE_STOP_GRACE_SECONDS", "120"))
 RAY_TIMEOUT = 10.0
 
 
-class KubeError(EyrieError, RuntimeError):
-    """An API request failed; the message names the request and the server's answer."""
-
-    def __init__(self, method: str, path: str, status: int, detail: str):
-        self.status = status
-        super().__init__(f"{method} {path}: {status} {detail}")
-
-
-class SecretMissing(LookupError):
+class SecretMissing(EyrieError, LookupError):
     """A referenced Secret or key is absent; the message names the spec field, never a value."""
 
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# ------------------------------------------------------------------------------ Kubernetes access
-
-
-class Kube:
-    """Raw JSON calls through the official client (typed models choke on partial objects)."""
-
-    def __init__(self) -> None:
-        try:
-            k8s_config.load_incluster_config()
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config()
-        self.api = k8s_client.ApiClient()
-
-    @staticmethod
-    def path(group: str, version: str, plural: str, namespace: str, name: str | None = None) -> str:
-        base = f"/api/{version}" if group == "" else f"/apis/{group}/{version}"
-        return f"{base}/namespaces/{namespace}/{plural}" + (f"/{name}" if name else "")
-
-    def _call(self, method: str, path: str, body: Any = None, content_type: str | None = None) -> Any:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        m, url, hdrs, data, post = self.api.param_serialize(
-            method, path, header_params=headers, body=body, auth_settings=["BearerToken"])
-        resp = self.api.call_api(m, url, header_params=hdrs, body=data, post_params=post,
-                                 _request_timeout=30)
-        raw = resp.read()
-        if not 200 <= resp.status < 300:
-            try:
-                detail = str(orjson.loads(raw).get("message") or resp.reason)
-            except (orjson.JSONDecodeError, AttributeError):
-                detail = str(resp.reason)
-            raise KubeError(method, path, resp.status, detail)
-        return orjson.loads(raw) if raw else None
-
-    async def get(self, path: str) -> dict[str, Any] | None:
-        try:
-            return await asyncio.to_thread(self._call, "GET", path)
-        except KubeError as e:
-            if e.status == 404:
-                return None
-            raise
-
-    async def create(self, path: str, body: dict[str, Any]) -> bool:
-        """Create; False when it already exists (a restarted operator meets its own children)."""
-        try:
-            await asyncio.to_thread(self._call, "POST", path, body)
-            return True
-        except KubeError as e:
-            if e.status == 409:
-                return False
-            raise
-
-    async def patch(self, path: str, body: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._call, "PATCH", path, body, "application/merge-patch+json")
-
-    async def delete(self, path: str) -> None:
-        try:
-            await asyncio.to_thread(self._call, "DELETE", path, {"propagationPolicy": "Background"})
-        except KubeError as e:
-            if e.status != 404:
-                raise
 
 
 # ------------------------------------------------------------------------------------ Ray access
@@ -162,15 +87,15 @@ RAY_STATES = {"PENDING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeede
 
 async def _secret(kube: Kube, namespace: str, name: str, keys: list[tuple[str, str]]) -> dict[str, str]:
     """The Secret's values for `keys` ([(field, key)]); SecretMissing names the field otherwise."""
-    doc = await kube.get(kube.path("", "v1", "secrets", namespace, name))
+    doc = await kube.get(Kind.SECRET, namespace, name)
     field0 = keys[0][0]
     if doc is None:
         raise SecretMissing(f"{field0}: Secret {name!r} not found in namespace {namespace!r}")
     data = doc.get("data") or {}
     out = {}
-    for field, key in keys:
+    for spec_field, key in keys:
         if key not in data:
-            raise SecretMissing(f"{field}: Secret {name!r} has no key {key!r}")
+            raise SecretMissing(f"{spec_field}: Secret {name!r} has no key {key!r}")
         out[key] = base64.b64decode(data[key]).decode()
     return out
 
@@ -280,7 +205,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
 
     cm_key = (ns, name, meta.get("uid"))
     if cm_key not in memo.configmaps:  # what this process applied last; read once after a restart
-        cm = await kube.get(kube.path("", "v1", "configmaps", ns, children.configmap_name(name)))
+        cm = await kube.get(Kind.CONFIGMAP, ns, children.configmap_name(name))
         memo.configmaps[cm_key] = (cm or {}).get("data")
     attempt = status.get("attempt") or "1"
     resuming = conditions.is_true(status.get("conditions") or [], conditions.SUSPENDED)
@@ -288,9 +213,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     ray = spec.generation.ray
     if ray.mode == "RayJob":
         # deterministic names: the previous, current and a possibly-unrecorded next attempt
-        g, v, p = children.RAYJOB_API
         for a in _neighbour_attempts(attempt, resuming):
-            doc = await kube.get(kube.path(g, v, p, ns, children.generation_name(name, a)))
+            doc = await kube.get(Kind.RAYJOB, ns, children.generation_name(name, a))
             if doc is not None:
                 gens.append(_rayjob_child(doc))
     elif ray.mode == "Submit" and ray.address:
@@ -302,7 +226,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
                                             stop_requested_at=memo.stops.get(sid)))
     ext = None
     if spec.extraction.enabled:
-        doc = await kube.get(kube.path("batch", "v1", "jobs", ns, children.extraction_name(name)))
+        doc = await kube.get(Kind.JOB, ns, children.extraction_name(name))
         ext = _job_child(doc) if doc else None
 
     # progress after the children: what it says is at least as fresh as their status
@@ -324,8 +248,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
-        manifest_uri=manifest,
-        summaries_done=summaries, extraction_bytes=nbytes, stop_grace=STOP_GRACE, uid=str(meta.get("uid") or ""))
+        manifest_uri=manifest, summaries_done=summaries, extraction_bytes=nbytes,
+        stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""))
 
 
 # ----------------------------------------------------------------------------------------- act
@@ -370,19 +294,17 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
               logger: logging.Logger) -> None:
     meta = body["metadata"]
     name, ns = meta["name"], meta["namespace"]
-    g, v, p = children.RAYJOB_API
     for action in decision.actions:
         if isinstance(action, ApplyConfigMap):
             cm = action.body
-            kopf.adopt(cm, owner=body)
-            if not await kube.create(kube.path("", "v1", "configmaps", ns), cm):
-                await kube.patch(kube.path("", "v1", "configmaps", ns, cm["metadata"]["name"]),
-                                 {"data": cm["data"]})
+            _own(cm, body)
+            if not await kube.create(Kind.CONFIGMAP, ns, cm):
+                await kube.patch(Kind.CONFIGMAP, ns, cm["metadata"]["name"], {"data": cm["data"]})
             memo.configmaps[(ns, name, meta.get("uid"))] = cm["data"]
         elif isinstance(action, CreateGeneration):
             if action.body is not None:
-                kopf.adopt(action.body, owner=body)
-                if await kube.create(kube.path(g, v, p, ns), action.body):
+                _own(action.body, body)
+                if await kube.create(Kind.RAYJOB, ns, action.body):
                     logger.info(f"created RayJob {action.body['metadata']['name']} "
                                 f"(attempt {action.attempt})")
             else:
@@ -396,19 +318,18 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
             await _stop_generation(kube, memo, ns, spec, action, logger)
         elif isinstance(action, DeleteGeneration):
             if spec.generation.ray.mode == "RayJob":
-                await kube.delete(kube.path(g, v, p, ns, action.name))
+                await kube.delete(Kind.RAYJOB, ns, action.name)
                 logger.info(f"deleted RayJob {action.name}")
         elif isinstance(action, CreateExtraction):
-            kopf.adopt(action.body, owner=body)
-            await kube.create(kube.path("batch", "v1", "jobs", ns), action.body)
+            _own(action.body, body)
+            await kube.create(Kind.JOB, ns, action.body)
         elif isinstance(action, SetExtractionSuspend):
-            await kube.patch(kube.path("batch", "v1", "jobs", ns, action.name),
-                             {"spec": {"suspend": action.suspend}})
+            await kube.patch(Kind.JOB, ns, action.name, {"spec": {"suspend": action.suspend}})
         elif isinstance(action, DeleteExtraction):
-            await kube.delete(kube.path("batch", "v1", "jobs", ns, action.name))
+            await kube.delete(Kind.JOB, ns, action.name)
         elif isinstance(action, SuspendSpec):
             # before the status: a crash in between re-derives the same stop, never a false resume
-            await kube.patch(kube.path(GROUP, VERSION, PLURAL, ns, name), {"spec": {"suspend": True}})
+            await kube.patch(Kind.DATASET, ns, name, {"spec": {"suspend": True}})
         elif isinstance(action, Event):
             kopf.event(body, type=action.type, reason=action.reason, message=action.message)
         elif isinstance(action, FinalizeManifest):
@@ -428,8 +349,7 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
             await asyncio.wait_for(asyncio.to_thread(_stop_ray, ray.address, action.name), RAY_TIMEOUT)
             memo.stops[action.name] = now
             return
-        g, v, p = children.RAYJOB_API
-        doc = await kube.get(kube.path(g, v, p, ns, action.name)) or {}
+        doc = await kube.get(Kind.RAYJOB, ns, action.name) or {}
         st = doc.get("status") or {}
         if st.get("dashboardURL") and st.get("jobId"):
             url = st["dashboardURL"]
@@ -439,8 +359,7 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
         logger.warning(f"graceful stop of {action.name} failed ({type(e).__name__}: {e}); "
                        "it is deleted after the grace period")
     if ray.mode == "RayJob":
-        g, v, p = children.RAYJOB_API
-        await kube.patch(kube.path(g, v, p, ns, action.name),
+        await kube.patch(Kind.RAYJOB, ns, action.name,
                          {"metadata": {"annotations": {children.STOP_ANNOTATION: str(now)}}})
     logger.info(f"requested a graceful stop of {action.name}")
 
@@ -448,14 +367,22 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
 # ------------------------------------------------------------------------------------- handlers
 
 
+@dataclass
 class Memo:
-    """Process-wide state kept by kopf's memo: API client, per-resource locks, Submit stop times."""
+    """Process-wide state kept by kopf's memo: settings, API client, per-resource locks, Submit stop
+    times, the ConfigMap data this process last applied."""
 
-    def __init__(self) -> None:
-        self.kube: Kube | None = None
-        self.locks: dict[str, asyncio.Lock] = {}
-        self.stops: dict[str, float] = {}
-        self.configmaps: dict[tuple[str, str, str | None], dict[str, str] | None] = {}
+    config: OperatorConfig
+    kube: Kube | None = None
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    stops: dict[str, float] = field(default_factory=dict)
+    configmaps: dict[tuple[str, str, str | None], dict[str, str] | None] = field(default_factory=dict)
+
+
+def _own(child: dict[str, Any], owner: dict[str, Any]) -> None:
+    """The owner reference only: `kopf.adopt` would also copy every label of the DatasetGeneration
+    onto the child, undoing `children`'s choice of labels (eyrie's and Kueue's only)."""
+    kopf.append_owner_reference(child, owner=kopf.Body(owner))
 
 
 async def reconcile_resource(body: kopf.Body, memo: Memo, logger: logging.Logger) -> None:
@@ -471,8 +398,8 @@ async def reconcile_resource(body: kopf.Body, memo: Memo, logger: logging.Logger
         metrics.RECONCILES.inc()
         try:
             if memo.kube is None:
-                memo.kube = await asyncio.to_thread(Kube)
-            fresh = await memo.kube.get(memo.kube.path(GROUP, VERSION, PLURAL, meta["namespace"], meta["name"]))
+                memo.kube = await Kube.connect()
+            fresh = await memo.kube.get(Kind.DATASET, meta["namespace"], meta["name"])
             if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
                 return
             await _reconcile(memo.kube, fresh, memo, logger)
@@ -505,8 +432,7 @@ async def _patch_status(kube: Kube, meta: dict[str, Any], old: dict[str, Any], n
     """Patch only what changed; `conditions` always goes as the whole list."""
     changed = {k: v for k, v in new.items() if old.get(k) != v}
     if changed:
-        path = kube.path(GROUP, VERSION, PLURAL, meta["namespace"], meta["name"]) + "/status"
-        await kube.patch(path, {"status": changed})
+        await kube.patch(Kind.DATASET, meta["namespace"], meta["name"], {"status": changed}, status=True)
 
 
 def _spec_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
@@ -516,28 +442,28 @@ def _spec_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
     return gen is None or gen != (body.get("status") or {}).get("observedGeneration")
 
 
-@kopf.on.startup()
-async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
-    memo.state = Memo()
-    # API, store and Ray calls run in threads; the default pool (cores + 4) would queue them
+    # store and Ray calls run in threads; the default pool (cores + 4) would queue them
     asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=32))
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, initial_delay=INTERVAL)
+async def _cleanup(memo: Any, **_: Any) -> None:
+    if memo.state.kube is not None:
+        await memo.state.kube.close()
+
+
 async def poll(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
     await reconcile_resource(body, memo.state, logger)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_changed)
 async def changed(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
     await reconcile_resource(body, memo.state, logger)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED")
 async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
     """Kubernetes garbage-collects owned children; a submission to a shared Ray cluster is stopped."""
     meta = body["metadata"]
@@ -556,3 +482,17 @@ async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) 
             logger.info(f"stopped Ray job {sid}: its DatasetGeneration was deleted")
         except Exception as e:
             logger.warning(f"could not stop Ray job {sid} ({type(e).__name__}: {e})")
+
+
+def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """The handlers, registered with the configured poll interval (kopf reads it at registration)."""
+    reg = kopf.OperatorRegistry()
+    # kopf's own watch connection logs in as our client does (service account, else kubeconfig)
+    kopf.on.login(registry=reg)(kopf.login_via_async_client)
+    kopf.on.startup(registry=reg)(_startup)
+    kopf.on.cleanup(registry=reg)(_cleanup)
+    kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, initial_delay=config.interval,
+               registry=reg)(poll)
+    kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_changed, registry=reg)(changed)
+    kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED", registry=reg)(deleted)
+    return reg

@@ -151,7 +151,7 @@ def _closure(extras: set[str]) -> set[str]:
 
 def test_the_operator_extra_requires_neither_torch_nor_transformers():
     operator = _closure({"operator"})
-    assert {"kopf", "kubernetes"} <= operator
+    assert {"kopf", "kubernetes-asyncio"} <= operator
     assert not {"torch", "transformers", "safetensors"} & operator
     assert {"torch", "transformers"} <= _closure({"jobs"})  # the data plane does need them
 
