@@ -28,7 +28,7 @@ import functools
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -102,6 +102,18 @@ def _reasoning_of(msg: Message) -> str:
     return r if isinstance(r, str) else ""
 
 
+# The names a message's reasoning is given under; transformers (>= 5) fills `reasoning_content`, the
+# one chat templates read, from the first of them that is not null before rendering.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def template_reasoning(msg: Message) -> str | None:
+    """The reasoning a template rendered through transformers sees as `reasoning_content`, or None
+    when the message gives none (then the template sees the field as it is: missing or null)."""
+    v = next((msg[k] for k in REASONING_FIELDS if msg.get(k) is not None), None)
+    return v if v is None or isinstance(v, str) else str(v)
+
+
 def _args_text(args: Any) -> str:
     """History arguments as a template prints them: a string as is, an object as JSON."""
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
@@ -118,24 +130,12 @@ def _calls_of(msg: Message, where: str) -> list[tuple[str | None, str, str]]:
     return out
 
 
-def native_ids(messages: list[Message], make_id: Callable[[str, int], str]) -> list[Message]:
-    """Rewrite history call ids (and the tool results that cite them) into the model's own form."""
-    mapping: dict[str, str] = {}
-    out = []
-    for msg in messages:
-        if msg.get("role") == "assistant" and msg.get("tool_calls"):
-            calls = []
-            for j, tc in enumerate(msg["tool_calls"]):
-                fn = tc.get("function") or {}
-                new = make_id(str(fn.get("name")), j)
-                if tc.get("id") is not None:
-                    mapping[str(tc["id"])] = new
-                calls.append({**tc, "id": new})
-            msg = {**msg, "tool_calls": calls}
-        elif msg.get("role") == "tool" and str(msg.get("tool_call_id")) in mapping:
-            msg = {**msg, "tool_call_id": mapping[str(msg["tool_call_id"])]}
-        out.append(msg)
-    return out
+def jinja_text(msg: Message, key: str) -> str:
+    """`{{ message[key] }}` as Jinja prints it: "" when the key is missing, "None" for null."""
+    if key not in msg:
+        return ""
+    v = msg[key]
+    return "None" if v is None else v if isinstance(v, str) else str(v)
 
 
 def _dump(obj: Any) -> str:
@@ -150,13 +150,35 @@ class ChatFormat(ABC):
     name: ClassVar[str]
     markers: ClassVar[tuple[str, ...]] = ()  # special markers that must be one token ID each
     expected_ids: ClassVar[Mapping[str, int]] = {}  # markers whose IDs the family fixes
-    default_thinking: ClassVar[bool] = False  # thinking when the request says nothing
+    default_thinking: bool = False  # thinking when neither the answer nor the request says
+    # The template revisions a provider may serve, name -> what differs; the first is the default.
+    # Which one a provider renders is detected over the canary from its usage.prompt_tokens.
+    variants: ClassVar[Mapping[str, str]] = {}
+    prints_call_ids: bool = False  # the response carries the API's call ids (Kimi)
+
+    def __init__(self, variant: str | None = None):
+        self.variant = self.check_variant(variant)
+
+    @classmethod
+    def check_variant(cls, variant: str | None) -> str | None:
+        """`variant` if this format declares it (None: the default one)."""
+        if variant is None:
+            return next(iter(cls.variants), None)
+        if variant not in cls.variants:
+            known = ", ".join(cls.variants) or "none"
+            raise FormatError(f"chat format {cls.name} has no template variant {variant!r} (it has: {known})",
+                              reason="unknown_variant")
+        return variant
+
+    def with_variant(self, variant: str) -> ChatFormat:
+        """The same format rendering another of its template revisions."""
+        return type(self)(variant)
 
     @functools.cached_property
     def sha256(self) -> str:
         """The template hash the manifest records: of what this format renders for a fixed probe
-        conversation (with and without thinking) and of its parameters, so a change in the text it
-        writes changes the hash and an edit that writes the same text does not."""
+        conversation (with and without thinking) and of its parameters (the variant among them), so
+        a change in the text it writes changes the hash and an edit that writes the same text does not."""
         h = hashlib.sha256(json.dumps({"name": self.name, "params": self.params()}, sort_keys=True).encode())
         for thinking in (False, True):
             r = self.render(PROBE_MESSAGES, PROBE_TOOLS, PROBE_TURN, thinking)
@@ -164,8 +186,8 @@ class ChatFormat(ABC):
         return h.hexdigest()
 
     def params(self) -> dict[str, Any]:
-        """The format's parameters (a template variant, say) beyond its name."""
-        return {"default_thinking": self.default_thinking}
+        """The format's parameters beyond its name: the thinking default and the template variant."""
+        return {"default_thinking": self.default_thinking, "variant": self.variant}
 
     @abstractmethod
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, turn: Turn,
@@ -173,11 +195,19 @@ class ChatFormat(ABC):
 
 
 def _piece_list(turn: Turn, reasoning: str | None = None, content: str | None = None,
-                args: list[str] | None = None) -> tuple[tuple[str, str], ...]:
+                args: list[str] | None = None, ids: list[str | None] | None = None) -> tuple[tuple[str, str], ...]:
+    """What decoding the response must give back, in order: reasoning, content, and per call its id
+    (when the format prints the id the API returned) and its arguments."""
     r = turn.reasoning if reasoning is None else reasoning
     c = turn.content if content is None else content
     a = [c.arguments for c in turn.calls] if args is None else args
-    return (("reasoning", r), ("content", c), *((f"tool_calls[{i}].arguments", x) for i, x in enumerate(a)))
+    i = [None] * len(a) if ids is None else ids
+    calls = []
+    for j, (cid, x) in enumerate(zip(i, a, strict=True)):
+        if cid:
+            calls.append((f"tool_calls[{j}].id", cid))
+        calls.append((f"tool_calls[{j}].arguments", x))
+    return (("reasoning", r), ("content", c), *calls)
 
 
 def _last_user_turn(messages: list[Message]) -> None:

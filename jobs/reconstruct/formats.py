@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eyrie.jobs.reconstruct.base import ChatFormat
+from eyrie.jobs.reconstruct.base import ChatFormat, FormatError
 from eyrie.jobs.reconstruct.deepseek import DeepSeekV3, DeepSeekV4
 from eyrie.jobs.reconstruct.kimi import KimiK25
 from eyrie.jobs.reconstruct.qwen3 import Qwen3
@@ -13,17 +13,24 @@ from eyrie.jobs.spec import TargetSpec
 NAMED: dict[str, type[ChatFormat]] = {f.name: f for f in (KimiK25, DeepSeekV3, DeepSeekV4, Qwen3)}
 
 
-def resolve_format(name: str, tokenizer: LoadedTokenizer) -> ChatFormat:
-    """`target.chatFormat` for this tokenizer, checked: a template exists (auto), every marker of the
-    format is one token ID, and IDs the family fixes are where it expects them."""
+def resolve_format(name: str, tokenizer: LoadedTokenizer, variant: str | None = None) -> ChatFormat:
+    """`target.chatFormat` (and `target.templateVariant`, None: the format's default) for this
+    tokenizer, checked: a template exists (auto), every marker of the format is one token ID, and
+    IDs the family fixes are where it expects them."""
     if name == "auto":
         if not tokenizer.chat_template:
             raise TokenizerError(
                 f"target.chatFormat: auto needs a chat template, but tokenizer {tokenizer.name!r} has none; "
                 f"set target.chatFormat to one of {sorted(NAMED)}")
+        if variant is not None:
+            raise TokenizerError("target.templateVariant: chatFormat auto renders the tokenizer's own template, "
+                                 "which has no variants; remove templateVariant or name a chat format")
         fmt: ChatFormat = TemplateFormat(tokenizer)
     elif name in NAMED:
-        fmt = NAMED[name]()
+        try:
+            fmt = NAMED[name](variant)
+        except FormatError as e:
+            raise TokenizerError(f"target.templateVariant: {e}") from None
     else:
         raise TokenizerError(f"target.chatFormat: unknown format {name!r}; use auto or one of {sorted(NAMED)}")
     for marker in fmt.markers:

@@ -8,6 +8,7 @@ declaration), not copied from them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from eyrie.jobs.errors import EyrieError
@@ -61,12 +62,22 @@ EXPECTED_IDS: dict[str, int] = {
     IM_MIDDLE: 163601,
 }
 
+# The system turn the release revision of the K2.5 template inserted when the conversation had
+# none; the current revision inserts nothing.
 DEFAULT_SYSTEM_PROMPT = "You are Kimi, an AI assistant created by Moonshot AI."
+
+_NATIVE_ID = re.compile(r"functions\.[^\s:]+:\d+")
 
 
 def native_call_id(name: str, index: int) -> str:
-    """Kimi's own call id: `functions.NAME:IDX`, IDX counting the calls of one assistant turn."""
+    """Kimi's own call id: `functions.NAME:IDX`, IDX counting the calls of the whole conversation
+    (the model generates it; the API returns it as the call's id)."""
     return f"functions.{name}:{index}"
+
+
+def is_native_call_id(cid: object) -> bool:
+    """Is `cid` an id the model generated (`functions.NAME:IDX`), not one a gateway made (`call_...`)?"""
+    return isinstance(cid, str) and _NATIVE_ID.fullmatch(cid) is not None
 
 
 def deep_sort(obj: Any) -> Any:

@@ -16,6 +16,7 @@ from eyrie.jobs.reconstruct.base import (
     _dump,
     _last_user_turn,
     _piece_list,
+    template_reasoning,
     text_of,
 )
 
@@ -67,7 +68,7 @@ class Qwen3(ChatFormat):
             if role == "user" or (role == "system" and i > 0):
                 out.append(f"<|im_start|>{role}\n{body}<|im_end|>\n")
             elif role == "assistant":
-                given = m.get("reasoning_content", m.get("reasoning"))
+                given = template_reasoning(m)
                 reasoning = given if isinstance(given, str) else ""
                 if given is None and THINK_END in body:
                     reasoning = body.split(THINK_END)[0].rstrip("\n").split(THINK)[-1].lstrip("\n")

@@ -15,6 +15,7 @@ halves is provably the same as tokenizing the whole, and the prefix holds by con
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,8 @@ from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer
 # max(GAP_ABS, GAP_REL x completion_tokens) is flagged `token_count_gap`.
 GAP_ABS = 8
 GAP_REL = 0.05
+# Exclusions that say "this rendering is not what the provider rendered" (not "the answer is unusable").
+RENDERING_REASONS = frozenset({"prefix_mismatch", "decode_mismatch", "marker_split", "template_error"})
 
 
 @dataclass(frozen=True)
@@ -74,15 +77,16 @@ def turn_of(response: dict[str, Any]) -> Turn:
                 calls=tuple(calls), finished=response.get("finish_reason") != "length")
 
 
-def wants_thinking(request: dict[str, Any], turn: Turn, default: bool) -> bool:
-    """Was the model thinking? Reasoning returned says yes; else the request's reasoning settings
-    (OpenRouter `reasoning`: disabled by `enabled: false` or effort `none`); else the family default."""
-    if turn.reasoning:
+def wants_thinking(request: dict[str, Any], usage: dict[str, Any], turn: Turn) -> bool | None:
+    """Was the model thinking? Reasoning returned (or counted in usage) says yes; else the request's
+    reasoning settings (OpenRouter `reasoning`: disabled by `enabled: false` or effort `none`); else
+    None: unknown."""
+    if turn.reasoning or (_int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens")) or 0) > 0:
         return True
     r = request.get("reasoning")
     if isinstance(r, dict) and r:
         return not (r.get("enabled") is False or r.get("effort") == "none" or r.get("max_tokens") == 0)
-    return default
+    return None
 
 
 def _hidden_reasoning(request: dict[str, Any], usage: dict[str, Any], turn: Turn, thinking: bool) -> bool:
@@ -194,7 +198,25 @@ class Reconstructor:
         usage = record.get("usage") or {}
         try:
             turn = turn_of(response)
-            thinking = wants_thinking(request, turn, self.fmt.default_thinking)
+        except FormatError as e:
+            return self._excluded(record, e.reason, str(e))
+        thinking = wants_thinking(request, usage, turn)
+        if thinking is not None:
+            return self._build(record, request, response, usage, turn, thinking)
+        # Neither the answer nor the request says: the template's default first; the other reading
+        # when the default cannot give this answer or the provider's prompt count says otherwise.
+        first = self._build(record, request, response, usage, turn, self.fmt.default_thinking)
+        if isinstance(first, Sample) and first.prompt_gap in (0, None):
+            return first
+        other = self._build(record, request, response, usage, turn, not self.fmt.default_thinking)
+        if isinstance(other, Sample) and (other.prompt_gap == 0 or (
+                isinstance(first, Excluded) and first.reason in RENDERING_REASONS)):
+            return dataclasses.replace(other, flags=(*other.flags, "thinking_inferred"))
+        return first
+
+    def _build(self, record: Record, request: dict[str, Any], response: dict[str, Any], usage: dict[str, Any],
+               turn: Turn, thinking: bool) -> Sample | Excluded:
+        try:
             if _hidden_reasoning(request, usage, turn, thinking):
                 return self._excluded(record, "reasoning_missing",
                                       "the model reasoned but no reasoning text was returned")
