@@ -570,3 +570,66 @@ def test_records_that_give_no_sample_are_counted_by_reason(kimi_named, record, r
 def test_a_flagged_record_is_kept_with_the_flag(kimi_named):
     s = kept(kimi_named(rec([{"role": "user", "content": "Hi"}], content="x", reasoning="y", policy="flag")))
     assert s.flags == ("tool_policy_flag",)
+
+
+# -------------------------------------------- chatFormat auto: the thinking default is the template's
+
+
+def _with_template(src: Path, folder: Path, template: str) -> LoadedTokenizer:
+    """A copy of tokenizer folder `src` whose chat template is `template`."""
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((src / name).read_bytes())
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return load_tokenizer(TargetSpec(model="m", tokenizer=str(folder)))
+
+
+SILENT = [  # neither the answer (no reasoning) nor the request says whether the model thought
+    rec([{"role": "user", "content": "Hi"}], content="Hello!"),
+    rec([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"}], content="",
+        calls=[call("get_weather", PARIS, "c1")]),
+    rec([{"role": "user", "content": "Paris?"}, {"role": "assistant", "content": "",
+                                                 "tool_calls": [call("get_weather", PARIS, "c1")]},
+         {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}, {"role": "user", "content": "So?"}],
+        content="Sunny."),
+]
+
+
+def _provider_prompt(tok: LoadedTokenizer, r: dict[str, Any]) -> list[int]:
+    """What a provider that passes no thinking switch renders: the template's own default."""
+    return tok.encode(tok.apply_chat_template(r["request"]["messages"], tools=r["request"].get("tools"),
+                                              add_generation_prompt=True))
+
+
+@pytest.mark.parametrize("family, default", [("deepseek-v3.1", False), ("qwen3", True)])
+@pytest.mark.parametrize("reported", [False, True])
+def test_auto_thinking_default_comes_from_the_template_and_no_sample_is_lost(
+        family, default, reported, ds_tok, qwen_tok, tmp_path):
+    from tests.reference_helpers import reference
+
+    template = reference(f"{family}/chat_template.jinja").read_text()
+    src = ds_tok.folder if family == "deepseek-v3.1" else qwen_tok.folder
+    tok = _with_template(src, tmp_path / family, template)
+    rebuild = Reconstructor(resolve_format("auto", tok), tok)
+    assert rebuild.fmt.default_thinking is default
+    for r in SILENT:
+        want = _provider_prompt(tok, r)
+        if reported:
+            r = {**r, "usage": {"prompt_tokens": len(want)}}
+        s = kept(rebuild(r))
+        assert s.input_ids[:s.n_prompt] == want
+        assert s.prompt_gap in (None, 0) and "thinking_inferred" not in s.flags
+
+
+def test_the_other_reading_is_taken_when_the_providers_count_says_so(qwen_tok):
+    """Qwen3 thinks unless told not to; a provider that switched thinking off without the request
+    saying so rendered `<think>\\n\\n</think>\\n\\n` in the prompt: its prompt_tokens tell."""
+    rebuild = Reconstructor(resolve_format("auto", qwen_tok), qwen_tok)
+    r = SILENT[0]
+    off = qwen_tok.encode(qwen_tok.apply_chat_template(r["request"]["messages"], add_generation_prompt=True,
+                                                       enable_thinking=False))
+    s = kept(rebuild({**r, "usage": {"prompt_tokens": len(off)}}))
+    assert (s.input_ids[:s.n_prompt], s.prompt_gap, s.flags) == (off, 0, ("thinking_inferred",))
+    s = kept(rebuild({**r, "usage": {"prompt_tokens": len(off) + 7}}))  # neither fits: the template's default
+    assert (s.prompt_gap, s.flags) == (len(_provider_prompt(qwen_tok, r)) - len(off) - 7, ())
