@@ -95,8 +95,12 @@ def _limits(node: dict[str, Any]) -> str:
 
 
 def _object_of(node: dict[str, Any], defs: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """The object schema a field holds (directly or as list items) and the path suffix to reach it."""
+    """The object schema a field holds (directly, as list items, or as the object form of a union such
+    as `sort: "price" | {by, partition}`) and the path suffix to reach it."""
     node = _resolve(node, defs)
+    for variant in node.get("anyOf", ()):
+        if (child := _object_of(variant, defs)) is not None:
+            return child
     if node.get("type") == "object" and "properties" in node:
         return node, ""
     if node.get("type") == "array":

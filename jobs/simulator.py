@@ -2,9 +2,10 @@
 
 It answers like OpenRouter does (reasoning, content, structured tool calls, `usage.cost`, SSE with
 comment lines), deterministically per prompt, and injects the failures a real provider produces
-(429, 5xx, 402, hangs, cut streams, errors inside HTTP 200, malformed JSON, leaked tool-call
-markers) so the client, the budget and the tool checks can be exercised over real HTTP on loopback.
-It bills only the responses it completed, so a test can compare eyrie's spend with the provider's.
+(429, 5xx, 402 out of credits or in-flight budget full, 403 moderation, hangs, cut streams, errors
+inside HTTP 200, malformed JSON, leaked tool-call markers, BYOK billing) so the client, the budget
+and the tool checks can be exercised over real HTTP on loopback. It bills only the responses it
+completed, so a test can compare eyrie's spend with the provider's (BYOK: fee plus upstream cost).
 
 `api.baseUrl: simulated` starts it as a child process (`SimulatorProcess`); `eyrie simulate` runs it
 in the foreground. It binds 127.0.0.1 unless told otherwise and must never stand in for a real API.
@@ -48,6 +49,7 @@ DEFAULT_FAULTS: tuple[str, ...] = (
 PROVIDER = "eyrie-simulator"
 MODEL_ID = "eyrie/simulated"
 _MILLION = Decimal(1_000_000)
+BYOK_FEE = 0.05  # OpenRouter's BYOK fee: a share of what the request would cost on its credits
 _COMMENT = b": OPENROUTER PROCESSING\n\n"
 _DONE = b"data: [DONE]\n\n"
 
@@ -327,7 +329,8 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
     limit = completion_limit(body, cfg)
     r_cfg = body.get("reasoning")
     wants_reasoning = (isinstance(r_cfg, dict) and r_cfg.get("enabled", True) is not False
-                       and not r_cfg.get("exclude")) or bool(body.get("reasoning_effort"))
+                       and r_cfg.get("effort") != "none" and not r_cfg.get("exclude")) \
+        or bool(body.get("reasoning_effort"))
     reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning else None
     content: str | None = None
     calls: list[dict[str, Any]] = []
@@ -398,7 +401,16 @@ _HTTP_FAULTS: dict[str, tuple[int, str]] = {
     "502": (502, "Provider returned error (simulated)"),
     "503": (503, "No instances available (simulated)"),
     "402": (402, "Insufficient credits. Add more using https://openrouter.ai/settings/credits (simulated)"),
+    "402-in-flight": (402, "This request would exceed your available credits given your current in-flight "
+                      "requests. Retry after in-flight requests settle, or add credits. (simulated)"),
+    "403-moderation": (403, "Input flagged by moderation (simulated)"),
 }
+
+
+def _flagged(messages: list[Any]) -> str:
+    """The flagged text as OpenRouter reports it: at most 100 characters, cut in the middle."""
+    text = str(messages[-1].get("content") if isinstance(messages[-1], dict) else messages[-1])
+    return text if len(text) <= 100 else text[:48] + "..." + text[-49:]
 
 
 class _Sim:
@@ -428,16 +440,25 @@ class _Sim:
              + ans.completion_tokens * self.cfg.output_per_million) / _MILLION
         return float(c)
 
-    def _bill(self, cost: float) -> None:
-        # bill exactly what the client reads back from usage.cost
+    def _bill(self, usage: dict[str, Any]) -> None:
+        """Bill exactly what the usage tells the client: `cost`, plus with BYOK what the provider
+        charged the user's own key (usage accounting: cost_details.upstream_inference_cost)."""
         self.completed += 1
-        self.billed += Decimal(str(cost))
+        self.billed += Decimal(str(usage["cost"]))
+        if usage["is_byok"]:
+            self.billed += Decimal(str(usage["cost_details"]["upstream_inference_cost"]))
 
-    def _usage(self, ans: Answer, cost: float) -> dict[str, Any]:
-        return {"prompt_tokens": ans.prompt_tokens, "completion_tokens": ans.completion_tokens,
-                "total_tokens": ans.prompt_tokens + ans.completion_tokens, "cost": cost,
-                "is_byok": False, "prompt_tokens_details": {"cached_tokens": 0},
-                "completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
+    def _usage(self, ans: Answer, byok: bool = False) -> dict[str, Any]:
+        cost = self._cost(ans)
+        usage = {"prompt_tokens": ans.prompt_tokens, "completion_tokens": ans.completion_tokens,
+                 "total_tokens": ans.prompt_tokens + ans.completion_tokens, "cost": cost,
+                 "is_byok": False, "cost_details": {"upstream_inference_cost": None},
+                 "prompt_tokens_details": {"cached_tokens": 0},
+                 "completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
+        if byok:  # the provider bills the user's key the price; OpenRouter's credits only its fee
+            usage.update(cost=round(cost * BYOK_FEE, 12), is_byok=True,
+                         cost_details={"upstream_inference_cost": cost})
+        return usage
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._auth(request)) is not None:
@@ -490,8 +511,16 @@ class _Sim:
             await asyncio.sleep(self.cfg.latency_ms / 1000)
         if fault in _HTTP_FAULTS:
             status, msg = _HTTP_FAULTS[fault]
-            headers = {"Retry-After": str(self.cfg.retry_after_s)} if fault == "429" else None
-            return web.Response(status=status, body=_error_body(status, msg, provider_name=PROVIDER),
+            meta: dict[str, Any] = {"provider_name": PROVIDER}
+            if fault == "402-in-flight":  # the limits page's in-flight spending budget 402
+                meta = {"reason": "in_flight_budget_exhausted", "limit_source": "openrouter_in_flight_budget",
+                        "remedy_hint": "Retry after your in-flight requests settle (see the Retry-After header)."}
+            elif fault == "403-moderation":  # the errors page's ModerationErrorMetadata
+                meta = {"reasons": ["harassment"], "flagged_input": _flagged(body["messages"]),
+                        "provider_name": PROVIDER, "model_slug": body["model"]}
+            retry = fault in ("429", "402-in-flight")
+            headers = {"Retry-After": str(self.cfg.retry_after_s)} if retry else None
+            return web.Response(status=status, body=_error_body(status, msg, **meta),
                                 headers=headers, content_type="application/json")
         if fault == "timeout":
             await asyncio.sleep(self.cfg.hang_s)  # cancelled when the client hangs up
@@ -520,7 +549,7 @@ class _Sim:
         if fault == "empty-choices":
             empty = {**self._head(body, ans, "chat.completion"), "choices": []}
             return web.Response(body=orjson.dumps(empty), content_type="application/json")
-        cost = self._cost(ans)
+        usage = self._usage(ans, fault == "byok")
         message: dict[str, Any] = {"role": "assistant", "content": ans.content, "refusal": None,
                                    "reasoning": ans.reasoning}
         if ans.tool_calls:
@@ -528,7 +557,7 @@ class _Sim:
         out = {**self._head(body, ans, "chat.completion"),
                "choices": [{"index": 0, "logprobs": None, "finish_reason": ans.finish_reason,
                             "native_finish_reason": ans.finish_reason, "message": message}],
-               "usage": self._usage(ans, cost)}
+               "usage": usage}
         data = orjson.dumps(out)
         if fault == "stream-cut":  # the body stops half-way; the connection closes
             resp = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -537,7 +566,7 @@ class _Sim:
             await resp.write(data[: len(data) // 2])
             _hang_up(request)
             return resp
-        self._bill(cost)
+        self._bill(usage)
         return web.Response(body=data, content_type="application/json")
 
     async def _stream(self, request: web.Request, body: dict[str, Any], ans: Answer,
@@ -563,13 +592,13 @@ class _Sim:
             for p in _pieces(fn["arguments"]):
                 parts.append(chunk({"role": "assistant", "content": None, "tool_calls": [
                     {"index": i, "function": {"arguments": p}}]}))
-        if fault is None or fault in ("leak", "length-empty"):
+        if fault is None or fault in ("leak", "length-empty", "byok"):
             # the whole stream in one write: at thousands of requests/s the simulator must not be
             # what is measured (clients see it split anyway; the faults below write in pieces)
-            cost = self._cost(ans)
-            parts.append(chunk({}, ans.finish_reason, usage=self._usage(ans, cost)))
+            usage = self._usage(ans, fault == "byok")
+            parts.append(chunk({}, ans.finish_reason, usage=usage))
             parts.append(_DONE)
-            self._bill(cost)
+            self._bill(usage)
             return web.Response(body=b"".join(parts), headers=_SSE_HEADERS)
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         await resp.prepare(request)

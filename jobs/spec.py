@@ -24,7 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from eyrie.jobs.errors import InputError
 
@@ -84,6 +84,10 @@ class Model(BaseModel):
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def wire(self) -> dict[str, Any]:
+        """As sent to an API that spells fields in snake_case (OpenRouter's request objects)."""
+        return self.model_dump(mode="json", by_alias=False, exclude_none=True)
+
 
 # ----------------------------------------------------------------------------------------- spec
 
@@ -117,8 +121,41 @@ class SecretKeyRef(Model):
     key: str = Field(default="api-key", description="Key inside the Secret.")
 
 
+class ProviderSort(Model):
+    """The object form of provider.sort (provider-selection guide, "Advanced Sorting with Partition")."""
+
+    by: Literal["price", "throughput", "latency", "exacto"] | None = None
+    """Rank providers by price, throughput, latency (or exacto)."""
+    partition: Literal["model", "none"] | None = None
+    """model (default): sort within each model, fallback models stay fallbacks; none: all endpoints together."""
+
+
+class Percentiles(Model):
+    """Percentile cutoffs of preferredMinThroughput (tokens/s) or preferredMaxLatency (seconds)."""
+
+    p50: float | None = Field(default=None, ge=0)
+    p75: float | None = Field(default=None, ge=0)
+    p90: float | None = Field(default=None, ge=0)
+    p99: float | None = Field(default=None, ge=0)
+
+
+class MaxPrice(Model):
+    """The highest provider prices accepted (USD per million tokens; per request, image, audio unit)."""
+
+    prompt: USD | None = None
+    completion: USD | None = None
+    request: USD | None = None
+    image: USD | None = None
+    audio: USD | None = None
+
+    _money = field_validator("prompt", "completion", "request", "image", "audio", mode="before")(
+        lambda v: _usd(v) if v is not None else None
+    )
+
+
 class ProviderSpec(Model):
-    """OpenRouter provider routing; sent as the request's `provider` object."""
+    """OpenRouter provider routing (provider-selection guide); sent as the request's `provider`
+    object, snake_case on the wire. A field OpenRouter adds later goes into `extra`."""
 
     order: list[str] | None = None
     """Providers to try, in order (OpenRouter provider slugs)."""
@@ -132,23 +169,56 @@ class ProviderSpec(Model):
     """Only providers that support every parameter sent (tools, reasoning)."""
     data_collection: Literal["allow", "deny"] | None = None
     """Whether providers that store or train on prompts may be used."""
-    sort: Literal["price", "throughput", "latency"] | None = None
-    """Rank providers by price, throughput or latency."""
+    zdr: bool | None = None
+    """Only Zero Data Retention endpoints."""
+    enforce_distillable_text: bool | None = None
+    """Only models whose authors allow text distillation (what a drafter's training data is)."""
     quantizations: list[str] | None = None
-    """Accept only these quantizations (e.g. fp8, bf16)."""
+    """Accept only these quantizations (e.g. fp8, bf16; OpenRouter's list grows)."""
+    sort: Literal["price", "throughput", "latency", "exacto"] | ProviderSort | None = None
+    """Rank providers (no load balancing): a name, or {by, partition}."""
+    preferred_min_throughput: float | Percentiles | None = None
+    """Prefer endpoints at or above this throughput (tokens/s; a number is p50, or percentile cutoffs)."""
+    preferred_max_latency: float | Percentiles | None = None
+    """Prefer endpoints at or below this latency (seconds; a number is p50, or percentile cutoffs)."""
+    max_price: MaxPrice | None = None
+    """Refuse providers priced above these (the request fails rather than pay more)."""
+    extra: dict[str, Any] | None = None
+    """Other provider-routing fields, sent as given (snake_case, as OpenRouter documents them)."""
+
+    @field_validator("extra")
+    @classmethod
+    def _not_typed(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        typed = {name for name in cls.model_fields if name != "extra"}
+        clash = sorted(k for k in v or {} if k in typed or to_snake(k) in typed)
+        if clash:
+            raise ValueError(f"{', '.join(clash)}: typed fields of api.provider; set them there, not in extra")
+        return v
+
+    def wire(self) -> dict[str, Any]:
+        out = super().wire()
+        extra = out.pop("extra", None) or {}
+        return {**out, **extra}
 
 
 class ReasoningSpec(Model):
-    """OpenRouter unified reasoning settings; sent as the request's `reasoning` object."""
+    """OpenRouter unified reasoning settings (reasoning-tokens guide); sent as the request's
+    `reasoning` object, snake_case on the wire."""
 
-    effort: Literal["minimal", "low", "medium", "high", "xhigh"] | None = None
-    """Reasoning effort requested from the model."""
+    effort: Literal["max", "xhigh", "high", "medium", "low", "minimal", "none"] | None = None
+    """Reasoning effort requested from the model; none turns reasoning off."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Reasoning token cap; reserved on top of sampling.maxTokens."""
     exclude: bool | None = None
     """Ask the provider not to return the reasoning (it is then missing from the data)."""
     enabled: bool | None = None
     """Turn reasoning on or off explicitly."""
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    """Ask for a reasoning summary (a summary is not the reasoning: such samples are not reconstructed)."""
+    context: Literal["auto", "all_turns", "current_turn"] | None = None
+    """Which earlier turns' reasoning the model sees (where the model supports it)."""
+    mode: Literal["standard", "pro"] | None = None
+    """The model's pro reasoning variant, where offered."""
 
 
 class SamplingSpec(Model):
@@ -170,9 +240,14 @@ class SimulatorSpec(Model):
     """Added latency per request."""
     fault_rate: float = Field(default=0, ge=0, le=1, description="Share of requests that fail.")
     faults: list[
-        Literal["429", "429-no-retry-after", "500", "502", "503", "402", "timeout", "stream-cut",
-                "200-error", "malformed-json", "empty-choices", "length-empty", "leak"]
+        Literal["429", "429-no-retry-after", "500", "502", "503", "402", "402-in-flight", "403-moderation",
+                "timeout", "stream-cut", "200-error", "malformed-json", "empty-choices", "length-empty",
+                "leak", "byok"]
     ] = Field(default_factory=list)
+    """Faults drawn at faultRate (all transient ones when empty): HTTP errors (402-in-flight is
+    OpenRouter's transient in-flight-budget 402, 403-moderation a flagged prompt), hangs, broken
+    streams and bodies, leaked tool-call markers, and byok (usage as billed with the user's own
+    provider key: OpenRouter's fee plus upstream_inference_cost)."""
     seed: int = 0
     """Seed of the simulator's answers and fault draws."""
 

@@ -28,7 +28,7 @@ from fault_helpers import (
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
 N = 24
-STATUS_FAULTS = ["429", "429-no-retry-after", "500", "502", "503"]
+STATUS_FAULTS = ["429", "429-no-retry-after", "402-in-flight", "500", "502", "503"]
 BODY_FAULTS = ["stream-cut", "200-error", "malformed-json", "empty-choices"]  # differ between SSE and JSON
 RETRYABLE = STATUS_FAULTS + BODY_FAULTS
 # Fault draws come from one seeded sequence. A seed whose first ~150 draws hold no run of more than
@@ -184,3 +184,46 @@ def test_402_among_other_faults_stops_the_run_and_the_resume_completes_it_once(t
     assert second["completed"] == N - len(recs1)
     total = Decimal(first["billedUSD"]) + Decimal(second["billedUSD"])
     assert Decimal(progress(store)["spentUSD"]) == total == spent_sum(recs)
+
+
+def test_moderated_prompts_at_30_percent_fail_alone_and_the_run_finishes(tmp_path, monkeypatch):
+    """`403-moderation` (OpenRouter's moderation 403: reasons, flagged_input) on 30% of requests: each
+    flagged prompt is recorded failed with reason `moderation` after one request (never retried, never
+    billed), every other prompt is answered, the run is Done and counts them by reason."""
+    cfg = SimulatorConfig(fault_rate=0.3, faults=["403-moderation"], seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
+        result, store, stats = _run(tmp_path, monkeypatch, sim)
+    recs = persisted(store)
+    assert_exactly_once(recs, range(N))
+    assert result.outcome == "Done", result.message
+    flagged = stats["faults"]["403-moderation"]
+    failed = [r for r in recs if r["status"] == "failed"]
+    assert 0 < len(failed) == flagged and stats["requests"] == N  # one request per prompt
+    for r in failed:
+        assert (r["error"]["type"], r["attempts"], r["costUSD"]) == ("moderation", 1, "0")
+        assert r["error"]["details"]["reasons"] == ["harassment"]
+        assert r["error"]["details"]["flagged_input"].startswith("Fault suite question")
+    prog = progress(store)
+    assert prog["samples"] == {"total": N, "done": N - flagged, "dropped": 0, "failed": flagged}
+    assert prog["failures"] == {"moderation": flagged}
+    assert Decimal(prog["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["sse", "json"])
+def test_byok_answers_mixed_with_credit_answers_are_counted_in_full(tmp_path, monkeypatch, stream):
+    """`byok` on half the answers (usage: OpenRouter's 5% fee as `cost`, the provider's charge as
+    `cost_details.upstream_inference_cost`) among answers paid from credits: eyrie's spend equals
+    what the user paid in all (fee + upstream, plus the credit answers), record by record."""
+    cfg = SimulatorConfig(fault_rate=0.5, faults=["byok"], seed=CALM_SEED)
+    with SimulatorProcess(cfg) as sim:
+        result, store, stats = _run(tmp_path, monkeypatch, sim, stream=stream)
+    recs = persisted(store)
+    assert_exactly_once(recs, range(N))
+    assert result.outcome == "Done", result.message
+    byok = [r for r in recs if r["usage"]["is_byok"]]
+    assert len(byok) == stats["faults"]["byok"] > 0
+    for r in byok:
+        u = r["usage"]
+        upstream = Decimal(str(u["cost_details"]["upstream_inference_cost"]))
+        assert Decimal(r["costUSD"]) == Decimal(str(u["cost"])) + upstream
+    assert Decimal(progress(store)["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)

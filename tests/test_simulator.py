@@ -249,8 +249,9 @@ def test_config_from_spec_json_round_trip_and_validation() -> None:
     assert SimulatorConfig.from_spec(None) == SimulatorConfig()
     back = SimulatorConfig.from_json(cfg.to_json())
     assert back == cfg and back.input_per_million == Decimal("0.60")
-    assert set(FAULTS) == {"429", "429-no-retry-after", "500", "502", "503", "402", "timeout", "stream-cut",
-                           "200-error", "malformed-json", "empty-choices", "length-empty", "leak"}
+    assert set(FAULTS) == {"429", "429-no-retry-after", "500", "502", "503", "402", "402-in-flight",
+                           "403-moderation", "timeout", "stream-cut", "200-error", "malformed-json",
+                           "empty-choices", "length-empty", "leak", "byok"}
     with pytest.raises(ValueError, match=r"unknown \['404'\]"):
         SimulatorConfig(faults=["404"])
     with pytest.raises(ValueError, match=r"fault_rate: 1\.5"):
@@ -319,7 +320,8 @@ async def test_stream_has_comments_deltas_usage_and_done(start_sim: StartSim) ->
 
 
 async def test_http_faults_shapes_and_nothing_billed(start_sim: StartSim) -> None:
-    cases = {"429": 429, "429-no-retry-after": 429, "500": 500, "502": 502, "503": 503, "402": 402}
+    cases = {"429": 429, "429-no-retry-after": 429, "500": 500, "502": 502, "503": 503, "402": 402,
+             "402-in-flight": 402, "403-moderation": 403}
     async with aiohttp.ClientSession() as s:
         for fault, code in cases.items():
             sim = await start_sim(fault_rate=1.0, faults=[fault], retry_after_s=1)
@@ -327,9 +329,16 @@ async def test_http_faults_shapes_and_nothing_billed(start_sim: StartSim) -> Non
                 status, headers, doc = await post(s, sim, body(1, stream=stream))
                 assert status == code
                 assert doc["error"]["code"] == code
-                assert headers.get("Retry-After") == ("1" if fault == "429" else None)
+                assert headers.get("Retry-After") == ("1" if fault in ("429", "402-in-flight") else None)
+            meta = doc["error"]["metadata"]
             if fault == "402":
                 assert "Insufficient credits" in doc["error"]["message"]
+            if fault == "402-in-flight":  # OpenRouter's limits page, "In-flight spending budget"
+                assert (meta["reason"], meta["limit_source"]) == ("in_flight_budget_exhausted",
+                                                                  "openrouter_in_flight_budget")
+            if fault == "403-moderation":  # the errors page's ModerationErrorMetadata
+                assert meta == {"reasons": ["harassment"], "flagged_input": "Question number 1?",
+                                "provider_name": "eyrie-simulator", "model_slug": "acme/model"}
             stats = await sim.stats()
             assert (stats["requests"], stats["completed"], stats["billedUSD"], stats["faults"]) == \
                 (2, 0, "0", {fault: 2})
@@ -372,6 +381,17 @@ async def test_completing_faults_leak_and_length_empty_are_billed(start_sim: Sta
         assert msg["content"].endswith(kimi_markers([(c["function"]["name"], c["function"]["arguments"])
                                                       for c in calls]))
         assert Decimal((await sim.stats())["billedUSD"]) == Decimal(str(doc["usage"]["cost"]))
+
+        sim = await start_sim(fault_rate=1.0, faults=["byok"])  # billed: the fee plus the upstream cost
+        for stream in (False, True):
+            if stream:
+                async with s.post(sim.base_url + "/chat/completions", data=orjson.dumps(body(3, stream=True))) as r:
+                    u = stream_events(await r.read())[0][-1]["usage"]
+            else:
+                u = (await post(s, sim, body(3)))[2]["usage"]
+            upstream = u["cost_details"]["upstream_inference_cost"]
+            assert u["is_byok"] is True and Decimal(str(u["cost"])) == Decimal(str(upstream)) * Decimal("0.05")
+        assert Decimal((await sim.stats())["billedUSD"]) == 2 * (Decimal(str(u["cost"])) + Decimal(str(upstream)))
 
         sim = await start_sim(fault_rate=1.0, faults=["length-empty"])
         _, _, doc = await post(s, sim, body(2, max_tokens=64))

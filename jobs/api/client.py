@@ -2,10 +2,12 @@
 
 One `ChatClient` per worker: it sends the caller's body as-is (adding only the streaming and usage
 flags), parses SSE or JSON into the generation record's `Response`, retries what a retry can fix
-(429 honouring Retry-After, 408, 5xx, timeouts, dropped connections and streams, errors inside an
-HTTP 200, malformed JSON, empty choices) with capped full-jitter backoff, and stops at once on what
-it cannot (402 -> InsufficientCredits, 401/403 -> AuthError, other 4xx -> RequestFailed). The API
-key lives only in the Authorization header: never in a message, a repr or a log line.
+(429 and OpenRouter's transient in-flight-budget 402 honouring Retry-After, 408, 5xx, timeouts,
+dropped connections and streams, errors inside an HTTP 200, malformed JSON, empty choices) with
+capped full-jitter backoff, and stops at once on what it cannot (`provider_errors.classify` is the
+table: other 402s -> InsufficientCredits, a moderated prompt or a length limit -> SampleRefused,
+401 and other 403s -> AuthError, other 4xx -> RequestFailed). The API key lives only in the
+Authorization header: never in a message, a repr or a log line.
 
 The per-request path is kept lean (benchmarked against a bare httpx loop): orjson, bytes-level SSE
 parsing, no logging, no per-request objects beyond what httpx itself builds.
@@ -17,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -25,21 +27,42 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
-from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, InsufficientCredits, RequestFailed, _Retry
+from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, RequestFailed, _Retry
 from eyrie.jobs.api.limits import TokenBucket, backoff_delay, is_loopback, parse_retry_after
-from eyrie.jobs.api.sse import SSEAccumulator, _provider_message, parse_completion
+from eyrie.jobs.api.provider_errors import classify, parse_error_body
+from eyrie.jobs.api.sse import SSEAccumulator, parse_completion
 from eyrie.jobs.contract.records import Response
 
 _loads = orjson.loads
 
 
+def reported_cost(usage: dict[str, Any] | None) -> Decimal | None:
+    """What the provider says the request cost the user, or None when it does not say.
+
+    OpenRouter's usage accounting: `cost` is what it charged the account; with the user's own
+    provider key (BYOK) that is only OpenRouter's fee, and `cost_details.upstream_inference_cost` is
+    what the provider charged that key. The budget counts both: the sum when `is_byok`, or when
+    upstream cost is reported without `is_byok` (counting it can only stop a run early, never let it
+    overspend); with `is_byok: false` the upstream figure is already inside `cost`.
+    """
+    if not usage or usage.get("cost") is None:
+        return None
+    try:
+        cost = Decimal(str(usage["cost"]))
+        details = usage.get("cost_details")
+        upstream = details.get("upstream_inference_cost") if isinstance(details, dict) else None
+        if upstream is not None and usage.get("is_byok") is not False:
+            cost += Decimal(str(upstream))
+    except ArithmeticError:
+        return None
+    return cost if cost.is_finite() and cost >= 0 else None
 
 
 @dataclass(slots=True)
 class Completion:
     response: Response
     usage: dict[str, Any] | None
-    cost: Decimal | None  # usage.cost when the provider reports it; None -> the caller prices it
+    cost: Decimal | None  # reported_cost(usage); None -> the caller prices it
     attempts: int
     latency_s: float
 
@@ -152,7 +175,7 @@ class ChatClient:
                                      "check api.baseUrl and the network") from None
             if resp.status_code in (401, 403):
                 raise AuthError(f"the API at {self.base_url} rejected the API key (HTTP {resp.status_code} "
-                                f"on {path}: {self._redact(_provider_message(resp.content))}); check "
+                                f"on {path}: {self._redact(parse_error_body(resp.content).message)}); check "
                                 "EYRIE_API_KEY or api.apiKeySecretRef")
 
     # --------------------------------------------------------------------------------- requests
@@ -182,9 +205,7 @@ class ChatClient:
                     e.attempts = attempts
                 raise
             stats.completed += 1
-            cost = usage.get("cost") if usage else None
-            return Completion(resp, usage, Decimal(str(cost)) if cost is not None else None, attempts,
-                              time.monotonic() - start)
+            return Completion(resp, usage, reported_cost(usage), attempts, time.monotonic() - start)
 
     async def _attempt(self, data: bytes, est_tokens: int) -> tuple[Response, dict[str, Any] | None]:
         async with self._sem:
@@ -224,7 +245,7 @@ class ChatClient:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError:
             raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
-        return parse_completion(doc)
+        return parse_completion(doc, self._redact)
 
     async def _send_stream(self, data: bytes) -> tuple[Response, dict[str, Any] | None]:
         resp = await self._open(data)
@@ -237,8 +258,8 @@ class ChatClient:
                     doc = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
-                return parse_completion(doc)
-            acc = SSEAccumulator()
+                return parse_completion(doc, self._redact)
+            acc = SSEAccumulator(self._redact)
             try:
                 async for piece in resp.aiter_bytes():
                     acc.feed(piece)
@@ -250,14 +271,6 @@ class ChatClient:
         finally:
             await resp.aclose()
 
-    def _status_error(self, status: int, headers: httpx.Headers, raw: bytes) -> None:
-        msg = self._redact(_provider_message(raw))
-        if status == 402:
-            raise InsufficientCredits(f"the provider reports insufficient credits (HTTP 402): {msg}")
-        if status in (401, 403):
-            raise AuthError(f"the API at {self.base_url} rejected the request (HTTP {status}): {msg}; "
-                            "check EYRIE_API_KEY or api.apiKeySecretRef")
-        if status == 429 or status == 408 or status >= 500:
-            retry_after = parse_retry_after(headers.get("retry-after"))
-            raise _Retry(f"http-{status}", f"HTTP {status}: {msg}", retry_after)
-        raise RequestFailed(f"http-{status}", f"HTTP {status}: {msg}", 1)
+    def _status_error(self, status: int, headers: httpx.Headers, raw: bytes) -> NoReturn:
+        raise classify(parse_error_body(raw), http_status=status, retry_after=parse_retry_after(
+            headers.get("retry-after")), where=self.base_url, redact=self._redact)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any
+
 from eyrie.jobs.errors import EyrieError
 
 
@@ -10,19 +14,41 @@ class ApiError(EyrieError):
 
 
 class RequestFailed(ApiError):
-    """The request failed for good: retries exhausted, or an error no retry can fix (e.g. HTTP 400)."""
+    """The request failed for good: retries exhausted, or an error no retry can fix (e.g. HTTP 400).
 
-    def __init__(self, kind: str, message: str, attempts: int):
+    `details` is the provider's structured reason, where it gave one; `usage` and `cost` what the
+    provider reported for a failed attempt it may have billed (None: nothing reported, nothing billed).
+    """
+
+    def __init__(self, kind: str, message: str, attempts: int, *, details: dict[str, Any] | None = None,
+                 usage: dict[str, Any] | None = None, cost: Decimal | None = None):
         self.kind, self.message, self.attempts = kind, message, attempts
+        self.details, self.usage, self.cost = details, usage, cost
         super().__init__(f"{kind} after {attempts} attempt(s): {message}")
 
 
+class Refusal(StrEnum):
+    """Why a provider refused one sample for good: sending it again would only pay again."""
+
+    MODERATION = "moderation"  # 403 moderation flag or guardrail content block; content_policy_violation
+    LENGTH_LIMIT = "length-limit"  # mid-stream max_tokens / context-window error
+
+
+class SampleRefused(RequestFailed):
+    """The provider refused this prompt (moderation, a length limit): the sample fails, the run goes on."""
+
+    def __init__(self, kind: Refusal, message: str, *, details: dict[str, Any] | None = None,
+                 usage: dict[str, Any] | None = None):
+        super().__init__(str(kind), message, 1, details=details, usage=usage)
+
+
 class InsufficientCredits(ApiError):
-    """HTTP 402: the account is out of credits. Never retried; the run stops."""
+    """The account or key cannot pay (402 out of credits, a spent key or guardrail budget). Never
+    retried; the run stops."""
 
 
 class AuthError(ApiError):
-    """Missing or rejected API key (401/403). Never retried."""
+    """Missing or rejected API key (401), or a key without permission (403). Never retried."""
 
 
 class ApiUnreachable(ApiError):

@@ -2,38 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-from eyrie.jobs.api.errors import InsufficientCredits, _Retry
-from eyrie.jobs.contract.records import Response, ToolCall
+from eyrie.jobs.api.errors import RequestFailed, _Retry
+from eyrie.jobs.api.provider_errors import _same, classify, parse_error
+from eyrie.jobs.contract.records import ReasoningDetail, Response, ToolCall
 
 _loads = orjson.loads
-_MSG_LIMIT = 500  # characters of a provider's error message kept in ours
-
-
-def _provider_message(raw: bytes) -> str:
-    """The provider's own error text (OpenRouter: error.message + metadata.raw), truncated."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw[:_MSG_LIMIT].decode("utf-8", "replace").strip() or "(empty body)"
-    err = doc.get("error") if isinstance(doc, dict) else None
-    if isinstance(err, dict):
-        msg = str(err.get("message") or err)
-        meta = err.get("metadata")
-        if isinstance(meta, dict) and meta.get("raw"):
-            msg += f" ({str(meta['raw'])[:200]})"
-    elif err:
-        msg = str(err)
-    else:
-        msg = raw[:_MSG_LIMIT].decode("utf-8", "replace")
-    return msg[:_MSG_LIMIT]
-
-
-def _error_code(err: Any) -> str:
-    return str(err.get("code", "")) if isinstance(err, dict) else ""
+_PIECES = ("text", "summary", "data")  # the streamed fields of a reasoning_details item
 
 
 def _text(value: Any) -> str | None:
@@ -54,37 +33,73 @@ def _tool_call(tc: dict[str, Any]) -> ToolCall:
             "function": {"name": fn.get("name"), "arguments": args}}
 
 
-def parse_completion(doc: Any) -> tuple[Response, dict[str, Any] | None]:
+def reasoning_text(details: list[dict[str, Any]]) -> str | None:
+    """The `reasoning.text` items of reasoning_details, in order (summaries and encrypted data are
+    not the model's reasoning and are left out)."""
+    return "".join(d["text"] for d in details
+                   if d.get("type") == ReasoningDetail.TEXT and isinstance(d.get("text"), str)) or None
+
+
+def _merge_details(items: list[dict[str, Any]], pieces: Any) -> None:
+    """Append streamed reasoning_details pieces; a piece of the item streamed last (same type and
+    index, or id) extends its text/summary/data, other fields take the latest value (a signature
+    arrives with the last piece)."""
+    for piece in pieces if isinstance(pieces, list) else ():
+        if not isinstance(piece, dict):
+            continue
+        last = items[-1] if items else None
+        key = (piece.get("type"), piece.get("index") if piece.get("index") is not None else piece.get("id"))
+        if last is not None and key == (last.get("type"),
+                                        last.get("index") if last.get("index") is not None else last.get("id")):
+            for k, v in piece.items():
+                if k in _PIECES and isinstance(v, str):
+                    last[k] = (last.get(k) or "") + v
+                elif v is not None:
+                    last[k] = v
+        else:
+            items.append(dict(piece))
+
+
+def _raise_body_error(err: Any, usage: Any = None, redact: Callable[[str], str] = _same) -> None:
+    """An error inside an HTTP 200 answer; a refusal keeps the usage the provider reported with it."""
+    exc = classify(parse_error(err), http_status=None, redact=redact)
+    if isinstance(exc, RequestFailed) and isinstance(usage, dict):
+        exc.usage = usage
+    raise exc
+
+
+def parse_completion(doc: Any, redact: Callable[[str], str] = _same) -> tuple[Response, dict[str, Any] | None]:
     """A non-streaming chat.completion body -> (Response, usage). Raises _Retry for bad bodies."""
     if not isinstance(doc, dict):
         raise _Retry("malformed-json", "the response body is not a JSON object")
     if doc.get("error"):
-        _raise_body_error(doc["error"])
+        _raise_body_error(doc["error"], doc.get("usage"), redact)
     choices = doc.get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
         raise _Retry("empty-choices", "the response has no choices")
     choice = choices[0]
     msg = choice.get("message") or {}
+    if choice.get("error"):  # the documented non-streaming form: the error beside partial output
+        _raise_body_error(choice["error"], doc.get("usage"), redact)
     if choice.get("finish_reason") == "error":
         raise _Retry("error-body", "the provider ended the answer with finish_reason=error")
+    details: list[dict[str, Any]] = []
+    _merge_details(details, msg.get("reasoning_details"))
     resp: Response = {
         "id": doc.get("id"), "provider": doc.get("provider"), "model": doc.get("model"),
         "finish_reason": choice.get("finish_reason"),
-        "reasoning": _text(msg.get("reasoning") or msg.get("reasoning_content")),
+        "reasoning": _text(msg.get("reasoning") or msg.get("reasoning_content")) or reasoning_text(details),
         "content": _text(msg.get("content")),
         "tool_calls": [_tool_call(tc) for tc in msg.get("tool_calls") or () if isinstance(tc, dict)],
     }
+    if choice.get("native_finish_reason") is not None:
+        resp["native_finish_reason"] = choice["native_finish_reason"]
+    if details:
+        resp["reasoning_details"] = details
     if choice.get("logprobs"):
         resp["logprobs"] = choice["logprobs"]
     usage = doc.get("usage")
     return resp, usage if isinstance(usage, dict) else None
-
-
-def _raise_body_error(err: Any) -> None:
-    msg = (str(err.get("message") or err) if isinstance(err, dict) else str(err))[:_MSG_LIMIT]
-    if _error_code(err) == "402":
-        raise InsufficientCredits(f"the provider reports insufficient credits (402): {msg}")
-    raise _Retry("error-body", f"error inside an HTTP 200 answer: {msg}")
 
 
 class SSEAccumulator:
@@ -95,10 +110,13 @@ class SSEAccumulator:
     `arguments` concatenated byte-for-byte.
     """
 
-    __slots__ = ("_buf", "_calls", "_content", "_data", "_logprobs", "_reasoning", "done", "finish_reason",
-                 "id", "model", "provider", "saw_choice", "usage")
+    __slots__ = ("_buf", "_calls", "_content", "_data", "_details", "_logprobs", "_reasoning", "_redact", "done",
+                 "finish_reason", "id", "model", "native_finish_reason", "provider", "saw_choice", "usage")
 
-    def __init__(self) -> None:
+    def __init__(self, redact: Callable[[str], str] = _same) -> None:
+        self._redact = redact
+        self._details: list[dict[str, Any]] = []
+        self.native_finish_reason: str | None = None
         self._buf = b""
         self._data: list[bytes] = []
         self._content: list[str] = []
@@ -143,8 +161,8 @@ class SSEAccumulator:
             raise _Retry("malformed-json", f"unparseable SSE data: {data[:120]!r}") from None
         if type(chunk) is not dict:
             raise _Retry("malformed-json", "an SSE chunk is not a JSON object")
-        if chunk.get("error"):
-            _raise_body_error(chunk["error"])
+        if chunk.get("error"):  # a mid-stream error: OpenRouter's unified error chunk
+            _raise_body_error(chunk["error"], chunk.get("usage") or self.usage, self._redact)
         if self.id is None:
             self.id = chunk.get("id")
             self.provider = chunk.get("provider")
@@ -167,8 +185,12 @@ class SSEAccumulator:
                 self._reasoning.append(r)
             if delta.get("tool_calls"):
                 self._tool_deltas(delta["tool_calls"])
+            if delta.get("reasoning_details"):
+                _merge_details(self._details, delta["reasoning_details"])
         if choice.get("logprobs"):
             self._merge_logprobs(choice["logprobs"])
+        if choice.get("native_finish_reason"):
+            self.native_finish_reason = choice["native_finish_reason"]
         fr = choice.get("finish_reason")
         if fr:
             if fr == "error":
@@ -217,12 +239,16 @@ class SSEAccumulator:
         resp: Response = {
             "id": self.id, "provider": self.provider, "model": self.model,
             "finish_reason": self.finish_reason,
-            "reasoning": "".join(self._reasoning) or None,
+            "reasoning": "".join(self._reasoning) or reasoning_text(self._details),
             "content": "".join(self._content) or None,
             "tool_calls": [{"id": s[0], "type": s[1] or "function",
                             "function": {"name": s[2] or None, "arguments": "".join(s[3])}}
                            for _, s in sorted(self._calls.items())],
         }
+        if self.native_finish_reason is not None:
+            resp["native_finish_reason"] = self.native_finish_reason
+        if self._details:
+            resp["reasoning_details"] = self._details
         if self._logprobs:
             resp["logprobs"] = {"content": self._logprobs}
         return resp, self.usage

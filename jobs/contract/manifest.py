@@ -40,6 +40,7 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "attempt": progress.get("attempt"),
         "spentUSD": progress.get("spentUSD"),
         "samples": progress.get("samples"),
+        "failures": progress.get("failures"),  # failed samples by error type (moderation, timeout, ...)
         "tokens": progress.get("tokens"),
         "tools": progress.get("tools"),
         "reconstruction": read_json(store, layout.SAMPLES_SUMMARY),

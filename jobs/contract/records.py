@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Iterator
+from enum import StrEnum
 from typing import Any, Literal, TypedDict
 
 import orjson
@@ -22,15 +23,25 @@ class ToolCall(TypedDict):
     function: dict[str, str]  # {"name": ..., "arguments": <the exact string returned>}
 
 
+class ReasoningDetail(StrEnum):
+    """The `type` of an item of OpenRouter's `reasoning_details` (reasoning-tokens guide)."""
+
+    TEXT = "reasoning.text"  # the reasoning as the model wrote it: what reconstruction needs
+    SUMMARY = "reasoning.summary"  # a summary of it: the tokens cannot be rebuilt from it
+    ENCRYPTED = "reasoning.encrypted"  # opaque (redacted) data: neither
+
+
 class Response(TypedDict, total=False):
     id: str | None
     provider: str | None
     model: str | None
     finish_reason: str | None
-    reasoning: str | None
+    native_finish_reason: str | None  # the upstream provider's own finish reason, when given
+    reasoning: str | None  # `reasoning`, else the `reasoning.text` items of reasoning_details in order
     content: str | None
     tool_calls: list[ToolCall]
     logprobs: Any
+    reasoning_details: list[dict[str, Any]]  # as returned (streamed pieces of one item merged)
 
 
 class Record(TypedDict, total=False):
@@ -45,7 +56,7 @@ class Record(TypedDict, total=False):
     usage: dict[str, Any] | None
     costUSD: str  # decimal string; "0" when nothing was paid
     attempts: int
-    error: dict[str, str] | None  # {"type": ..., "message": ...}
+    error: dict[str, Any] | None  # {"type": ..., "message": ...[, "details": the provider's reason]}
     checks: dict[str, Any]  # tool verdicts, leaks (filled by eyrie.jobs.tools)
     policy: Literal["keep", "drop", "flag"]  # what the tool policy decided for this sample
     createdAt: str

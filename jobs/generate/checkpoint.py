@@ -34,7 +34,8 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
         usage = rec.get("usage") or {}
         counts.add(Observation(str(rec.get("status")), policy=rec.get("policy", "keep"),
                                input_tokens=int(usage.get("prompt_tokens") or 0),
-                               output_tokens=int(usage.get("completion_tokens") or 0)))
+                               output_tokens=int(usage.get("completion_tokens") or 0),
+                               error_kind=(rec.get("error") or {}).get("type")))
         if gate is not None and rec.get("status") == "ok" and rec.get("checks"):
             gate.absorb(ResponseCheck.from_record(rec["checks"]))
     audit = previous_audit_spend(store)

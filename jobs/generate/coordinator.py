@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -38,6 +38,7 @@ class Counts:
     failed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    failures: Counter[str] = field(default_factory=Counter)  # failed samples by error type
 
     def add(self, obs: Observation) -> None:
         if obs.status == "ok":
@@ -49,6 +50,7 @@ class Counts:
             self.dropped += 1
         else:
             self.failed += 1
+            self.failures[obs.error_kind or "unknown"] += 1
         self.input_tokens += obs.input_tokens
         self.output_tokens += obs.output_tokens
 
@@ -189,6 +191,7 @@ class RunCoordinator:
             "auditUSD": usd(self.audit_usd),
             "priceFactor": usd(self.ledger.price_factor),
             "samples": {"total": self.total, "done": c.done, "dropped": c.dropped, "failed": c.failed},
+            "failures": dict(c.failures),
             "tokens": {"input": c.input_tokens, "output": c.output_tokens},
             "tools": tools,
             "requests": self.requests,

@@ -133,6 +133,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
     final = read_checkpoint(store, final_gate)
     snapshot["samples"] = {"total": total, "done": final.counts.done, "dropped": final.counts.dropped,
                            "failed": final.counts.failed}
+    snapshot["failures"] = dict(final.counts.failures)
     snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
     snapshot["tools"] = final_gate.metrics()
     if snapshot["outcome"] == Outcome.RUNNING:

@@ -41,13 +41,9 @@ def build_body(spec: DatasetGenerationSpec, messages: list[dict], tool_list: lis
     if s.seed is not None:
         body["seed"] = s.seed
     if s.reasoning is not None:
-        body["reasoning"] = s.reasoning.dump()
+        body["reasoning"] = s.reasoning.wire()
     if spec.api.provider is not None:
-        p = spec.api.provider.dump()
-        # OpenRouter's provider object is snake_case.
-        body["provider"] = {
-            {"allowFallbacks": "allow_fallbacks", "requireParameters": "require_parameters",
-             "dataCollection": "data_collection"}.get(k, k): v for k, v in p.items()}
+        body["provider"] = spec.api.provider.wire()
     return body
 
 

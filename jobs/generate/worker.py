@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed
+from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed, reported_cost
 from eyrie.jobs.context import api_key_from_env
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.progress import now_iso
@@ -270,10 +270,9 @@ class ShardWorker:
             return None
         try:
             done = await self.client.complete(body, est_tokens=est)
-        except InsufficientCredits as e:
-            await self._call("finish", rid, None, False, Observation("failed", error_kind="402"))
-            await self._call("stop", Outcome.INSUFFICIENT_CREDITS, f"the provider reports insufficient "
-                             f"credits (HTTP 402): {e}; add credits, then resume")
+        except InsufficientCredits as e:  # out of credits, a spent key or budget: the run stops
+            await self._call("finish", rid, None, False, Observation("failed", error_kind="insufficient-credits"))
+            await self._call("stop", Outcome.INSUFFICIENT_CREDITS, str(e))
             self.stopping = True
             return None
         except AuthError as e:
@@ -281,10 +280,16 @@ class ShardWorker:
             await self._call("stop", Outcome.FAILED, str(e))
             self.stopping = True
             return None
-        except RequestFailed as e:
-            rec.update(status="failed", attempts=e.attempts, error={"type": e.kind, "message": str(e)})
+        except RequestFailed as e:  # this sample fails (retries spent, a refusal, a 4xx); the run goes on
+            # usage reported with the failure (a refusal mid-stream) means it may have been billed
+            cost = actual_cost(self.pricing, e.usage, reported_cost(e.usage)) if e.usage else None
+            error: dict[str, Any] = {"type": e.kind, "message": str(e)}
+            if e.details:
+                error["details"] = e.details
+            rec.update(status="failed", attempts=e.attempts, error=error, usage=e.usage,
+                       costUSD=usd(cost) if cost is not None else "0")
             obs = Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind)
-            self._stop_if(await self._call("finish", rid, None, False, obs))
+            self._stop_if(await self._call("finish", rid, cost, cost is not None, obs))
             return rec
         cost = actual_cost(self.pricing, done.usage, done.cost)  # None: settled at the reservation
         check = checks.check_response(prepared, done.response)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from eyrie.jobs.contract.records import Record
+from eyrie.jobs.contract.records import ReasoningDetail, Record
 from eyrie.jobs.reconstruct.base import Call, ChatFormat, FormatError, Rendering, Turn
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer
 
@@ -86,6 +86,20 @@ def wants_thinking(request: dict[str, Any], usage: dict[str, Any], turn: Turn) -
     r = request.get("reasoning")
     if isinstance(r, dict) and r:
         return not (r.get("enabled") is False or r.get("effort") == "none" or r.get("max_tokens") == 0)
+    return None
+
+
+def opaque_reasoning(details: Any) -> str | None:
+    """Why the returned reasoning_details cannot be rebuilt into the tokens the model wrote:
+    `reasoning_encrypted` when any of it is encrypted (redacted) data, `reasoning_summarised` when
+    only a summary came back; None when the reasoning came as text (or no details came at all)."""
+    if not isinstance(details, list):
+        return None
+    kinds = {d.get("type") for d in details if isinstance(d, dict)}
+    if ReasoningDetail.ENCRYPTED in kinds:
+        return "reasoning_encrypted"
+    if ReasoningDetail.SUMMARY in kinds and ReasoningDetail.TEXT not in kinds:
+        return "reasoning_summarised"
     return None
 
 
@@ -195,6 +209,10 @@ class Reconstructor:
             return self._excluded(record, "no_response", "the record has no response")
         if response.get("finish_reason") == "content_filter":
             return self._excluded(record, "content_filter", "the provider filtered the answer")
+        if opaque := opaque_reasoning(response.get("reasoning_details")):
+            return self._excluded(record, opaque, "the provider returned the reasoning only "
+                                  f"{'encrypted' if opaque == 'reasoning_encrypted' else 'summarised'}: "
+                                  "the tokens the model wrote cannot be rebuilt")
         usage = record.get("usage") or {}
         try:
             turn = turn_of(response)
