@@ -1,5 +1,14 @@
 """Prompt readers: JSONL, JSONL.gz and Parquet rows in the `openai`, `sharegpt` and `glaive` formats.
 
+Two readings of a row: the conversation up to its last user turn (`generation.turns: last`, the
+answer to it is what is bought), or the whole conversation (`turns: all`, every assistant turn is
+regenerated; see `eyrie.jobs.generate.conversation`). A whole conversation is normalized to the
+OpenAI form: assistant `tool_calls` (each with an id and `arguments` as a string) and `tool`
+messages with the `tool_call_id` they answer, whatever the row used (sharegpt `function_call` /
+`observation`, glaive `<functioncall>` / `FUNCTION RESPONSE:`, Hermes `<tool_call>` /
+`<tool_response>` text, OpenAI's older `function_call` / `function`). A result with no call to
+answer, or a call never answered, makes the row a bad row.
+
 A source yields one `Prompt` per good row and one `BadRow` per row it cannot use, so a single bad row
 is counted and reported (with its 0-based row number) instead of stopping a paid run. Only a source
 that cannot be opened at all raises `SourceError`; `check_source` finds that before any request.
@@ -10,6 +19,7 @@ yield nothing), for Parquet the 0-based row index. They feed the sample id, so t
 
 from __future__ import annotations
 
+import ast
 import gzip
 import io
 import re
@@ -35,7 +45,8 @@ class SourceError(EyrieError, RuntimeError):
 
 @dataclass
 class Prompt:
-    """One request's worth of conversation: `messages` end with the user turn to answer.
+    """One request's worth of conversation: `messages` end with the user turn to answer, or (read
+    whole, `generation.turns: all`) hold the whole normalized conversation.
 
     `tools` are the OpenAI tools the row gives structurally (None when it gives none); tools declared
     as text in the system message stay there until `eyrie.jobs.tools.prepare_prompt` moves them.
@@ -254,18 +265,23 @@ def _tools_field(row: dict[str, Any]) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _openai(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+Parsed = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+def _openai(row: dict[str, Any], whole: bool) -> Parsed:
     messages = _maybe_json(_field(row, "messages"), "'messages'")
     if not isinstance(messages, list):
         raise _RowError("'messages' must be a list")
     msgs = [_clean_message(m, i) for i, m in enumerate(messages)]
-    return _up_to_last_user(msgs), _tools_field(row)
+    return (whole_conversation(msgs) if whole else _up_to_last_user(msgs)), _tools_field(row)
 
 
-def _sharegpt(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def _sharegpt(row: dict[str, Any], whole: bool) -> Parsed:
     conv = _maybe_json(_field(row, "conversations"), "'conversations'")
     if not isinstance(conv, list):
         raise _RowError("'conversations' must be a list")
+    if whole:
+        return _sharegpt_whole(conv, row.get("system")), _tools_field(row)
     msgs: list[dict[str, Any]] = []
     system = row.get("system")  # LLaMA-Factory's sharegpt variant keeps it beside the turns
     if isinstance(system, str) and system.strip():
@@ -299,7 +315,7 @@ def glaive_first_user(chat: str) -> str:
     return text
 
 
-def _glaive(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def _glaive(row: dict[str, Any], whole: bool) -> Parsed:
     system, chat = _field(row, "system"), _field(row, "chat")
     if not isinstance(system, str) or not isinstance(chat, str):
         raise _RowError("'system' and 'chat' must be strings")
@@ -307,15 +323,207 @@ def _glaive(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, A
     text = system.strip().removeprefix("SYSTEM:").strip()
     if text:  # declarations stay in the text; declarations.prepare_prompt decides how to send them
         msgs.append({"role": "system", "content": text})
+    if whole:
+        return msgs + _glaive_whole(chat), None
     msgs.append({"role": "user", "content": glaive_first_user(chat)})
     return msgs, None
+
+
+# ------------------------------------------------------------------------- whole conversations
+
+MAX_CALL_TEXT = 1 << 20  # characters of one call's text parsed as a Python literal (ast is not linear)
+_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_HERMES_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
+
+
+def _call_object(text: str, what: str) -> Any:
+    """A call written as text: JSON, else a Python literal (Hermes and glaive rows use single quotes)."""
+    text = text.strip()
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    if len(text) > MAX_CALL_TEXT:
+        raise _RowError(f"{what} is {len(text)} characters, over the {MAX_CALL_TEXT} limit")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    # glaive: {"name": "f", "arguments": '{"q": "it's"}'}: a quoted string that is not a literal
+    m = re.fullmatch(r"""\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}""", text, re.S)
+    if m:
+        return {"name": m.group(1), "arguments": m.group(2)}
+    raise _RowError(f"{what} is neither JSON nor a literal: {text[:80]!r}")
+
+
+def _as_call(obj: Any, call_id: str, what: str) -> dict[str, Any]:
+    """One call in OpenAI form; `arguments` stays the dataset's text when it is text."""
+    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):
+        call_id = str(obj.get("id") or call_id)
+        obj = obj["function"]
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        raise _RowError(f"{what} has no function name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if not isinstance(args, str):
+        try:
+            args = orjson.dumps(args).decode()
+        except TypeError:
+            raise _RowError(f"{what}: arguments are not JSON values") from None
+    return {"id": call_id, "type": "function", "function": {"name": obj["name"], "arguments": args}}
+
+
+def _calls_from(value: Any, first_id: str, what: str) -> list[dict[str, Any]]:
+    """A call or a list of parallel calls (an object, or its text) in OpenAI form."""
+    if isinstance(value, str):
+        value = _call_object(value, what)
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise _RowError(f"{what} holds no call")
+    return [_as_call(c, f"{first_id}_{j}", f"{what}[{j}]") for j, c in enumerate(items)]
+
+
+def _hermes_calls(m: dict[str, Any], where: str, first_id: str) -> dict[str, Any]:
+    """An assistant message whose content carries Hermes `<tool_call>` blocks -> structured calls."""
+    content = m.get("content")
+    if m.get("tool_calls") or not isinstance(content, str) or "<tool_call>" not in content:
+        return m
+    blocks = _HERMES_CALL.findall(content)
+    if not blocks:
+        raise _RowError(f"{where}: <tool_call> is never closed")
+    calls = [_as_call(_call_object(b, f"{where} <tool_call> {j}"), f"{first_id}_{j}", f"{where} <tool_call> {j}")
+             for j, b in enumerate(blocks)]
+    rest = _HERMES_CALL.sub("", content).strip()
+    return {**m, "content": rest or None, "tool_calls": calls}
+
+
+def _split_results(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """One tool message per Hermes `<tool_response>` block (parallel results in one turn)."""
+    content = m.get("content")
+    if not isinstance(content, str) or "<tool_response>" not in content:
+        return [m]
+    return [{**m, "content": b.strip()} for b in _HERMES_RESPONSE.findall(content)] or [m]
+
+
+def whole_conversation(messages: list[dict[str, Any]], unit: str = "message",
+                       offset: int = 0) -> list[dict[str, Any]]:
+    """Normalize a whole conversation to OpenAI form and check that every call is answered.
+
+    Calls without an id get `call_<message>_<j>`; a result without `tool_call_id` answers the
+    oldest unanswered call of the assistant turn before it. Calls of the last turn may stay
+    unanswered (datasets often end at a call): no later turn needs their results. Raises _RowError naming the
+    `unit` (message, turn) and its 0-based index (`offset` for rows that prepend a system message).
+    """
+    out: list[dict[str, Any]] = []
+    pending: dict[str, str] = {}  # unanswered call id -> name, in call order
+    seen_user = False
+    for i, m in enumerate(messages):
+        where = f"{unit} {i + offset}"
+        role = m["role"]
+        if role == "function":  # OpenAI's older function calling
+            m = {**{k: v for k, v in m.items() if k != "role"}, "role": "tool"}
+            role = "tool"
+        if role == "tool":
+            for r in _split_results(m):
+                cid = r.get("tool_call_id")
+                if cid is None:
+                    cid = next(iter(pending), None)
+                if cid is None or str(cid) not in pending:
+                    what = "no call" if cid is None else f"call id {cid!r}, which no open call has"
+                    raise _RowError(f"{where}: a tool result answers {what}")
+                pending.pop(str(cid))
+                out.append({**r, "tool_call_id": str(cid)})
+            continue
+        if pending:
+            cid, name = next(iter(pending.items()))
+            raise _RowError(f"{where}: tool call {cid!r} ({name}) is never answered")
+        if role == "assistant":
+            if not seen_user:
+                raise _RowError(f"{where}: an assistant turn before any user turn")
+            if out and out[-1]["role"] == "assistant":
+                raise _RowError(f"{where}: two assistant turns in a row")
+            if isinstance(m.get("function_call"), dict):
+                m = {**{k: v for k, v in m.items() if k != "function_call"},
+                     "tool_calls": [m["function_call"]]}
+            m = _hermes_calls(m, where, f"call_{i + offset}")
+            if m.get("tool_calls") is not None:
+                calls = m["tool_calls"]
+                if not isinstance(calls, list):
+                    raise _RowError(f"{where}: 'tool_calls' must be a list")
+                calls = [_as_call(c, f"call_{i + offset}_{j}", f"{where} tool_calls[{j}]")
+                         for j, c in enumerate(calls)]
+                for c in calls:
+                    if c["id"] in pending:
+                        raise _RowError(f"{where}: two calls share the id {c['id']!r}")
+                    pending[c["id"]] = c["function"]["name"]
+                m = {**m, "tool_calls": calls} if calls else {k: v for k, v in m.items() if k != "tool_calls"}
+        elif role == "user":
+            seen_user = True
+        out.append(m)
+    # calls left open by the last turn are fine: nothing after them needs their results
+    if not seen_user:
+        raise _RowError("no user turn")
+    return out
+
+
+def _sharegpt_whole(conv: list[Any], system: Any) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    offset = 0
+    if isinstance(system, str) and system.strip():
+        msgs.append({"role": "system", "content": system})
+        offset = -1
+    for i, turn in enumerate(conv):
+        if not isinstance(turn, dict):
+            raise _RowError(f"turn {i} is not an object")
+        who, value = turn.get("from"), turn.get("value")
+        if who not in _SHAREGPT_ROLES:
+            raise _RowError(f"turn {i} has unknown 'from' {who!r}")
+        if who == "function_call":
+            calls = _calls_from(value, f"call_{i}", f"turn {i} (function_call)")
+            if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
+                msgs[-1] = {**msgs[-1], "tool_calls": calls}  # the text before the call, then the call
+            else:
+                msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
+            continue
+        if not isinstance(value, str):
+            raise _RowError(f"turn {i} has no string 'value'")
+        msgs.append({"role": _SHAREGPT_ROLES[who], "content": value})
+    return whole_conversation([{k: v for k, v in m.items() if v is not None or k == "content"}
+                               for m in msgs], "turn", offset)
+
+
+_GLAIVE_SPEAKER = re.compile(r"(?:^|(?<=\s))(USER|ASSISTANT|FUNCTION RESPONSE):")
+
+
+def _glaive_whole(chat: str) -> list[dict[str, Any]]:
+    """A glaive `chat` text as messages: `<functioncall> {...}` ends an assistant turn with a call,
+    `FUNCTION RESPONSE:` answers it."""
+    parts = _GLAIVE_SPEAKER.split(chat)
+    msgs: list[dict[str, Any]] = []
+    for k in range(1, len(parts) - 1, 2):
+        who, text = parts[k], parts[k + 1].replace("<|endoftext|>", "").strip()
+        if who == "USER":
+            msgs.append({"role": "user", "content": text})
+        elif who == "FUNCTION RESPONSE":
+            msgs.append({"role": "tool", "content": text})
+        elif "<functioncall>" in text:
+            before, _, call = text.partition("<functioncall>")
+            n = len(msgs)
+            msgs.append({"role": "assistant", "content": before.strip() or None,
+                         "tool_calls": _calls_from(call, f"call_{n}", f"ASSISTANT turn {n} <functioncall>")})
+        else:
+            msgs.append({"role": "assistant", "content": text})
+    return whole_conversation(msgs, "speaker turn")
 
 
 _FORMATS = {"openai": _openai, "sharegpt": _sharegpt, "glaive": _glaive}
 
 
-def iter_source(source: SourceSpec, endpoint: str | None = None) -> Iterator[Prompt | BadRow]:
+def iter_source(source: SourceSpec, endpoint: str | None = None, *,
+                whole: bool = False) -> Iterator[Prompt | BadRow]:
     """Stream a source's prompts in file order; bad rows come out as BadRow, never as an exception.
+
+    `whole`: each Prompt holds the whole normalized conversation (`generation.turns: all`), not the
+    conversation up to its last user turn.
 
     `limit` counts rows taken, bad rows included (a row is taken once it yields a Prompt or a
     BadRow; blank lines are not rows), so a limit of N always means the first N rows of the file.
@@ -335,7 +543,7 @@ def iter_source(source: SourceSpec, endpoint: str | None = None) -> Iterator[Pro
                 raise _RowError(f"row is a JSON {json_type_name(raw)}, not an object")
             if json_depth(raw, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
                 raise _RowError(f"row nests deeper than {MAX_ROW_DEPTH} levels")
-            messages, tools = parse(raw)
+            messages, tools = parse(raw, whole)
         except _RowError as e:
             yield BadRow(source.name, i, str(e))
             continue

@@ -200,3 +200,119 @@ def test_parquet_from_s3_and_missing_s3_object(s3_bucket, tmp_path):
     assert [(p.row, p.messages) for p in got] == [(i, r["messages"]) for i, r in enumerate(rows)]
     with pytest.raises(SourceError, match=rf"^source 's': {s3_bucket}/missing.jsonl does not exist$"):
         check_source(src(f"{s3_bucket}/missing.jsonl"))
+
+
+# ----------------------------------------------------------------------- whole conversations
+
+
+def whole(tmp_path: Path, rows: list, fmt: str) -> list[Prompt | BadRow]:
+    return list(iter_source(src(jsonl(tmp_path / f"w-{fmt}.jsonl", rows), fmt), whole=True))
+
+
+def fn_call(cid: str, name: str, args: str) -> dict:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def test_whole_openai_keeps_every_turn_and_normalizes_older_function_calling(tmp_path):
+    row = {"messages": [
+        {"role": "user", "content": "Oslo?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "w", "arguments": "{\"c\":\"Oslo\"}"}},
+        {"role": "function", "name": "w", "content": "rain"},
+        {"role": "assistant", "content": "Rain.", "tool_calls": []},
+        {"role": "user", "content": "Rome and Paris?"},
+        {"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "w", "arguments": {"c": "Rome"}}},
+            fn_call("p", "w", "{\"c\":\"Paris\"}")]},
+        {"role": "tool", "tool_call_id": "p", "content": "sun"},
+        {"role": "tool", "content": "clouds"}]}
+    [p] = whole(tmp_path, [row], "openai")
+    assert p.messages == [
+        {"role": "user", "content": "Oslo?"},
+        {"role": "assistant", "tool_calls": [fn_call("call_1_0", "w", "{\"c\":\"Oslo\"}")]},
+        {"role": "tool", "name": "w", "content": "rain", "tool_call_id": "call_1_0"},
+        {"role": "assistant", "content": "Rain."},
+        {"role": "user", "content": "Rome and Paris?"},
+        {"role": "assistant", "tool_calls": [fn_call("call_5_0", "w", "{\"c\":\"Rome\"}"),
+                                             fn_call("p", "w", "{\"c\":\"Paris\"}")]},
+        {"role": "tool", "tool_call_id": "p", "content": "sun"},
+        {"role": "tool", "tool_call_id": "call_5_0", "content": "clouds"}]
+    # the `last` reading of the same row is today's: up to the last user turn
+    [q] = list(iter_source(src(tmp_path / "w-openai.jsonl")))
+    assert [m["role"] for m in q.messages] == ["user", "assistant", "function", "assistant", "user"]
+    assert p.sample_id() != q.sample_id()
+
+
+def test_whole_sharegpt_function_call_observation_and_hermes_text(tmp_path):
+    rows = [
+        {"tools": "[{\"name\": \"f\"}]", "conversations": [
+            {"from": "human", "value": "a"}, {"from": "gpt", "value": "Checking."},
+            {"from": "function_call", "value": "[{\"name\": \"f\", \"arguments\": {\"x\": 1}}, "
+                                               "{\"name\": \"f\", \"arguments\": {\"x\": 2}}]"},
+            {"from": "observation", "value": "1"}, {"from": "observation", "value": "4"},
+            {"from": "gpt", "value": "1 and 4."}]},
+        {"conversations": [
+            {"from": "system", "value": "<tools>[]</tools>"}, {"from": "human", "value": "cam?"},
+            {"from": "gpt", "value": "<tool_call>\n{'arguments': {'id': 'c-42'}, 'name': 'feed'}\n</tool_call>\n"
+                                     "<tool_call>{\"name\": \"feed\", \"arguments\": {\"id\": \"c-7\"}}</tool_call>"},
+            {"from": "tool", "value": "<tool_response>\nok 42\n</tool_response><tool_response>ok 7</tool_response>"},
+            {"from": "gpt", "value": "Both feeds are live."}]},
+    ]
+    a, b = whole(tmp_path, rows, "sharegpt")
+    assert a.messages == [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            fn_call("call_2_0", "f", "{\"x\":1}"), fn_call("call_2_1", "f", "{\"x\":2}")]},
+        {"role": "tool", "content": "1", "tool_call_id": "call_2_0"},
+        {"role": "tool", "content": "4", "tool_call_id": "call_2_1"},
+        {"role": "assistant", "content": "1 and 4."}]
+    assert a.tools == [{"name": "f"}]
+    assert b.messages[2] == {"role": "assistant", "content": None, "tool_calls": [
+        fn_call("call_2_0", "feed", "{\"id\":\"c-42\"}"), fn_call("call_2_1", "feed", "{\"id\":\"c-7\"}")]}
+    assert b.messages[3:5] == [{"role": "tool", "content": "ok 42", "tool_call_id": "call_2_0"},
+                               {"role": "tool", "content": "ok 7", "tool_call_id": "call_2_1"}]
+
+
+def test_whole_glaive_function_response_and_corpus():
+    items = list(iter_source(src(CORPUS / "glaive.jsonl", "glaive"), whole=True))
+    first = items[0]
+    assert isinstance(first, Prompt)
+    assert first.messages[1:] == [
+        {"role": "user", "content": "Can you tell me the latest news headlines for the United States?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            fn_call("call_1_0", "get_news_headlines", "{\"country\": \"United States\"}")]},
+        {"role": "tool", "content": "{\"headlines\": [\"Biden announces new vaccine mandates\"]}",
+         "tool_call_id": "call_1_0"},
+        {"role": "assistant", "content": "Here are the latest news headlines for the United States: ..."},
+        {"role": "user", "content": "That's interesting. What about the news in France?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            fn_call("call_5_0", "get_news_headlines", "{\"country\": \"France\"}")]}]
+    hermes = list(iter_source(src(CORPUS / "hermes.jsonl", "sharegpt"), whole=True))
+    assert [h.reason if isinstance(h, BadRow) else len(h.messages) for h in hermes] == [
+        3, "turn 2 <tool_call> 0 has no function name", 2, 2]  # the corpus elides that call
+
+
+def test_malformed_conversations_are_bad_rows_with_their_reason(tmp_path):
+    u = {"role": "user", "content": "q"}
+    rows = [
+        {"messages": [u, {"role": "tool", "tool_call_id": "x", "content": "r"}]},
+        {"messages": [u, {"role": "assistant", "tool_calls": [fn_call("a", "f", "{}")]}, u]},
+        {"messages": [u, {"role": "assistant", "tool_calls": [fn_call("a", "f", "{}")]}]},
+        {"messages": [u, {"role": "assistant", "tool_calls": [fn_call("a", "f", "{}")]},
+                      {"role": "tool", "tool_call_id": "b", "content": "r"}]},
+        {"messages": [{"role": "assistant", "content": "hi"}, u]},
+        {"messages": [u, {"role": "assistant", "content": "<tool_call>{\"name\": \"f\"}"}]},
+    ]
+    got = [(i.row, i.reason) if isinstance(i, BadRow) else (i.row, "ok") for i in whole(tmp_path, rows, "openai")]
+    assert got == [
+        (0, "message 1: a tool result answers call id 'x', which no open call has"),
+        (1, "message 2: tool call 'a' (f) is never answered"),
+        (2, "ok"),  # the last turn's call may stay open: nothing after it needs the result
+        (3, "message 2: a tool result answers call id 'b', which no open call has"),
+        (4, "message 0: an assistant turn before any user turn"),
+        (5, "message 1: <tool_call> is never closed"),
+    ]
+    bad = whole(tmp_path, [{"chat": "USER: hi ASSISTANT: <functioncall> nonsense", "system": ""},
+                           {"chat": "USER: hi FUNCTION RESPONSE: 1", "system": ""}], "glaive")
+    assert [i.reason for i in bad] == [
+        "ASSISTANT turn 1 <functioncall> is neither JSON nor a literal: 'nonsense'",
+        "speaker turn 1: a tool result answers no call"]

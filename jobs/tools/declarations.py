@@ -45,6 +45,7 @@ class ToolLimits:
     max_declaration_bytes: int = 512 * 1024
     max_schema_depth: int = 64  # JSON nesting levels: about 30 nested object properties
     max_argument_chars: int = 1 << 20
+    max_tool_result_chars: int = 1 << 20  # a dataset's tool result spliced back (turns: all)
     max_errors_per_call: int = 10
     max_message_chars: int = 300
 

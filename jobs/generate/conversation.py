@@ -1,0 +1,218 @@
+"""Agentic conversations turn by turn (`generation.turns: all`): what request k carries, whether the
+model's tool calls match the dataset's, and when a conversation ends. Pure: no I/O, no clock.
+
+A conversation's turns are its assistant messages, plus one more when it ends in a user or tool
+message (the answer it asks for). Request k carries the conversation's system, user and tool
+messages before turn k and, in place of the dataset's assistant turns, the model's own answers.
+When the model's calls at a turn match the dataset's (same names, arguments equal as JSON,
+parallel calls as a multiset), the dataset's tool results follow with `tool_call_id` rewritten to
+the model's ids. When they diverge, `stop` ends the conversation there; `keepOriginal` keeps the
+dataset's assistant turn and results in the history (a result can only answer a call the request
+shows) and marks every later turn as diverged. No tool is ever executed.
+
+Everything is recomputed from the persisted answers (`next_turn(messages, answers, ...)`), so a
+resumed run continues at the first turn without a record and pays for no earlier one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+import orjson
+
+Message = dict[str, Any]
+OnDivergence = Literal["stop", "keepOriginal"]
+
+
+class Divergence(StrEnum):
+    """How the model's calls at a turn differ from the dataset's (the manifest counts each kind)."""
+
+    OTHER_TOOL = "otherTool"
+    OTHER_ARGUMENTS = "otherArguments"
+    MISSING_CALL = "missingCall"  # the dataset called a tool, the model did not (or fewer)
+    EXTRA_CALL = "extraCall"  # the model called a tool where the dataset did not (or more)
+
+
+class End(StrEnum):
+    """Why a conversation has no next turn."""
+
+    DONE = "done"  # every turn regenerated
+    DIVERGED = "diverged"  # onDivergence: stop
+    MAX_TURNS = "maxTurns"  # generation.maxTurns reached
+    FAILED = "failed"  # a turn has no answer (failed or rejected): nothing to continue from
+
+
+@dataclass(frozen=True)
+class NextTurn:
+    turn: int
+    messages: list[Message]  # the request's messages
+    spliced: int  # dataset tool results this request carries for the first time
+    diverged_from: int | None  # the first earlier turn that diverged (keepOriginal), else None
+
+
+@dataclass(frozen=True)
+class Finished:
+    end: End
+    dropped: int  # dataset turns that will never be regenerated
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The model's calls at one turn against the dataset's: `ids` maps dataset call id -> model's."""
+
+    divergence: Divergence | None
+    ids: dict[str, str]
+
+
+def turn_positions(messages: list[Message]) -> list[int]:
+    """Index of each turn: every assistant message, and len(messages) when the conversation ends
+    with something to answer."""
+    pos = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if messages and messages[-1].get("role") != "assistant":
+        pos.append(len(messages))
+    return pos
+
+
+def tool_result_too_large(messages: list[Message], max_chars: int) -> str | None:
+    """The reason a conversation is a bad row when a tool result is over the tool checks' limit."""
+    for i, m in enumerate(messages):
+        if m.get("role") != "tool":
+            continue
+        content = m.get("content")
+        size = len(content) if isinstance(content, str) else len(orjson.dumps(content))
+        if size > max_chars:
+            return f"message {i}: the tool result is {size} characters, over the {max_chars} limit"
+    return None
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values: 1 == 1.0, but true is not 1 and key order does not matter."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+_UNPARSED = object()
+
+
+def _arguments(args: Any) -> Any:
+    if not isinstance(args, str):
+        return args
+    try:
+        return orjson.loads(args)
+    except orjson.JSONDecodeError:
+        return (_UNPARSED, args)  # compared as text: equal only to the same text
+
+
+def model_calls(response: dict[str, Any], turn: int) -> list[dict[str, Any]]:
+    """The answer's calls as they go back into the history; a call without an id gets one."""
+    out = []
+    for j, tc in enumerate(response.get("tool_calls") or ()):
+        fn = (tc or {}).get("function") or {}
+        out.append({"id": str(tc.get("id") or f"call_t{turn}_{j}"), "type": "function",
+                    "function": {"name": str(fn.get("name") or ""), "arguments": fn.get("arguments") or ""}})
+    return out
+
+
+def judge(expected: Message | None, response: dict[str, Any], turn: int) -> Verdict:
+    """Compare the model's calls at `turn` with the dataset's turn `expected` (None: the dataset has
+    no answer there, so there is nothing to diverge from)."""
+    got = model_calls(response, turn)
+    if expected is None:
+        return Verdict(None, {})
+    want = expected.get("tool_calls") or []
+    if not want and not got:
+        return Verdict(None, {})
+    if want and not got:
+        return Verdict(Divergence.MISSING_CALL, {})
+    if got and not want:
+        return Verdict(Divergence.EXTRA_CALL, {})
+    unused = list(range(len(got)))
+    ids: dict[str, str] = {}
+    for w in want:
+        name, args = w["function"]["name"], _arguments(w["function"]["arguments"])
+        hit = next((u for u in unused if got[u]["function"]["name"] == name
+                    and _json_equal(_arguments(got[u]["function"]["arguments"]), args)), None)
+        if hit is not None:
+            unused.remove(hit)
+            ids[w["id"]] = got[hit]["id"]
+    if len(ids) == len(want) and not unused:
+        return Verdict(None, ids)
+    names_want = Counter(w["function"]["name"] for w in want)
+    names_got = Counter(g["function"]["name"] for g in got)
+    if names_want == names_got:
+        kind = Divergence.OTHER_ARGUMENTS
+    elif len(got) < len(want) and names_got <= names_want:
+        kind = Divergence.MISSING_CALL
+    elif len(got) > len(want) and names_want <= names_got:
+        kind = Divergence.EXTRA_CALL
+    else:
+        kind = Divergence.OTHER_TOOL
+    return Verdict(kind, {})
+
+
+def answer_message(response: dict[str, Any], turn: int) -> Message:
+    """The model's answer as the history's assistant message: its content, its calls with its own
+    ids and arguments as returned, and its reasoning (templates that keep the reasoning of the
+    current tool loop, like Kimi K2.5's, show it to the next turn)."""
+    msg: Message = {"role": "assistant", "content": response.get("content")}
+    calls = model_calls(response, turn)
+    if calls:
+        msg["tool_calls"] = calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    if response.get("reasoning"):
+        msg["reasoning"] = response["reasoning"]
+    return msg
+
+
+def _carry(messages: list[Message], ids: dict[str, str]) -> list[Message]:
+    return [{**m, "tool_call_id": ids.get(str(m.get("tool_call_id")), m.get("tool_call_id"))}
+            if m.get("role") == "tool" else m for m in messages]
+
+
+def next_turn(messages: list[Message], answers: list[dict[str, Any] | None], on_divergence: OnDivergence,
+              max_turns: int) -> NextTurn | Finished:
+    """The request for the first turn without an answer, or why there is none.
+
+    `answers` are the model's responses to turns 0..k-1 in order (None: that turn failed).
+    """
+    pos = turn_positions(messages)
+    history: list[Message] = []
+    ids: dict[str, str] = {}
+    diverged_from: int | None = None
+    prev = 0
+    for j, answer in enumerate(answers):
+        if answer is None:
+            return Finished(End.FAILED, len(pos) - j - 1)
+        p = pos[j]
+        history += _carry(messages[prev:p], ids)
+        expected = messages[p] if p < len(messages) else None
+        verdict = judge(expected, answer, j)
+        if verdict.divergence is None:
+            history.append(answer_message(answer, j))
+            ids = verdict.ids
+        elif on_divergence == "stop":
+            return Finished(End.DIVERGED, len(pos) - j - 1)
+        else:
+            diverged_from = j if diverged_from is None else diverged_from
+            history.append(expected or answer_message(answer, j))
+            ids = {}
+        prev = p + 1
+    k = len(answers)
+    if k >= len(pos):
+        return Finished(End.DONE, 0)
+    if k >= max_turns:
+        return Finished(End.MAX_TURNS, len(pos) - k)
+    between = messages[prev:pos[k]]
+    spliced = sum(m.get("role") == "tool" for m in between)
+    return NextTurn(k, history + _carry(between, ids), spliced, diverged_from)
