@@ -76,6 +76,7 @@ class SimulatorConfig:
     input_per_million: Decimal = Decimal("0.60")
     output_per_million: Decimal = Decimal("2.50")
     tool_call_rate: float = 0.8
+    divergence_rate: float = 0.0  # tool-calling turns answered with another call, other arguments or none
     text_tool_call_rate: float = 0.3
     text_leak_rate: float = 0.5
     max_completion_tokens: int = 512
@@ -89,7 +90,7 @@ class SimulatorConfig:
         unknown = [f for f in self.faults if f not in FAULTS]
         if unknown:
             raise ValueError(f"simulator faults: unknown {unknown}; known: {list(FAULTS)}")
-        for name in ("fault_rate", "tool_call_rate", "text_tool_call_rate", "text_leak_rate"):
+        for name in ("fault_rate", "tool_call_rate", "text_tool_call_rate", "text_leak_rate", "divergence_rate"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
@@ -101,7 +102,7 @@ class SimulatorConfig:
         if sim is None:
             return cls()
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
-                   seed=sim.seed)
+                   seed=sim.seed, divergence_rate=sim.divergence_rate)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -312,6 +313,44 @@ def _tool_call(rng: random.Random, fn: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": str(fn.get("name", "tool")), "arguments": orjson.dumps(args).decode()}}
 
 
+def _functions(tools: Any) -> list[dict[str, Any]]:
+    return [t["function"] for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+
+
+def planned_calls(messages: list[Any], tools: Any, cfg: SimulatorConfig) -> list[tuple[str, str]]:
+    """The (name, arguments) the simulated model calls when it does not diverge: none after a tool
+    result (it answers), else a pure function of the declared tools and the last user message, so
+    a conversation's tool calls can be written down beforehand (an agentic example, a test)."""
+    fns = _functions(tools)
+    if not fns or not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") == "tool":
+        return []
+    user = next((m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), "")
+    rng = random.Random(hashlib.sha256(orjson.dumps([user, tools, cfg.seed], option=orjson.OPT_SORT_KEYS)).digest())
+    if rng.random() >= cfg.tool_call_rate:
+        return []
+    n = 2 if rng.random() < 0.25 else 1
+    calls = [_tool_call(rng, rng.choice(fns))["function"] for _ in range(n)]
+    return [(c["name"], c["arguments"]) for c in calls]
+
+
+def _diverge(calls: list[tuple[str, str]], fns: list[dict[str, Any]], rng: random.Random) -> list[tuple[str, str]]:
+    """Another tool, other arguments, or no call at all: the ways a model leaves a dataset's path."""
+    kinds = ["otherArguments", "missingCall"] + (["otherTool"] if len(fns) > 1 else [])
+    kind = rng.choice(kinds)
+    if kind == "missingCall":
+        return []
+    name, args = calls[0]
+    if kind == "otherTool":
+        fn = rng.choice([f for f in fns if f.get("name") != name])
+    else:
+        fn = next(f for f in fns if f.get("name") == name)
+    for _ in range(8):  # a schema with few values can draw the same arguments again
+        new = _tool_call(rng, fn)["function"]
+        if (new["name"], new["arguments"]) != (name, args):
+            return [(new["name"], new["arguments"]), *calls[1:]]
+    return []
+
+
 def completion_limit(body: dict[str, Any], cfg: SimulatorConfig) -> int:
     """The request's max_completion_tokens/max_tokens, capped by the simulator's own limit."""
     for key in ("max_completion_tokens", "max_tokens"):
@@ -334,10 +373,15 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
     reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning else None
     content: str | None = None
     calls: list[dict[str, Any]] = []
-    fns = [t["function"] for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-    if fns and rng.random() < cfg.tool_call_rate:
-        n = 2 if rng.random() < 0.25 else 1
-        calls = [_tool_call(rng, rng.choice(fns)) for _ in range(n)]
+    fns = _functions(tools)
+    planned = planned_calls(messages, tools, cfg)
+    if planned and rng.random() < cfg.divergence_rate:
+        planned = _diverge(planned, fns, rng)
+    if planned:
+        calls = [{"id": f"call_{rng.getrandbits(96):024x}", "type": "function",
+                  "function": {"name": name, "arguments": args}} for name, args in planned]
+    elif fns and messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
+        content = "Given the result: " + _text(rng, rng.randint(5, 60))
     elif (not fns and (declared := declared_text_functions(messages))
           and rng.random() < cfg.text_tool_call_rate):
         if rng.random() < cfg.text_leak_rate:

@@ -250,6 +250,9 @@ class SimulatorSpec(Model):
     provider key: OpenRouter's fee plus upstream_inference_cost)."""
     seed: int = 0
     """Seed of the simulator's answers and fault draws."""
+    divergence_rate: float = Field(default=0, ge=0, le=1)
+    """Share of tool-calling turns where the simulated model calls another tool, with other
+    arguments or not at all (agentic sources, `generation.turns: all`)."""
 
 
 class ApiSpec(Model):
@@ -354,8 +357,23 @@ class GenerationSpec(Model):
     """Prompts are split into this many shards by sample id."""
     part_records: int = Field(default=256, ge=1, description="Records per part file before it is flushed.")
     flush_seconds: float = Field(default=2.0, gt=0, description="Longest a response waits in memory.")
+    turns: Literal["last", "all"] = "last"
+    """last: answer each conversation's last user turn; all: regenerate every assistant turn in order
+    (agentic conversations: the model's own earlier answers, the dataset's tool results spliced back)."""
+    on_divergence: Literal["stop", "keepOriginal"] = "stop"
+    """turns: all, when the model's tool calls differ from the dataset's: stop the conversation at that
+    turn, or keep the dataset's turn and tool results and flag every later turn `diverged`."""
+    max_turns: int = Field(default=32, ge=1, le=10_000)
+    """turns: all: a conversation stops after this many regenerated turns (counted)."""
     ray: RaySpec = Field(default_factory=RaySpec)
     """Where the shard workers run."""
+
+
+class SamplesSpec(Model):
+    multi_turn: Literal["perTurn", "packed"] = "perTurn"
+    """turns: all: one sample per regenerated turn (its exact prompt, loss on its answer), or one per
+    conversation with every turn's answer in the loss (only for chat formats that render earlier
+    turns verbatim; refused otherwise)."""
 
 
 class Toleration(Model):
@@ -433,6 +451,8 @@ class DatasetGenerationSpec(Model):
     """The hard spending cap."""
     generation: GenerationSpec = Field(default_factory=GenerationSpec)
     """Sharding and workers of the generation job."""
+    samples: SamplesSpec = Field(default_factory=SamplesSpec)
+    """How generation records become training samples."""
     extraction: ExtractionSpec = Field(default_factory=ExtractionSpec)
     """Hidden-state extraction."""
     output: OutputSpec

@@ -30,6 +30,7 @@ from eyrie.jobs.simulator import (
     declared_text_functions,
     kimi_markers,
     make_answer,
+    planned_calls,
 )
 from eyrie.jobs.spec import SimulatorSpec
 
@@ -537,3 +538,32 @@ def test_cli_process_prints_its_url_and_stops_on_sigterm() -> None:
             proc.kill()
             proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_agentic_turns_call_as_planned_answer_after_results_and_diverge_at_the_rate() -> None:
+    cfg = SimulatorConfig(tool_call_rate=1.0)
+    tools = [WEATHER, BOOKING]
+    user = {"role": "user", "content": "Weather in Oslo, then book?"}
+    plan = planned_calls([user], tools, cfg)
+    assert plan and all(name in ("get_weather", "book_trip") for name, _a in plan)
+    # the calls depend on the tools and the last user message, not on what came before it
+    earlier = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "hello", "reasoning": "r"}, user]
+    ans = make_answer({"model": "m", "messages": earlier, "tools": tools}, cfg)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in ans.tool_calls] == plan
+    after = [*earlier, {"role": "assistant", "content": None, "tool_calls": ans.tool_calls},
+             *({"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in ans.tool_calls)]
+    final = make_answer({"model": "m", "messages": after, "tools": tools}, cfg)
+    assert not final.tool_calls and final.content and final.finish_reason == "stop"
+    assert planned_calls(after, tools, cfg) == []
+    diverging = SimulatorConfig(tool_call_rate=1.0, divergence_rate=0.3)
+    n, left = 400, 0
+    for i in range(n):
+        msgs = [{"role": "user", "content": f"question {i}"}]
+        planned = planned_calls(msgs, tools, diverging)
+        got = make_answer({"model": "m", "messages": msgs, "tools": tools}, diverging).tool_calls
+        left += [(c["function"]["name"], c["function"]["arguments"]) for c in got] != planned
+    assert 0.2 * n < left < 0.4 * n
+    with pytest.raises(ValueError, match="divergence_rate"):
+        SimulatorConfig(divergence_rate=1.5)
+    assert SimulatorConfig.from_spec(SimulatorSpec(divergenceRate=0.25)).divergence_rate == 0.25
