@@ -63,6 +63,12 @@ def sample_id(source: str, row: int, prompt: Any) -> str:
     return h.hexdigest()[:32]
 
 
+def turn_sample_key(sid: str, turn: int) -> str:
+    """The key of one regenerated turn's sample in the hidden-state index and fidelity files
+    (`generation.turns: all`, perTurn): the sample id for turn 0, `<id>.t<turn>` after it."""
+    return sid if turn == 0 else f"{sid}.t{turn}"
+
+
 def shard_of(sid: str, shards: int) -> int:
     """Shard assignment by id: stable across reruns whatever the order rows are read in."""
     return int(sid[:8], 16) % shards

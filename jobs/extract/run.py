@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError, ExtractionSummary, ShardResult, summarize
-from eyrie.jobs.contract.layout import SAMPLES, parse_samples_key, samples_key, summary_key
+from eyrie.jobs.contract.layout import SAMPLES, parse_samples_key, samples_key, summary_key, turn_sample_key
 from eyrie.jobs.extract import codec
 from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, resolve_layers
 from eyrie.jobs.extract.shards import (
@@ -142,11 +142,15 @@ def read_samples(store: Store, shard: int) -> list[SampleRow]:
     except NotFound:
         raise ShardError(f"{store.url(key)}: samples shard is missing") from None
     try:
-        table = pq.read_table(io.BytesIO(data), columns=["sample_id", "input_ids", "loss_mask"])
+        pf = pq.ParquetFile(io.BytesIO(data))
+        turned = "turn" in pf.schema_arrow.names  # one sample per turn: keyed by (id, turn)
+        table = pf.read(columns=["sample_id", "input_ids", "loss_mask", *(["turn"] if turned else [])])
     except (pa.ArrowException, OSError, KeyError) as e:
         raise ShardError(f"{store.url(key)}: not a samples parquet file "
                          f"(sample_id, input_ids, loss_mask): {e}") from None
     sids = table.column("sample_id").to_pylist()
+    if turned:
+        sids = [turn_sample_key(s, t or 0) for s, t in zip(sids, table.column("turn").to_pylist(), strict=True)]
 
     def flat(name: str, dtype: type) -> tuple[np.ndarray, np.ndarray]:
         col = table.column(name).combine_chunks()

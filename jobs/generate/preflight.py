@@ -29,8 +29,14 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
         from eyrie.jobs.reconstruct.formats import check_tokenizer
 
         try:
-            check_tokenizer(spec.target, spec.output.endpoint)
+            tok = check_tokenizer(spec.target, spec.output.endpoint)
         except Exception as e:
             raise PreflightError(f"target.tokenizer: {e}") from None
+        if spec.generation.turns == "all" and spec.samples.multi_turn == "packed":
+            from eyrie.jobs.reconstruct.formats import packing_refused, resolve_format
+
+            fmt = resolve_format(spec.target.chat_format, tok)
+            if reason := packing_refused(fmt):
+                raise PreflightError(f"samples.multiTurn: packed is refused for {fmt.name}: {reason}; use perTurn")
 
 

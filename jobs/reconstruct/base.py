@@ -155,6 +155,10 @@ class ChatFormat(ABC):
     # Which one a provider renders is detected over the canary from its usage.prompt_tokens.
     variants: ClassVar[Mapping[str, str]] = {}
     prints_call_ids: bool = False  # the response carries the API's call ids (Kimi)
+    # Why a conversation's turns cannot be packed into one sample (the template rewrites earlier
+    # turns, so the packed sequence is not what the model saw at each turn); None: may be packed,
+    # each conversation still proven token by token (samples.pack).
+    history_rewritten: ClassVar[str | None] = None
 
     def __init__(self, variant: str | None = None):
         self.variant = self.check_variant(variant)

@@ -44,6 +44,7 @@ class DeepSeekV3(ChatFormat):
     `<｜end▁of▁sentence｜>`. Earlier turns' reasoning is dropped."""
 
     name = "deepseek-v3"
+    history_rewritten = "its template drops the reasoning of earlier assistant turns"
     markers = (DS_BOS, DS_EOS, DS_USER, DS_ASSISTANT, THINK, THINK_END, DS_CALLS_BEGIN, DS_CALLS_END,
                DS_CALL_BEGIN, DS_CALL_END, DS_SEP, DS_OUT_BEGIN, DS_OUT_END)
 

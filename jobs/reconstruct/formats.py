@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from eyrie.jobs.errors import InputError
 from eyrie.jobs.reconstruct.base import ChatFormat, FormatError
 from eyrie.jobs.reconstruct.deepseek import DeepSeekV3, DeepSeekV4
 from eyrie.jobs.reconstruct.kimi import KimiK25
@@ -54,3 +55,12 @@ def check_tokenizer(target: TargetSpec, endpoint: str | None = None) -> LoadedTo
     tok = load_tokenizer(target, endpoint)
     resolve_format(target.chat_format, tok)
     return tok
+
+
+class PackingRefused(InputError, ValueError):
+    """`samples.multiTurn: packed` with a chat format that rewrites earlier turns."""
+
+
+def packing_refused(fmt: ChatFormat) -> str | None:
+    """Why this format's conversations cannot be packed into one sample, or None."""
+    return fmt.history_rewritten

@@ -60,6 +60,8 @@ class KimiK25(ChatFormat):
     variants: ClassVar[Mapping[str, str]] = {"current": "no default system prompt",
                 "release": f"inserts the system prompt {kimi.DEFAULT_SYSTEM_PROMPT!r} when none is given"}
     prints_call_ids = True
+    history_rewritten = ("its template drops the reasoning of earlier assistant turns (up to the last answer "
+                         "without tool calls), so a packed sequence is not what the model saw")
 
     @staticmethod
     def _section(calls: list[tuple[str, str]]) -> str:

@@ -29,6 +29,8 @@ class Qwen3(ChatFormat):
     its ends, content of leading newlines, as the template does)."""
 
     name = "qwen3"
+    history_rewritten = ("its template drops the reasoning of assistant turns before the last user query, "
+                         "so a packed sequence is not what the model saw")
     markers = ("<|im_start|>", "<|im_end|>", THINK, THINK_END, "<tool_call>", "</tool_call>",
                "<tool_response>", "</tool_response>")
     default_thinking = True

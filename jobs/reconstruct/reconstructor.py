@@ -42,14 +42,26 @@ class Sample:
     completion_gap: int | None  # response tokens - usage.completion_tokens
     prompt_gap: int | None  # prompt tokens - usage.prompt_tokens
     logprobs: str | None = None  # "match" | "mismatch" when the provider returned log-probs
+    turn: int = 0  # the assistant turn of the conversation (generation.turns: all), else 0
+    # packed conversations: the [start, end) spans in the loss, one per turn; else the tail after n_prompt
+    spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def n_tokens(self) -> int:
         return len(self.input_ids)
 
     @property
+    def n_response(self) -> int:
+        return sum(e - b for b, e in self.spans) if self.spans else len(self.input_ids) - self.n_prompt
+
+    @property
     def loss_mask(self) -> list[int]:
-        return [0] * self.n_prompt + [1] * (len(self.input_ids) - self.n_prompt)
+        if not self.spans:
+            return [0] * self.n_prompt + [1] * (len(self.input_ids) - self.n_prompt)
+        mask = [0] * len(self.input_ids)
+        for b, e in self.spans:
+            mask[b:e] = [1] * (e - b)
+        return mask
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Excluded:
     source: str
     reason: str  # counted by reason in the manifest
     message: str
+    turn: int = 0
 
 
 def _int(v: Any) -> int | None:
@@ -150,8 +163,9 @@ class Reconstructor:
         self.boundary = tuple(m for m in self.marker_ids if tokenizer.boundary_safe(m))
 
     def _excluded(self, record: Record, reason: str, message: str) -> Excluded:
-        sid, source = record.get("sample_id", ""), record.get("source", "")
-        return Excluded(sid, source, reason, f"sample {sid} ({source} row {record.get('row')}): {message}")
+        sid, source, turn = record.get("sample_id", ""), record.get("source", ""), _int(record.get("turn")) or 0
+        at = f" turn {turn}" if "turn" in record else ""
+        return Excluded(sid, source, reason, f"sample {sid} ({source} row {record.get('row')}{at}): {message}", turn)
 
     def _clean_split(self, prompt: str, response: str) -> bool:
         return not response or any(prompt.endswith(m) or response.startswith(m) for m in self.boundary)
@@ -272,6 +286,8 @@ class Reconstructor:
             flags.append("truncated")
         if record.get("policy") == "flag":
             flags.append("tool_policy_flag")
+        if (record.get("agentic") or {}).get("divergedFrom") is not None:
+            flags.append("diverged")  # keepOriginal: this turn or an earlier one left the dataset's path
         completion, prompt_tokens = _int(usage.get("completion_tokens")), _int(usage.get("prompt_tokens"))
         gap = len(resp_ids) - completion if completion is not None else None
         if gap is not None and abs(gap) > max(GAP_ABS, GAP_REL * (completion or 0)):
@@ -281,4 +297,5 @@ class Reconstructor:
             flags.append("logprob_mismatch")
         return Sample(record.get("sample_id", ""), record.get("source", ""), prompt_ids + resp_ids,
                       len(prompt_ids), tuple(flags), gap,
-                      len(prompt_ids) - prompt_tokens if prompt_tokens is not None else None, lp)
+                      len(prompt_ids) - prompt_tokens if prompt_tokens is not None else None, lp,
+                      _int(record.get("turn")) or 0)

@@ -8,6 +8,7 @@ the store, and what was excluded is counted by reason. The summary goes into man
 from __future__ import annotations
 
 import io
+import itertools
 import statistics
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.reconstruct.formats import resolve_format
+from eyrie.jobs.reconstruct.formats import PackingRefused, packing_refused, resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
 from eyrie.jobs.spec import DatasetGenerationSpec
@@ -26,6 +27,7 @@ from eyrie.jobs.store import Store
 
 SCHEMA = pa.schema([
     ("sample_id", pa.string()),
+    ("turn", pa.int32()),  # the regenerated assistant turn (generation.turns: all; packed: the last), else 0
     ("source", pa.string()),
     ("input_ids", pa.list_(pa.int32())),
     ("loss_mask", pa.list_(pa.int8())),
@@ -80,7 +82,7 @@ class SamplesSummary:
             return
         self.samples += 1
         self.tokens += result.n_tokens
-        self.response_tokens += result.n_tokens - result.n_prompt
+        self.response_tokens += result.n_response
         self.flagged.update(result.flags)
         if result.completion_gap is not None:
             self.completion_gaps.append(result.completion_gap)
@@ -110,6 +112,7 @@ class SamplesSummary:
 def samples_table(samples: list[Sample]) -> pa.Table:
     return pa.Table.from_pydict({
         "sample_id": [s.sample_id for s in samples],
+        "turn": [s.turn for s in samples],
         "source": [s.source for s in samples],
         "input_ids": [s.input_ids for s in samples],
         "loss_mask": [s.loss_mask for s in samples],
@@ -140,16 +143,54 @@ def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded],
 
 
 def _shard_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator[Sample | Excluded]:
-    seen: set[str] = set()
+    seen: set[tuple[str, int]] = set()
     for record in records.iter_records(store, shard):
-        sid = record.get("sample_id", "")
-        if sid in seen:  # one sample per prompt, whatever was written twice
-            yield Excluded(sid, record.get("source", ""), "duplicate", f"sample {sid}: a second record")
+        key = (record.get("sample_id", ""), record.get("turn") or 0)
+        if key in seen:  # one sample per prompt (per turn), whatever was written twice
+            yield Excluded(key[0], record.get("source", ""), "duplicate", f"sample {key[0]}: a second record", key[1])
             continue
         result = rebuild(record)
         if isinstance(result, Sample):
-            seen.add(sid)
+            seen.add(key)
         yield result
+
+
+def pack(turns: list[Sample | Excluded]) -> Sample | Excluded:
+    """One conversation's turns (in order) as one sample with every answer in the loss: the last
+    turn's tokens, provided each turn's prompt starts with the tokens of the turn before (the
+    template rendered the history verbatim). Turns after the first excluded one are left out."""
+    kept: list[Sample] = []
+    for t in turns:
+        if isinstance(t, Excluded) or t.turn != len(kept):
+            break
+        kept.append(t)
+    if not kept:
+        first = turns[0]
+        return first if isinstance(first, Excluded) else Excluded(
+            first.sample_id, first.source, "missing_turn", f"sample {first.sample_id}: turn 0 has no record")
+    for prev, cur in itertools.pairwise(kept):
+        if cur.input_ids[:len(prev.input_ids)] != prev.input_ids or cur.n_prompt < len(prev.input_ids):
+            return Excluded(cur.sample_id, cur.source, "history_not_verbatim",
+                            f"sample {cur.sample_id}: turn {cur.turn}'s prompt does not start with turn "
+                            f"{prev.turn}'s tokens (the chat template rewrote an earlier turn)")
+    last = kept[-1]
+    flags = tuple(dict.fromkeys(f for t in kept for f in t.flags))
+    return Sample(last.sample_id, last.source, last.input_ids, last.n_prompt, flags, last.completion_gap,
+                  last.prompt_gap, last.logprobs, last.turn, tuple((t.n_prompt, t.n_tokens) for t in kept))
+
+
+def _packed_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator[Sample | Excluded]:
+    """Per conversation: its turns rebuilt one by one, then packed. A conversation's records may lie in
+    several parts, so the shard's results are grouped first (per-turn samples held until packed)."""
+    convs: dict[str, list[Sample | Excluded]] = {}
+    for result in _shard_results(rebuild, store, shard):
+        if isinstance(result, Excluded) and result.reason == "duplicate":
+            yield result
+            continue
+        convs.setdefault(result.sample_id, []).append(result)
+    for turns in convs.values():
+        turns.sort(key=lambda t: t.turn)
+        yield pack(turns)
 
 
 def build_samples(spec: DatasetGenerationSpec, store: Store,
@@ -160,8 +201,15 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     rebuild = Reconstructor(fmt, tok)
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
                              chat_format=fmt.name, template_sha256=fmt.sha256)
+    if spec.generation.turns == "all" and spec.samples.multi_turn == "packed":
+        refused = packing_refused(fmt)
+        if refused:
+            raise PackingRefused(f"samples.multiTurn: packed is refused for {fmt.name}: {refused}; use perTurn")
+        results = _packed_results
+    else:
+        results = _shard_results
     for shard in sorted({s for s, _p, _k in records.list_parts(store)}):
-        _write_shard(store, shard, _shard_results(rebuild, store, shard), summary)
+        _write_shard(store, shard, results(rebuild, store, shard), summary)
     for stale in set(store.list(layout.SAMPLES)) - set(summary.files):
         store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists
     return summary
