@@ -12,19 +12,17 @@ import pyarrow.parquet as pq
 import torch
 
 from eyrie.jobs.contract import layout
+from eyrie.jobs.reconstruct.samples import SCHEMA as SAMPLES_SCHEMA
 from eyrie.jobs.spec import DatasetGenerationSpec, parse_spec
 from eyrie.jobs.store import Store
 
-SAMPLES_SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("source", pa.string()), ("input_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.int8())), ("n_tokens", pa.int32()), ("flags", pa.list_(pa.string())),
-])
 
-
-def samples_parquet(rows: Sequence[tuple[str, list[int], list[int]]]) -> bytes:
-    """(sample_id, input_ids, loss_mask) rows in the samples/ schema the reconstruction stage writes."""
+def samples_parquet(rows: Sequence[tuple[str, list[int], list[int]]], turns: Sequence[int] | None = None) -> bytes:
+    """(sample_id, input_ids, loss_mask) rows in the samples/ schema the reconstruction stage writes;
+    `turns`: each row's turn (agentic conversations), else 0."""
     table = pa.table({
-        "sample_id": [r[0] for r in rows], "source": ["src"] * len(rows),
+        "sample_id": [r[0] for r in rows], "turn": list(turns) if turns is not None else [0] * len(rows),
+        "source": ["src"] * len(rows),
         "input_ids": [r[1] for r in rows], "loss_mask": [r[2] for r in rows],
         "n_tokens": [len(r[1]) for r in rows], "flags": [[] for _ in rows],
     }, schema=SAMPLES_SCHEMA)
@@ -45,8 +43,9 @@ def random_rows(shard: int, n: int, vocab: int, seed: int, min_len: int = 3, max
     return rows
 
 
-def put_samples(store: Store, shard: int, rows: Sequence[tuple[str, list[int], list[int]]]) -> None:
-    store.put(layout.samples_key(shard), samples_parquet(rows))
+def put_samples(store: Store, shard: int, rows: Sequence[tuple[str, list[int], list[int]]],
+                turns: Sequence[int] | None = None) -> None:
+    store.put(layout.samples_key(shard), samples_parquet(rows, turns))
 
 
 def make_spec(output: str, model: str | Path, **extraction: Any) -> DatasetGenerationSpec:

@@ -230,6 +230,18 @@ def test_many_parts_and_a_ranged_read_of_one_sample(tmp_path, tiny, ref_model):
     assert sum(c[2] for c in on_parts) == len(ids) * (4 * HIDDEN * 4 + 5)
 
 
+def test_turns_of_one_conversation_are_read_back_by_id_and_turn(tmp_path, tiny, ref_model, backend):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    (sid, ids0, mask0), (_other, ids1, mask1) = random_rows(0, 2, VOCAB, seed=7)
+    put_samples(store, 0, [(sid, ids0, mask0), (sid, ids1, mask1)], turns=[0, 1])
+    run_extraction(make_spec(out, tiny, dtype="float32"), store, backend=backend)
+    for key, ids in ((sid, ids0), (layout.turn_sample_key(sid, 1), ids1)):
+        got = read_sample(out, key)
+        assert got["input_ids"].tolist() == ids
+        assert torch.equal(got["aux_hidden"], reference(ref_model, ids, LAYERS)[0])
+
+
 def test_skipped_samples_are_counted_with_reasons(tmp_path, tiny, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
