@@ -15,6 +15,8 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
     """Everything that can fail before the first paid request fails here."""
     from eyrie.jobs.api import ApiError, ChatClient
 
+    if spec.generation.turns == "all":  # until the worker regenerates turn by turn (issue 14, part 2)
+        raise PreflightError("generation.turns: all is not available in this version; use last")
     try:
         store.check_writable()
     except Exception as e:
