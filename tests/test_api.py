@@ -473,3 +473,64 @@ async def test_preflight_asks_openrouter_about_the_key(app_server: Callable[[web
     async with client(url, api_key=KEY) as c:  # any other API: /models only
         await c.preflight()
     assert asked == ["/api/v1/models", "/api/v1/key", "/api/v1/models", "/api/v1/key", "/api/v1/models"]
+
+
+# ----------------------------------------------------------- OpenRouter's documented error shapes
+
+
+def test_documented_error_shapes_in_bodies_and_streams_are_classified() -> None:
+    """errors-and-debugging.mdx: a non-streaming error beside partial output sits in
+    `choices[0].error`; a mid-stream error is a chunk with a top-level `error` whose
+    `metadata.error_type` is typed. Length limits and content-policy flags are refusals of this
+    sample (with the usage reported, if any); other in-band errors are retried; a 402 in-band is
+    classified like the HTTP one (in-flight budget: retried; otherwise out of credits)."""
+    from eyrie.jobs.api import SampleRefused
+
+    partial = {"choices": [{"message": {"role": "assistant", "content": "partial output..."},
+                            "finish_reason": "error",
+                            "error": {"code": 400, "message": "context too long",
+                                      "metadata": {"error_type": "context_length_exceeded"}}}],
+               "usage": {"prompt_tokens": 9000, "completion_tokens": 3, "cost": 0.002}}
+    with pytest.raises(SampleRefused) as e:
+        parse_completion(partial)
+    assert (e.value.kind, e.value.details, e.value.usage["cost"]) == ("length-limit",
+                                                                      {"error_type": "context_length_exceeded"}, 0.002)
+    partial["choices"][0]["error"] = {"code": 502, "message": "Provider disconnected mid-stream",
+                                      "metadata": {"error_type": "provider_unavailable"}}
+    with pytest.raises(_Retry):
+        parse_completion(partial)
+    flagged = _chunk({"content": ""}, "error", error={"code": 400, "message": "output flagged",
+                                                      "metadata": {"error_type": "content_policy_violation"}})
+    with pytest.raises(SampleRefused, match="moderation after 1 attempt"):
+        SSEAccumulator().feed(_chunk({"content": "a"}) + flagged)
+    in_flight = {"code": 402, "message": "in flight", "metadata": {"reason": "in_flight_budget_exhausted"}}
+    with pytest.raises(_Retry) as r:
+        parse_completion({"error": in_flight})
+    assert r.value.kind == "402-in-flight"
+
+
+def test_reasoning_details_without_a_reasoning_string_in_a_json_answer() -> None:
+    """reasoning-tokens.mdx, "Non-Streaming Response": `message.reasoning_details` holds a summary and
+    a text item; the text item is the reasoning, both items are kept as returned."""
+    details = [{"type": "reasoning.summary", "summary": "Analyzed the problem by breaking it into components",
+                "id": "reasoning-summary-1", "format": "anthropic-claude-v1", "index": 0},
+               {"type": "reasoning.text", "text": "Let me work through this systematically:\n1. First...",
+                "signature": None, "id": "reasoning-text-1", "format": "anthropic-claude-v1", "index": 1}]
+    resp, _ = parse_completion({"choices": [{"finish_reason": "stop", "native_finish_reason": "end_turn",
+                                             "message": {"role": "assistant", "content": "I recommend...",
+                                                         "reasoning_details": details}}]})
+    assert resp["reasoning"] == "Let me work through this systematically:\n1. First..."
+    assert resp["reasoning_details"] == details and resp["native_finish_reason"] == "end_turn"
+
+
+def test_reported_cost_counts_byok_upstream_cost() -> None:
+    """usage-accounting.mdx: `cost` is what OpenRouter charged, `cost_details.upstream_inference_cost`
+    what the provider charged (BYOK: the user's own key)."""
+    from eyrie.jobs.api import reported_cost
+
+    byok = {"cost": 0.00002, "is_byok": True, "cost_details": {"upstream_inference_cost": 0.0004}}
+    assert reported_cost(byok) == Decimal("0.00042")
+    assert reported_cost({**byok, "is_byok": None}) == Decimal("0.00042")  # not said: counted
+    assert reported_cost({**byok, "is_byok": False}) == Decimal("0.00002")  # already inside cost
+    assert reported_cost({"cost": 0.5, "cost_details": {"upstream_inference_cost": None}}) == Decimal("0.5")
+    assert reported_cost({"prompt_tokens": 3}) is None and reported_cost({"cost": "nan"}) is None
