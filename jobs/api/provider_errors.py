@@ -93,12 +93,13 @@ def _content_block(err: ProviderError) -> bool:
                 or err.message.lower().startswith("request blocked"))
 
 
-def _same(text: str) -> str:
+def as_is(text: str) -> str:
+    """No redaction (parsing without a key to hide)."""
     return text
 
 
 def classify(err: ProviderError, *, http_status: int | None, retry_after: float | None = None,
-             where: str = "", redact: Callable[[str], str] = _same) -> BaseException:
+             where: str = "", redact: Callable[[str], str] = as_is) -> BaseException:
     """The exception for `err`: `http_status` is the response's status, None for an error inside an
     HTTP 200 answer (a JSON body or an SSE event), where only the documented special cases differ
     from "retry"."""

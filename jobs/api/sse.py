@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from eyrie.jobs.api.errors import RequestFailed, _Retry
-from eyrie.jobs.api.provider_errors import _same, classify, parse_error
+from eyrie.jobs.api.provider_errors import as_is, classify, parse_error
 from eyrie.jobs.contract.records import ReasoningDetail, Response, ToolCall
 
 _loads = orjson.loads
@@ -40,27 +40,44 @@ def reasoning_text(details: list[dict[str, Any]]) -> str | None:
                    if d.get("type") == ReasoningDetail.TEXT and isinstance(d.get("text"), str)) or None
 
 
-def _merge_details(items: list[dict[str, Any]], pieces: Any) -> None:
-    """Append streamed reasoning_details pieces; a piece of the item streamed last (same type and
-    index, or id) extends its text/summary/data, other fields take the latest value (a signature
-    arrives with the last piece)."""
+def merge_details(pieces: Any) -> list[dict[str, Any]]:
+    """reasoning_details as returned: consecutive pieces of one item (same type and index, or id)
+    joined, their text/summary/data concatenated, other fields the latest value (a signature arrives
+    with the last piece). A JSON answer's items pass through as they are."""
+    out: list[dict[str, Any]] = []
+    parts: list[dict[str, list[str]]] = []
+    last: dict[str, Any] = {}
+    texts: dict[str, list[str]] = {}
+    kind = key = None
     for piece in pieces if isinstance(pieces, list) else ():
-        if not isinstance(piece, dict):
+        if type(piece) is not dict:
             continue
-        last = items[-1] if items else None
-        key = (piece.get("type"), piece.get("index") if piece.get("index") is not None else piece.get("id"))
-        if last is not None and key == (last.get("type"),
-                                        last.get("index") if last.get("index") is not None else last.get("id")):
+        idx = piece.get("index")
+        this = idx if idx is not None else piece.get("id")
+        if out and this == key and piece.get("type") == kind:
             for k, v in piece.items():
-                if k in _PIECES and isinstance(v, str):
-                    last[k] = (last.get(k) or "") + v
-                elif v is not None:
+                if v is None:
+                    continue
+                if k in _PIECES and type(v) is str:
+                    got = texts.get(k)
+                    if got is None:
+                        texts[k] = [v]
+                    else:
+                        got.append(v)
+                else:
                     last[k] = v
         else:
-            items.append(dict(piece))
+            last, texts = dict(piece), {k: [v] for k, v in piece.items() if k in _PIECES and type(v) is str}
+            out.append(last)
+            parts.append(texts)
+            kind, key = piece.get("type"), this
+    for item, texts in zip(out, parts, strict=True):
+        for k, vs in texts.items():
+            item[k] = "".join(vs)
+    return out
 
 
-def _raise_body_error(err: Any, usage: Any = None, redact: Callable[[str], str] = _same) -> None:
+def _raise_body_error(err: Any, usage: Any = None, redact: Callable[[str], str] = as_is) -> None:
     """An error inside an HTTP 200 answer; a refusal keeps the usage the provider reported with it."""
     exc = classify(parse_error(err), http_status=None, redact=redact)
     if isinstance(exc, RequestFailed) and isinstance(usage, dict):
@@ -68,7 +85,7 @@ def _raise_body_error(err: Any, usage: Any = None, redact: Callable[[str], str] 
     raise exc
 
 
-def parse_completion(doc: Any, redact: Callable[[str], str] = _same) -> tuple[Response, dict[str, Any] | None]:
+def parse_completion(doc: Any, redact: Callable[[str], str] = as_is) -> tuple[Response, dict[str, Any] | None]:
     """A non-streaming chat.completion body -> (Response, usage). Raises _Retry for bad bodies."""
     if not isinstance(doc, dict):
         raise _Retry("malformed-json", "the response body is not a JSON object")
@@ -83,8 +100,7 @@ def parse_completion(doc: Any, redact: Callable[[str], str] = _same) -> tuple[Re
         _raise_body_error(choice["error"], doc.get("usage"), redact)
     if choice.get("finish_reason") == "error":
         raise _Retry("error-body", "the provider ended the answer with finish_reason=error")
-    details: list[dict[str, Any]] = []
-    _merge_details(details, msg.get("reasoning_details"))
+    details = merge_details(msg.get("reasoning_details"))
     resp: Response = {
         "id": doc.get("id"), "provider": doc.get("provider"), "model": doc.get("model"),
         "finish_reason": choice.get("finish_reason"),
@@ -113,9 +129,9 @@ class SSEAccumulator:
     __slots__ = ("_buf", "_calls", "_content", "_data", "_details", "_logprobs", "_reasoning", "_redact", "done",
                  "finish_reason", "id", "model", "native_finish_reason", "provider", "saw_choice", "usage")
 
-    def __init__(self, redact: Callable[[str], str] = _same) -> None:
+    def __init__(self, redact: Callable[[str], str] = as_is) -> None:
         self._redact = redact
-        self._details: list[dict[str, Any]] = []
+        self._details: list[Any] = []  # reasoning_details pieces as streamed
         self.native_finish_reason: str | None = None
         self._buf = b""
         self._data: list[bytes] = []
@@ -185,17 +201,17 @@ class SSEAccumulator:
                 self._reasoning.append(r)
             if delta.get("tool_calls"):
                 self._tool_deltas(delta["tool_calls"])
-            if delta.get("reasoning_details"):
-                _merge_details(self._details, delta["reasoning_details"])
+            rd = delta.get("reasoning_details")
+            if rd and type(rd) is list:
+                self._details += rd  # merged once, in finish(): OpenRouter sends it with every reasoning delta
         if choice.get("logprobs"):
             self._merge_logprobs(choice["logprobs"])
-        if choice.get("native_finish_reason"):
-            self.native_finish_reason = choice["native_finish_reason"]
         fr = choice.get("finish_reason")
         if fr:
             if fr == "error":
                 raise _Retry("error-body", "the provider ended the stream with finish_reason=error")
             self.finish_reason = fr
+            self.native_finish_reason = choice.get("native_finish_reason") or self.native_finish_reason
 
     def _tool_deltas(self, tcs: list[Any]) -> None:
         calls = self._calls
@@ -236,10 +252,11 @@ class SSEAccumulator:
             raise _Retry("dropped-stream", "the stream ended before any answer")
         if self.finish_reason is None:
             raise _Retry("dropped-stream", "the stream ended without finish_reason")
+        details = merge_details(self._details)
         resp: Response = {
             "id": self.id, "provider": self.provider, "model": self.model,
             "finish_reason": self.finish_reason,
-            "reasoning": "".join(self._reasoning) or reasoning_text(self._details),
+            "reasoning": "".join(self._reasoning) or reasoning_text(details),
             "content": "".join(self._content) or None,
             "tool_calls": [{"id": s[0], "type": s[1] or "function",
                             "function": {"name": s[2] or None, "arguments": "".join(s[3])}}
@@ -247,8 +264,8 @@ class SSEAccumulator:
         }
         if self.native_finish_reason is not None:
             resp["native_finish_reason"] = self.native_finish_reason
-        if self._details:
-            resp["reasoning_details"] = self._details
+        if details:
+            resp["reasoning_details"] = details
         if self._logprobs:
             resp["logprobs"] = {"content": self._logprobs}
         return resp, self.usage
