@@ -384,6 +384,17 @@ class Toleration(Model):
     toleration_seconds: int | None = None
 
 
+class FidelitySpec(Model):
+    enabled: bool = True
+    """Score every answer under the target model in the extraction forward pass (one LM-head projection)."""
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1)
+    """Floor on a sample's top-1 agreement (share of its completion tokens that are the model's argmax);
+    samples under it are flagged or excluded, providers under it get a Warning event."""
+    on_low: Literal["flag", "exclude"] = "flag"
+    """flag: kept and marked in the fidelity files; exclude: also kept out of the hidden-state index and
+    the SpecForge export (what training reads)."""
+
+
 class ExtractionSpec(Model):
     enabled: bool = False
     """Run hidden-state extraction after generation."""
@@ -411,6 +422,8 @@ class ExtractionSpec(Model):
     """Tolerations of extraction pods."""
     trust_remote_code: bool = False
     """Allow the model's remote code when loading it."""
+    fidelity: FidelitySpec = Field(default_factory=FidelitySpec)
+    """Scores of the answers under the target model (DESIGN §7): the API's behaviour against native."""
 
 
 class CredentialsRef(Model):
@@ -526,6 +539,17 @@ class ExtractionStatus(Model):
     bytes: int = 0
 
 
+class FidelityStatus(Model):
+    samples: int = 0
+    top1_agreement: float | None = None
+    """Share of all completion tokens that are the target model's argmax (manifest fidelity.overall)."""
+    mean_nll: float | None = Field(default=None, alias="meanNLL")
+    by_provider: dict[str, float | None] | None = None
+    """Top-1 agreement per provider."""
+    below_floor: list[str] | None = None
+    """Providers under extraction.fidelity.minTop1Agreement."""
+
+
 Phase = Literal["Pending", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
 
 
@@ -538,6 +562,7 @@ class DatasetGenerationStatus(Model):
     tokens: TokenCounts | None = None
     tools: ToolMetrics | None = None
     extraction: ExtractionStatus | None = None
+    fidelity: FidelityStatus | None = None
     output_manifest: str | None = None
     attempt: str | None = None
     observed_generation: int | None = None

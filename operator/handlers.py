@@ -155,6 +155,7 @@ class OutputState:
     manifest_url: str | None
     summaries: int
     extraction_bytes: int
+    fidelity: dict[str, Any] | None = None
 
 
 def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
@@ -163,20 +164,21 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
         prog = orjson.loads(store.get(layout.PROGRESS))
     except NotFound:
         prog = None
-    manifest_url, nbytes = None, 0
+    manifest_url, nbytes, fidelity = None, 0, None
     try:
         manifest = orjson.loads(store.get(layout.MANIFEST))
         # with extraction on, only a manifest that includes it closes the run
         if not spec.extraction.enabled or manifest.get("extraction"):
             manifest_url = store.url(layout.MANIFEST)
             nbytes = int((manifest.get("extraction") or {}).get("bytes") or 0)
+            fidelity = manifest.get("fidelity")
     except NotFound:
         pass
     summaries = 0
     if spec.extraction.enabled and prog is not None and prog.get("outcome") == Outcome.DONE:
         n = children.extraction_count(spec)
         summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
-    return OutputState(prog, manifest_url, summaries, nbytes)
+    return OutputState(prog, manifest_url, summaries, nbytes, fidelity)
 
 
 def _neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
@@ -230,7 +232,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         ext = _job_child(doc) if doc else None
 
     # progress after the children: what it says is at least as fresh as their status
-    prog = error = manifest = None
+    prog = error = manifest = fidelity = None
     summaries = nbytes = 0
     output_checked = not (spec.output.credentials_secret_ref and creds is None)
     if output_checked:
@@ -241,6 +243,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             out = await asyncio.to_thread(_read_output, store, spec)
             prog = parse_progress(out.progress) if out.progress is not None else None
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
+            fidelity = out.fidelity
         except (StoreError, ProgressError, orjson.JSONDecodeError) as e:
             error = f"spec.output.uri: {e}"
     return Observation(
@@ -248,7 +251,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
-        manifest_uri=manifest, summaries_done=summaries, extraction_bytes=nbytes,
+        manifest_uri=manifest, summaries_done=summaries, extraction_bytes=nbytes, fidelity=fidelity,
         stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
+from eyrie.jobs.contract.fidelity import status_fidelity
 from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, Progress
 from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 
@@ -78,6 +79,7 @@ class Observation:
     manifest_uri: str | None = None  # set when <output>/manifest.json exists
     summaries_done: int = 0
     extraction_bytes: int = 0  # from the manifest once extraction is merged into it
+    fidelity: dict[str, Any] | None = None  # the manifest's fidelity section, once it exists
     stop_grace: float = STOP_GRACE_SECONDS
     uid: str = ""  # metadata.uid: attempts are numbered per object, so outcomes carry it too
 
@@ -181,6 +183,8 @@ def _counts(obs: Observation) -> dict[str, Any]:
         for key in ("samples", "tokens", "tools"):
             if key in st:
                 out[key] = st[key]
+    if (fid := status_fidelity(obs.fidelity)) is not None:
+        out["fidelity"] = fid
     if obs.spec.extraction.enabled:
         ext = obs.extraction
         out["extraction"] = {"shardsDone": max(obs.summaries_done, ext.succeeded if ext else 0),
@@ -357,6 +361,25 @@ def reconcile(obs: Observation) -> Decision:
     return Decision(p.actions, p.status(phase, attempt))
 
 
+def fidelity_events(section: dict[str, Any] | None) -> list[Event]:
+    """A Warning per provider whose answers the target model scores under extraction.fidelity's floor
+    (posted once: the pass that turns the run Succeeded; terminal phases are not reconciled again)."""
+    if not section:
+        return []
+    floor = section.get("minTop1Agreement")
+    by = section.get("byProvider") or {}
+    excluded = section.get("onLow") == "exclude"
+    out = []
+    for name in section.get("belowFloor") or ():
+        g = by.get(name) or {}
+        out.append(Event("Warning", "LowFidelity",
+                         f"provider {name}: top-1 agreement {g.get('top1Agreement')} with the target model is under "
+                         f"spec.extraction.fidelity.minTop1Agreement {floor} ({g.get('lowSamples', 0)} of "
+                         f"{g.get('samples', 0)} samples low" + (", excluded from training" if excluded else "")
+                         + "); it may serve another model, quantization or template"))
+    return out
+
+
 def _not_suspended(p: _Pass) -> None:
     """Suspended=False; a previous False (e.g. reason Resumed) is kept so the history stays readable."""
     prev = conditions.find(p.prev, SUSPENDED)
@@ -388,6 +411,7 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
         _not_suspended(p)
         p.cond(SUCCEEDED, True, "ManifestWritten", f"dataset manifest at {obs.manifest_uri}")
         p.actions.append(Event("Normal", "Succeeded", f"dataset manifest at {obs.manifest_uri}"))
+        p.actions.extend(fidelity_events(obs.fidelity))
         return "Succeeded"
     if not spec.extraction.enabled:
         _not_suspended(p)

@@ -381,6 +381,59 @@ def test_the_backend_end_to_end_with_a_stand_in_engine(tmp_path, sglang):
     assert sb.CAPTURE_ENV not in os.environ
 
 
+class ScoringEngine(FakeEngine):
+    """Also answers `return_logprob` the way 0.5.23 does: per input token from logprob_start_len on,
+    (logprob, id, text) and top-k lists of such, the first entry empty. Its "model" prefers token 0
+    after odd positions and the given token after even ones."""
+
+    def generate(self, input_ids, sampling_params, rid, **kw):
+        super().generate(input_ids, sampling_params, rid)
+        self.logprob_kwargs = kw
+        outs = []
+        for b, x in enumerate(input_ids):
+            if not kw.get("return_logprob", [False] * len(input_ids))[b]:
+                outs.append({"meta_info": {}})
+                continue
+            s = kw["logprob_start_len"][b]
+            assert kw["top_logprobs_num"][b] == 1
+            tokens, tops = [(None, x[s], None)], [None]
+            for p in range(s + 1, len(x)):
+                agree = p % 2 == 0
+                tokens.append((-0.5 if agree else -2.0, x[p], None))
+                tops.append([(-0.5, x[p] if agree else 0, None)])
+            outs.append({"meta_info": {"input_token_logprobs": tokens, "input_top_logprobs": tops}})
+        return outs
+
+
+def test_scores_come_from_the_engines_input_logprobs_in_the_same_prefill(tmp_path, sglang):
+    sglang.modules["sglang"].Engine = ScoringEngine
+    model = build_tiny_model(tmp_path / "m", 64, 32, layers=8, context=64)
+    be = sb.SGLangBackend(str(model), tp_size=1)
+    batch = [[1, 2, 3, 4, 5, 6], [7, 8, 9]]
+    out = be.forward(batch, [2, 4, 5], score_from=[3, None])
+    assert be.engine.generated == 1  # hidden states and scores from one prefill
+    assert be.engine.logprob_kwargs == {"return_logprob": [True, False], "logprob_start_len": [2, -1],
+                                        "top_logprobs_num": [1, 0]}
+    s = out[0].scores
+    assert s is not None and s.start == 3 and out[1].scores is None
+    assert s.logprob.tolist() == [-2.0, -0.5, -2.0] and s.top1.tolist() == [False, True, False]
+    want_aux, _ = FakeEngine.states(batch[0], 3)
+    assert torch.equal(out[0].aux, want_aux)
+    be.close()
+
+
+def test_engine_scores_refuse_a_misaligned_answer():
+    meta = {"input_token_logprobs": [(None, 5, None), (-1.0, 6, None)], "input_top_logprobs": [None, [(-1.0, 6, None)]]}
+    scores = sb.engine_scores(meta, [4, 5, 6], 2, "r")
+    assert scores.logprob.tolist() == [-1.0] and scores.top1.tolist() == [True]  # a tie with the best agrees
+    with pytest.raises(sb.SGLangCaptureError, match="returned 2 input log-probs and 2 top log-probs for 3"):
+        sb.engine_scores(meta, [4, 5, 6, 7], 2, "r")
+    with pytest.raises(sb.SGLangCaptureError, match="is for token 6, not 9"):
+        sb.engine_scores(meta, [4, 5, 9], 2, "r")
+    with pytest.raises(sb.SGLangCaptureError, match="returned no input log-probs"):
+        sb.engine_scores({}, [4, 5, 6], 2, "r")
+
+
 def test_without_the_plugin_in_sglang_the_first_batch_fails_fast_with_the_cause(tmp_path, sglang, monkeypatch):
     """SGLang swallows a plugin that fails; before, every request then waited 30 s for 'captured 0 of N'."""
 

@@ -39,3 +39,12 @@ def test_quickstart_runs_end_to_end(tmp_path):
     hidden = manifest["extraction"]["hiddenSize"]
     assert tuple(s["aux_hidden"].shape) == (len(row["input_ids"]), 3 * hidden)
     assert tuple(s["last_hidden"].shape) == (len(row["input_ids"]), hidden)
+    # every answer scored by the (random) target model, per provider, and printed at the end
+    fid = manifest["fidelity"]
+    assert fid["overall"]["samples"] == done and set(fid["byProvider"]) == {"eyrie-simulator"}
+    assert set(fid["bySource"]) == {"quickstart", "glaive"}
+    assert 0 <= fid["overall"]["top1Agreement"] <= 1 and fid["overall"]["meanNLL"] > 0
+    assert fid["byProvider"]["eyrie-simulator"]["answers"] >= done
+    scored = [r for f in sorted((out / "fidelity").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert {r["sample_id"] for r in scored} == {r["sample_id"] for r in rows}
+    assert "fidelity: the answers scored by the target model" in r.stderr and "eyrie-simulator" in r.stderr

@@ -68,7 +68,8 @@ def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, 
     for row in rows:
         s = expected[row["sample_id"]]
         assert row == {"sample_id": s.sample_id, "turn": 0, "source": "chat", "input_ids": s.input_ids,
-                       "loss_mask": s.loss_mask, "n_tokens": s.n_tokens, "flags": list(s.flags)}
+                       "loss_mask": s.loss_mask, "n_tokens": s.n_tokens, "flags": list(s.flags),
+                       "provider": None, "segments": list(s.segments)}
     assert rows[1]["flags"] == ["tool_policy_flag"]
     assert rows[0]["loss_mask"].count(0) == expected["r1"].n_prompt and rows[0]["loss_mask"][-1] == 1
 
@@ -126,3 +127,64 @@ def test_build_samples_streams_row_groups(spec, tmp_path, monkeypatch):
     meta = pq.ParquetFile(io.BytesIO(store.get(layout.samples_key(0)))).metadata
     assert (meta.num_row_groups, meta.num_rows) == (3, 5)
     assert read_samples(store, 0).column("sample_id").to_pylist() == ["r1", "r2", "r3", "r4", "r5"]
+
+
+def test_samples_carry_the_provider_and_where_reasoning_content_and_tool_calls_start(spec, tmp_path):
+    """The segments fidelity is split by: token positions decode back to each part of the answer."""
+    store = FileStore(tmp_path / "out")
+    calls = [{"id": "functions.get_time:0", "type": "function",
+              "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}]
+    tool = record("r1", "Let me check.")
+    tool["response"] = {**tool["response"], "tool_calls": calls, "provider": "moonshotai"}
+    tool["checks"] = {"declared": True, "called": True, "invalidCalls": 1, "leaked": False,
+                      "calls": [{"index": 0, "name": "get_time", "valid": False, "errors": ["x"]}], "leaks": {}}
+    plain = record("r2", "Hi there")
+    plain["response"]["provider"] = "other"
+    plain["checks"] = {"declared": True, "called": False, "invalidCalls": 0, "leaked": True, "calls": [],
+                       "leaks": {"content": ["<|tool_calls_section_begin|>"]}}
+    store.put(layout.part_key(0, 0), records.encode_part([tool, plain]))
+    summary = build_samples(spec, store)
+    tok = load_tokenizer(spec.target)
+    rows = {r["sample_id"]: r for r in read_samples(store, 0).to_pylist()}
+
+    r = rows["r1"]
+    n_prompt = r["loss_mask"].count(0)
+    reasoning, content, calls_at = r["segments"]
+    assert r["provider"] == "moonshotai" and reasoning == n_prompt < content < calls_at < r["n_tokens"]
+    ids = r["input_ids"]
+    assert tok.decode(ids[reasoning:content]) == "Think.</think>"
+    assert tok.decode(ids[content:calls_at]) == "Let me check."
+    tail = tok.decode(ids[calls_at:])
+    assert tail.startswith("<|tool_calls_section_begin|>") and tail.endswith("<|im_end|>")
+    assert "functions.get_time:0" in tail and '{"tz": "UTC"}' in tail
+
+    r = rows["r2"]
+    reasoning, content, calls_at = r["segments"]
+    assert r["provider"] == "other" and calls_at == r["n_tokens"]  # no calls: content runs to the end
+    assert tok.decode(r["input_ids"][content:]) == "Hi there<|im_end|>"
+
+    got = summary.to_manifest()["samples"]
+    assert got["byProvider"]["moonshotai"]["toolCallRate"] == 1.0
+    assert got["byProvider"]["moonshotai"]["invalidCallRate"] == 1.0
+    assert got["byProvider"]["other"]["toolCallRate"] == 0.0 and got["byProvider"]["other"]["leakRate"] == 1.0
+    assert got["answers"]["answers"] == 2 and got["answers"]["toolCallRate"] == 0.5
+    assert got["bySource"]["chat"]["leakRate"] == 0.5
+
+
+def test_segments_of_a_vocabulary_whose_tokens_do_not_add_up_to_the_text():
+    """The decode fallback (binary search over prefixes) finds the same boundaries."""
+    from eyrie.jobs.reconstruct.segments import segment_chars, token_starts
+
+    text = "abc</think>hello<call>x</call>"
+    pieces = (("reasoning", "abc"), ("content", "hello"), ("tool_calls[0].arguments", "x"))
+    assert segment_chars(text, pieces, True) == (11, 16)
+    assert segment_chars(text, pieces, False) == (11, len(text))
+    toks = ["a", "bc", "</think>", "hel", "lo", "<call>", "x", "</call>"]
+    ids = list(range(len(toks)))
+
+    def decode(xs):
+        return "".join(toks[i] for i in xs)
+
+    by_bytes = token_starts(text, [t.encode() for t in toks], decode, ids, (11, 16))
+    by_decode = token_starts(text, [b"?"] * len(toks), decode, ids, (11, 16))
+    assert by_bytes == by_decode == [3, 5]

@@ -361,7 +361,7 @@ def test_engine_calls_and_arguments_exist(pin):
     generate = all_params(pin.method(engine, "Engine", "generate"))
     calls = [c for c in ast.walk(backend_tree()) if isinstance(c, ast.Call)
              and isinstance(c.func, ast.Attribute) and c.func.attr == "generate"]
-    used = {k.arg for c in calls for k in c.keywords}
+    used = {k.arg for c in calls for k in c.keywords if k.arg is not None} | set(sb.logprob_request([1]))
     assert used and used <= set(generate), f"Engine.generate lacks {used - set(generate)}"
     pin.method(engine, "Engine", "shutdown")
     assert "**kwargs" in ast.unparse(pin.method(engine, "Engine", "__init__").args)  # -> ServerArgs(**kwargs)
@@ -377,6 +377,28 @@ def test_engine_calls_and_arguments_exist(pin):
     args = (set(sb.engine_kwargs("m", 1, "bfloat16", False)) | set(sb.REFUSED_ENGINE_ARGS)
             | set(sb.OWNED_ENGINE_ARGS) | set(gpu_extraction.ENGINE_ARGS_USED))
     assert args - fields == set(), f"not ServerArgs fields in sglang=={sb.SGLANG_VERSION}: {args - fields}"
+
+
+def test_input_logprobs_come_back_as_the_fidelity_scores_read_them(pin):
+    """`engine_scores` reads meta_info["input_token_logprobs"] / ["input_top_logprobs"], one entry per
+    input token from logprob_start_len on, the first without a value: what the pinned source builds."""
+    tm = "sglang.srt.managers.tokenizer_manager"
+    fn = pin.method(tm, "TokenizerManager", "add_logprob_to_meta_info")
+    keys = {n.targets[0].slice.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+            and isinstance(n.targets[0], ast.Subscript) and isinstance(n.targets[0].slice, ast.Constant)
+            and getattr(n.targets[0].value, "id", "") == "meta_info"}
+    assert {"input_token_logprobs", "input_top_logprobs"} <= keys
+    detok = ast.unparse(pin.method(tm, "TokenizerManager", "detokenize_logprob_tokens"))
+    assert "zip(token_logprobs_val, token_logprobs_idx)" in detok  # (value, token id, text) tuples
+    proc = "sglang.srt.managers.scheduler_components.logprob_result_processor"
+    cls = next(n.name for n in pin.tree(proc).body if isinstance(n, ast.ClassDef))
+    tokens = ast.unparse(pin.method(proc, cls, "_process_input_token_logprobs"))
+    assert "[None] + input_token_logprobs[:-1]" in tokens
+    assert "req.origin_input_ids[req.logprob_start_len:]" in tokens
+    tops = ast.unparse(pin.method(proc, cls, "_process_input_top_logprobs"))
+    assert "[] if uses_scoring_positions else [None]" in tops
+    fields = pin.self_attributes("sglang.srt.managers.io_struct", "GenerateReqInput")
+    assert {"return_logprob", "logprob_start_len", "top_logprobs_num"} <= fields
 
 
 FLAG_FAMILIES = ("qwen2_moe", "qwen3_next", "qwen3_5", "minimax_m3")  # named in issue 18

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.manifest import read_json
 from eyrie.jobs.contract.progress import Outcome, read_progress
 from eyrie.jobs.pipeline import UNTIL, provider, run_stages
 from eyrie.jobs.spec import load_spec
@@ -85,7 +86,40 @@ def run_main(argv: list[str]) -> int:
           f"of ${prog.get('maxUSD')}  output {store.uri}", file=sys.stderr)
     if message:
         print(f"why: {message}", file=sys.stderr)
+    manifest = read_json(store, layout.MANIFEST) if outcome == Outcome.DONE else None
+    if manifest and manifest.get("fidelity"):
+        print_fidelity(manifest["fidelity"])
     return EXIT_CODES.get(outcome, 1)
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def print_fidelity(fid: dict[str, Any]) -> None:
+    """The manifest's fidelity per provider and source: target-model scores beside tool and gap figures."""
+    from rich.table import Table
+
+    floor = fid.get("minTop1Agreement")
+    table = Table(title="fidelity: the answers scored by the target model"
+                        + (f" (floor {floor}, on low: {fid.get('onLow')})" if floor is not None else ""))
+    for col in ("answers of", "samples", "top-1", "mean NLL", "low", "tool calls", "invalid", "leaks",
+                "prompt gap", "completion gap"):
+        table.add_column(col, justify="left" if col == "answers of" else "right")
+
+    def row(label: str, g: dict[str, Any]) -> None:
+        table.add_row(label, str(g.get("samples", 0)), _num(g.get("top1Agreement")), _num(g.get("meanNLL")),
+                      str(g.get("lowSamples", 0)), _num(g.get("toolCallRate")), _num(g.get("invalidCallRate")),
+                      _num(g.get("leakRate")), _num((g.get("promptTokenGap") or {}).get("mean"), 1),
+                      _num((g.get("completionTokenGap") or {}).get("mean"), 1))
+
+    row("all", fid.get("overall") or {})
+    for name, g in (fid.get("byProvider") or {}).items():
+        row(f"provider {name}" + (" (below floor)" if name in fid.get("belowFloor", ()) else ""), g)
+    for name, g in (fid.get("bySource") or {}).items():
+        row(f"source {name}", g)
+    # a log file gets the whole table, not one squeezed into 80 columns
+    (err if err.is_terminal else Console(stderr=True, width=160)).print(table)
 
 
 def validate_main(argv: list[str]) -> int:

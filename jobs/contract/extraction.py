@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.fidelity import Groups, dump_groups, load_groups, merge_groups
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.store import Store
 
@@ -30,12 +31,15 @@ class ShardResult:
     tokens: int
     skipped: dict[str, int]
     resumed: bool = False
+    fidelity: Groups | None = None  # per (provider, source) scores; None when the shard was not scored
 
     @classmethod
     def from_index(cls, doc: dict[str, Any], key: str, resumed: bool) -> ShardResult:
+        fid = doc.get("fidelity")
         return cls(shard=int(doc["shard"]), index=key, files=list(doc["files"]), bytes=sum(doc["fileBytes"]),
                    samples=len(doc["samples"]), tokens=int(doc["tokens"]),
-                   skipped=dict(Counter(s["reason"] for s in doc["skipped"])), resumed=resumed)
+                   skipped=dict(Counter(s["reason"] for s in doc["skipped"])), resumed=resumed,
+                   fidelity=load_groups(fid) if fid is not None else None)
 
 
 @dataclass
@@ -66,6 +70,17 @@ class ExtractionSummary:
         return sum(s.bytes for s in self.shards)
 
     @property
+    def fidelity(self) -> Groups | None:
+        """Scores of every scored shard, merged per (provider, source); None when none was scored."""
+        scored = [s.fidelity for s in self.shards if s.fidelity is not None]
+        if not scored:
+            return None
+        out: Groups = {}
+        for g in scored:
+            merge_groups(out, g)
+        return out
+
+    @property
     def skipped(self) -> dict[str, int]:
         c: Counter[str] = Counter()
         for s in self.shards:
@@ -80,13 +95,16 @@ class ExtractionSummary:
             "bytesPerToken": self.bytes_per_token, "shardsDone": len(self.shards),
             "samples": self.samples, "tokens": self.tokens, "bytes": self.bytes, "skipped": self.skipped,
             "shards": [{"shard": s.shard, "index": s.index, "files": s.files, "samples": s.samples,
-                        "tokens": s.tokens, "bytes": s.bytes, "skipped": s.skipped} for s in self.shards],
+                        "tokens": s.tokens, "bytes": s.bytes, "skipped": s.skipped,
+                        **({"fidelity": dump_groups(s.fidelity)} if s.fidelity is not None else {})}
+                       for s in self.shards],
         }
 
     @classmethod
     def from_manifest(cls, d: dict[str, Any]) -> ExtractionSummary:
         shards = [ShardResult(shard=s["shard"], index=s["index"], files=s["files"], bytes=s["bytes"],
-                              samples=s["samples"], tokens=s["tokens"], skipped=s["skipped"])
+                              samples=s["samples"], tokens=s["tokens"], skipped=s["skipped"],
+                              fidelity=load_groups(s["fidelity"]) if "fidelity" in s else None)
                   for s in d["shards"]]
         return cls(d["engine"], d["model"], list(d["auxLayers"]), d["layerConvention"], d["hiddenSize"],
                    d["numLayers"], d["dtype"], d["modelConfigSha256"], d["bytesPerToken"], shards)

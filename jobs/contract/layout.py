@@ -18,6 +18,7 @@ BUDGET = "budget.json"  # the persisted upper bound of what may have been paid (
 GENERATIONS = "generations"
 SAMPLES = "samples"
 HIDDEN = "hidden"
+FIDELITY = "fidelity"  # per-sample target-model scores of the answers, one Parquet per input shard
 SAMPLES_SUMMARY = "samples/summary.json"  # the reconstruction summary the manifest quotes
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
@@ -34,6 +35,10 @@ def part_key(shard: int, part: int) -> str:
 
 def samples_key(shard: int) -> str:
     return f"{SAMPLES}/shard-{shard:05d}.parquet"
+
+
+def fidelity_key(shard: int) -> str:
+    return f"{FIDELITY}/shard-{shard:05d}.parquet"
 
 
 def summary_key(index: int, count: int) -> str:

@@ -13,6 +13,7 @@ import orjson
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.extraction import summarize
+from eyrie.jobs.contract.fidelity import fidelity_section
 from eyrie.jobs.contract.progress import read_progress
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import NotFound, Store
@@ -32,6 +33,13 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
     keys = store.list()
     extraction = summarize(store)
     pods = sum(1 for k in keys if k.startswith(f"{layout.HIDDEN}/summary-"))
+    reconstruction = read_json(store, layout.SAMPLES_SUMMARY)
+    scored = extraction.fidelity if extraction else None
+    fid = spec.extraction.fidelity
+    fidelity = None
+    if scored is not None or reconstruction:
+        fidelity = fidelity_section(scored or {}, (reconstruction or {}).get("samples"), fid.min_top1_agreement,
+                                    fid.on_low)
     manifest = {
         "apiVersion": "eyrie.dev/v1alpha1",
         "kind": "DatasetManifest",
@@ -43,12 +51,15 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "failures": progress.get("failures"),  # failed samples by error type (moderation, timeout, ...)
         "tokens": progress.get("tokens"),
         "tools": progress.get("tools"),
-        "reconstruction": read_json(store, layout.SAMPLES_SUMMARY),
+        "reconstruction": reconstruction,
         "extraction": {**extraction.to_manifest(), "pods": pods} if extraction else None,
+        # per provider and source: target-model scores beside the tool and gap figures (contract/fidelity.py)
+        "fidelity": fidelity,
         "files": {
             "generations": [k for k in keys if layout.parse_part_key(k)],
             "samples": [k for k in keys if k.startswith(f"{layout.SAMPLES}/shard-")],
             "hidden": [k for k in keys if k.startswith(f"{layout.HIDDEN}/") and "summary-" not in k],
+            "fidelity": [k for k in keys if k.startswith(f"{layout.FIDELITY}/")],
         },
         "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

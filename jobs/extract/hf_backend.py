@@ -2,7 +2,9 @@
 
 Only the needed layers are kept: a forward pre-hook on each chosen decoder layer takes the
 residual stream entering it (identical to `output_hidden_states[i]`), and the base model's
-`last_hidden_state` (after the final norm) is the last hidden state; the LM head never runs.
+`last_hidden_state` (after the final norm) is the last hidden state; the LM head runs only to
+score the answers (`forward(..., score_from=...)`), over the completion rows in chunks
+(`fidelity.lm_scores`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import torch
 
 from eyrie.jobs.errors import EyrieError
+from eyrie.jobs.extract.fidelity import Forward, lm_scores
 from eyrie.jobs.extract.layers import LayerError, ModelFacts, model_facts
 
 
@@ -61,10 +64,16 @@ class HFBackend:
         self.layers = _layers_of(self.decoder)
         self.compute_dtype = dtype
 
-    @torch.inference_mode()
     def hidden_states(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int]
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Right-padded forward of a batch; returns tensors on the model's device."""
+        """(aux, last) per sample, without scores."""
+        return [(f.aux, f.last) for f in self.forward(batch, layer_ids)]
+
+    @torch.inference_mode()
+    def forward(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int],
+                score_from: Sequence[int | None] | None = None) -> list[Forward]:
+        """Right-padded forward of a batch; tensors stay on the model's device. `score_from[b]`: score
+        sample b's tokens from that position on with the LM head (None: not at all)."""
         if not batch:
             return []
         for i in layer_ids:
@@ -94,18 +103,24 @@ class HFBackend:
                 h.remove()
         last = out.last_hidden_state
         aux = torch.cat([captured[i] for i in layer_ids], dim=-1)
-        return [(aux[b, :n], last[b, :n]) for b, n in enumerate(lengths)]
+        starts = list(score_from) if score_from is not None else [None] * len(batch)
+        head = self.model.get_output_embeddings()
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        return [Forward(aux[b, :n], last[b, :n],
+                        lm_scores(head, last[b, :n], ids[b, :n], s, softcap) if s is not None else None)
+                for b, (n, s) in enumerate(zip(lengths, starts, strict=True))]
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]
 
 
 def build_tiny_model(path: str | Path, vocab_size: int, hidden_size: int = 64, layers: int = 4,
-                     context: int = 32768, seed: int = 0) -> Path:
+                     context: int = 32768, seed: int = 0, initializer_range: float = 0.02) -> Path:
     """A random-weight LlamaForCausalLM built from a config (no download), saved for `extraction.model`.
 
     The vocabulary must cover the tokenizer's ids (DeepSeek-V4's ~129k is fine at hidden 64:
-    embeddings are tied to the LM head, ~33 MB).
+    embeddings are tied to the LM head, ~33 MB). At the default initializer range its argmax is
+    mostly the token it was given; 0.2 makes its greedy answers depend on the context (fidelity tests).
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -113,7 +128,7 @@ def build_tiny_model(path: str | Path, vocab_size: int, hidden_size: int = 64, l
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=context, tie_word_embeddings=True)
+        max_position_embeddings=context, tie_word_embeddings=True, initializer_range=initializer_range)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     out = Path(path)

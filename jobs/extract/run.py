@@ -25,8 +25,26 @@ import pyarrow.parquet as pq
 import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError, ExtractionSummary, ShardResult, summarize
-from eyrie.jobs.contract.layout import SAMPLES, parse_samples_key, samples_key, summary_key, turn_sample_key
+from eyrie.jobs.contract.fidelity import dump_groups
+from eyrie.jobs.contract.layout import (
+    SAMPLES,
+    fidelity_key,
+    parse_samples_key,
+    samples_key,
+    summary_key,
+    turn_sample_key,
+)
 from eyrie.jobs.extract import codec
+from eyrie.jobs.extract.fidelity import (
+    Forward,
+    apply_floor,
+    decode_rows,
+    encode_rows,
+    fidelity_parquet,
+    fidelity_row,
+    score_start,
+    tally_rows,
+)
 from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, resolve_layers
 from eyrie.jobs.extract.shards import (
     PartSample,
@@ -55,8 +73,8 @@ class Backend(Protocol):
     name: str
     facts: ModelFacts
 
-    def hidden_states(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int]
-                      ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+    def forward(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int],
+                score_from: Sequence[int | None] | None = None) -> list[Forward]: ...
 
     def close(self) -> None: ...
 
@@ -95,6 +113,9 @@ class SampleRow:
     sample_id: str
     input_ids: np.ndarray
     loss_mask: np.ndarray
+    source: str = ""
+    provider: str | None = None
+    segments: list[int] | None = None  # where reasoning, content, tool calls start (absent in older files)
 
 
 @dataclass
@@ -144,13 +165,18 @@ def read_samples(store: Store, shard: int) -> list[SampleRow]:
     try:
         pf = pq.ParquetFile(io.BytesIO(data))
         turned = "turn" in pf.schema_arrow.names  # one sample per turn: keyed by (id, turn)
-        table = pf.read(columns=["sample_id", "input_ids", "loss_mask", *(["turn"] if turned else [])])
+        optional = [c for c in ("turn", "source", "provider", "segments") if c in pf.schema_arrow.names]
+        table = pf.read(columns=["sample_id", "input_ids", "loss_mask", *optional])
     except (pa.ArrowException, OSError, KeyError) as e:
         raise ShardError(f"{store.url(key)}: not a samples parquet file "
                          f"(sample_id, input_ids, loss_mask): {e}") from None
     sids = table.column("sample_id").to_pylist()
     if turned:
         sids = [turn_sample_key(s, t or 0) for s, t in zip(sids, table.column("turn").to_pylist(), strict=True)]
+    n = len(sids)
+    sources = table.column("source").to_pylist() if "source" in optional else [""] * n
+    providers = table.column("provider").to_pylist() if "provider" in optional else [None] * n
+    segments = table.column("segments").to_pylist() if "segments" in optional else [None] * n
 
     def flat(name: str, dtype: type) -> tuple[np.ndarray, np.ndarray]:
         col = table.column(name).combine_chunks()
@@ -158,7 +184,8 @@ def read_samples(store: Store, shard: int) -> list[SampleRow]:
 
     id_off, ids = flat("input_ids", np.int64)
     mask_off, masks = flat("loss_mask", np.int8)
-    return [SampleRow(str(sid), ids[id_off[i]:id_off[i + 1]], masks[mask_off[i]:mask_off[i + 1]])
+    return [SampleRow(str(sid), ids[id_off[i]:id_off[i + 1]], masks[mask_off[i]:mask_off[i + 1]],
+                      str(sources[i] or ""), providers[i], segments[i])
             for i, sid in enumerate(sids)]
 
 
@@ -175,6 +202,9 @@ class Plan:
     layers: LayerChoice
     layout: codec.Layout
     meta: dict[str, Any]
+    score: bool = False  # extraction.fidelity.enabled
+    floor: float | None = None
+    on_low: str = "flag"
 
 
 def _check_compatible(found: dict[str, Any], meta: dict[str, Any], what: str) -> None:
@@ -243,6 +273,7 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
     part_meta = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in plan.meta.items()}
     files: list[tuple[str, int]] = []
     entries: dict[str, list[int]] = {}
+    scored: list[dict[str, Any]] = []
     writer = _Writer(store)
 
     def collect() -> None:
@@ -257,9 +288,14 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
         for file_no, members in enumerate(parts):
             key = part_key(shard, file_no)
             sids = [ok[i].sample_id for i in members]
+            header = None
             if store.exists(key):
-                collect()
                 header, start = read_header(store, key)
+                if plan.score and "fidelity" not in header["__metadata__"]:
+                    log.info("%s has no fidelity scores; computing it again", store.url(key))
+                    header = None
+            if header is not None:
+                collect()
                 _check_compatible(header["__metadata__"], plan.meta, store.url(key))
                 if json.loads(header["__metadata__"]["sample_ids"]) != sids:
                     raise ShardError(
@@ -269,40 +305,67 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
                 size = store.size(key)
                 files.append((key, size))
                 entries.update(part_entries(header, start, file_no, layout, size, store.url(key)))
+                if plan.score:
+                    scored += decode_rows(header["__metadata__"]["fidelity"])
                 log.info("kept %s from an earlier run", store.url(key))
                 continue
-            samples = _compute_part([ok[i] for i in members], backend, plan, max_tokens, shard)
+            samples, rows = _compute_part([ok[i] for i in members], backend, plan, max_tokens, shard)
             collect()
-            writer.submit(key, file_no, samples, part_meta, layout)
+            meta = {**part_meta, "fidelity": encode_rows(rows)} if plan.score else part_meta
+            writer.submit(key, file_no, samples, meta, layout)
+            scored += rows
         collect()
     finally:
         writer.close()
     doc_meta = dict(plan.meta)
+    if plan.score:
+        skipped += _apply_fidelity(store, shard, scored, entries, plan)
+        doc_meta["fidelity"] = dump_groups(tally_rows(scored))
     store.put(ikey, encode_index(shard, files, entries, [s.dump() for s in skipped], layout, doc_meta))
     log.info("shard %d done: %d samples, %d skipped", shard, len(entries), len(skipped))
     return ShardResult.from_index(json.loads(store.get(ikey)), ikey, resumed=False)
 
 
+def _apply_fidelity(store: Store, shard: int, rows: list[dict[str, Any]], entries: dict[str, list[int]],
+                    plan: Plan) -> list[Skip]:
+    """The floor on a finished shard: mark rows, keep excluded samples out of the index (their bytes
+    stay in the part, unread), write fidelity/shard-N.parquet before the index closes the shard."""
+    skips = []
+    for row in rows:
+        apply_floor(row, plan.floor, plan.on_low)
+        if row["excluded"] and entries.pop(row["sample_id"], None) is not None:
+            skips.append(Skip(row["sample_id"], "low_fidelity",
+                              f"top-1 agreement {row['top1_agreement']:.4f} < extraction.fidelity."
+                              f"minTop1Agreement {plan.floor}"))
+    store.put(fidelity_key(shard), fidelity_parquet(rows))
+    return skips
+
+
 def _compute_part(rows: list[SampleRow], backend: Backend, plan: Plan, max_tokens: int,
-                  shard: int) -> list[PartSample]:
+                  shard: int) -> tuple[list[PartSample], list[dict[str, Any]]]:
+    """Hidden states of one part's samples and, when scoring, their fidelity rows (same order)."""
     out: list[PartSample | None] = [None] * len(rows)
+    scores: list[dict[str, Any] | None] = [None] * len(rows)
     ids = list(plan.layers.ids)
     for batch in batches_by_length([len(r.input_ids) for r in rows], max_tokens):
+        starts = [score_start(rows[i].loss_mask) if plan.score else None for i in batch]
         try:
-            res = backend.hidden_states([rows[i].input_ids for i in batch], ids)
+            res = backend.forward([rows[i].input_ids for i in batch], ids, starts)
         except Exception as e:
             names = ", ".join(rows[i].sample_id for i in batch[:3]) + (" ..." if len(batch) > 3 else "")
             raise ExtractionError(f"shard {shard}: forward of samples {names} failed: "
                                   f"{type(e).__name__}: {e}") from e
-        for i, (aux, last) in zip(batch, res, strict=True):
+        for i, f in zip(batch, res, strict=True):
             r = rows[i]
-            if aux.shape[0] != len(r.input_ids):
+            if f.aux.shape[0] != len(r.input_ids):
                 raise ExtractionError(f"shard {shard}: sample {r.sample_id}: backend returned "
-                                      f"{aux.shape[0]} positions for {len(r.input_ids)} tokens")
-            hidden = {k: v.cpu() for k, v in codec.encode(aux, last, plan.layout).items()}
+                                      f"{f.aux.shape[0]} positions for {len(r.input_ids)} tokens")
+            hidden = {k: v.cpu() for k, v in codec.encode(f.aux, f.last, plan.layout).items()}
             out[i] = PartSample(r.sample_id, torch.from_numpy(r.input_ids.astype(np.int32)),
                                 torch.from_numpy(r.loss_mask.astype(np.int8)), hidden)
-    return [s for s in out if s is not None]
+            if f.scores is not None:
+                scores[i] = fidelity_row(r.sample_id, r.source, r.provider, r.loss_mask, r.segments, f.scores)
+    return [s for s in out if s is not None], [s for s in scores if s is not None]
 
 
 def make_plan(spec: Any, backend: Backend) -> Plan:
@@ -320,7 +383,8 @@ def make_plan(spec: Any, backend: Backend) -> Plan:
         "modelConfigSha256": facts.config_sha256,
         "generationShards": spec.generation.shards,
     }
-    return Plan(layers, layout, meta)
+    fid = ex.fidelity
+    return Plan(layers, layout, meta, score=fid.enabled, floor=fid.min_top1_agreement, on_low=fid.on_low)
 
 
 BUILTIN_TINY = "builtin:tiny-llama"

@@ -26,6 +26,10 @@ here is checked against that wheel's source by tests/test_sglang_pin.py, without
   a status folder instead, and the driver raises it as an `ExtractionError`. Before the first
   request the driver checks (a handshake) that every TP rank loaded the plugin, applied both hooks
   and configured capture of the manifest's layers.
+- Fidelity scores come from the engine's own input-token log-probabilities in the same prefill:
+  `return_logprob` with `logprob_start_len` one before the first scored token and
+  `top_logprobs_num=1`; `meta_info["input_token_logprobs"]` and `["input_top_logprobs"]` hold one
+  entry per token from `logprob_start_len` on, the first None (see `engine_scores`).
 - `generate()` is synchronous, so a whole batch is spooled before the driver reads any of it: the
   spool must hold one batch (the extraction Job mounts a sized memory volume at /dev/shm); start-up
   refuses when it cannot.
@@ -50,10 +54,12 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import safetensors.torch
 import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError
+from eyrie.jobs.extract.fidelity import Forward, TokenScores
 from eyrie.jobs.extract.layers import ModelFacts, model_facts, spool_bytes
 
 SGLANG_VERSION = "0.5.23"
@@ -301,6 +307,38 @@ def save_pieces(spool: Path, rids: Sequence[str], lengths: Sequence[int], prefix
 # ------------------------------------------------------------------------------- the driver
 
 
+def logprob_request(starts: Sequence[int | None]) -> dict[str, list[Any]]:
+    """Engine.generate arguments that return the input tokens' log-probs and top-1 from `start` on."""
+    return {"return_logprob": [s is not None for s in starts],
+            "logprob_start_len": [s - 1 if s is not None else -1 for s in starts],
+            "top_logprobs_num": [1 if s is not None else 0 for s in starts]}
+
+
+def engine_scores(meta: dict[str, Any], ids: Sequence[int], start: int, rid: str) -> TokenScores:
+    """Scores of ids[start:] from one request's meta_info (asked with logprob_start_len start - 1).
+
+    SGLang returns an entry per input token from logprob_start_len on, `(logprob, token id, text)`,
+    the first without a log-prob (nothing before it was computed); top logprobs likewise, each a
+    list of such tuples, best first. A token whose log-prob equals the best counts as agreeing.
+    """
+    tokens, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
+    want = len(ids) - start + 1
+    if not isinstance(tokens, list) or not isinstance(tops, list) or len(tokens) != want or len(tops) != want:
+        raise SGLangCaptureError(
+            f"request {rid}: SGLang returned {len(tokens) if isinstance(tokens, list) else 'no'} input log-probs "
+            f"and {len(tops) if isinstance(tops, list) else 'no'} top log-probs for {want} positions")
+    logprob = np.empty(want - 1, dtype=np.float32)
+    top1 = np.empty(want - 1, dtype=bool)
+    for j, ((val, tid, _text), best) in enumerate(zip(tokens[1:], tops[1:], strict=True)):
+        # SGLang reports ids >= vocab_size - 1 as 0 (its clip for multimodal pad ids)
+        if int(tid) not in (int(ids[start + j]), 0) or val is None or not best:
+            raise SGLangCaptureError(f"request {rid}: input log-prob {j} is for token {tid}, not "
+                                     f"{ids[start + j]}, or is missing")
+        logprob[j] = float(val)
+        top1[j] = int(best[0][1]) == int(ids[start + j]) or float(val) >= float(best[0][0])
+    return TokenScores(start, logprob, top1)
+
+
 def recorded_errors(status: Path) -> list[dict[str, Any]]:
     """Errors the hooks left in the status folder, oldest first."""
     docs = []
@@ -527,7 +565,13 @@ class SGLangBackend:
 
     def hidden_states(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int]
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Prefill the batch in the engine; returns CPU tensors (aux [T, kH], last [T, H]) per sample."""
+        """(aux, last) per sample, without scores."""
+        return [(f.aux, f.last) for f in self.forward(batch, layer_ids)]
+
+    def forward(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int],
+                score_from: Sequence[int | None] | None = None) -> list[Forward]:
+        """Prefill the batch in the engine; CPU tensors (aux [T, kH], last [T, H]) per sample and, where
+        `score_from` gives a position, the engine's log-probs and top-1 of the tokens from there on."""
         if not batch:
             return []
         if self.engine is None:
@@ -539,10 +583,17 @@ class SGLangBackend:
             check_spool(self.spool, self._spool_need(tokens), f"a batch of {tokens} tokens")
         tag = uuid.uuid4().hex[:12]
         rids = [f"{RID_PREFIX}{tag}-{i}" for i in range(len(batch))]
-        self.engine.generate(input_ids=[[int(t) for t in x] for x in batch],
-                             sampling_params=[{"max_new_tokens": 1, "temperature": 0.0} for _ in batch],
-                             rid=rids)
-        return [assemble(self.spool, self.status, rid, len(x)) for rid, x in zip(rids, batch, strict=True)]
+        starts = list(score_from) if score_from is not None else [None] * len(batch)
+        scoring = logprob_request(starts) if any(s is not None for s in starts) else {}
+        outs = self.engine.generate(input_ids=[[int(t) for t in x] for x in batch],
+                                    sampling_params=[{"max_new_tokens": 1, "temperature": 0.0} for _ in batch],
+                                    rid=rids, **scoring)
+        result = []
+        for b, (rid, x, s) in enumerate(zip(rids, batch, starts, strict=True)):
+            aux, last = assemble(self.spool, self.status, rid, len(x))
+            scores = engine_scores(outs[b]["meta_info"], x, s, rid) if s is not None else None
+            result.append(Forward(aux, last, scores))
+        return result
 
     def close(self) -> None:
         if self.engine is not None:

@@ -6,7 +6,8 @@ SpecForge (`scripts/prepare_hidden_states.py` writes, `OfflineEagle3Dataset` rea
 `input_ids` [T], `loss_mask` [T], `hidden_state` [1, T, H] (the last hidden state, after the final
 norm: its training target) and `aux_hidden_state` [1, T, 3H] (the concatenated auxiliary layers).
 float8 storage is dequantized and written as bfloat16, the precision SpecForge trains in.
-`sample_ids.jsonl` beside the folders maps each data_{i} back to its eyrie sample id.
+`sample_ids.jsonl` beside the folders maps each data_{i} back to its eyrie sample id. Only samples
+in the shard index are exported: one excluded for low fidelity stays in its part, unread.
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def export_specforge(store: Store, out_dir: str | Path) -> int:
                     raise ShardError(f"{store.url(part)}: corrupt safetensors file: {e}") from None
                 header, _ = parse_header(blob, store.url(part))
                 sids = json.loads(header["__metadata__"]["sample_ids"])
+                listed = set(by_file.get(file_no, []))
                 for slot, sid in enumerate(sids):
+                    if sid not in listed:  # excluded after the part was written (extraction.fidelity)
+                        continue
                     p = f"s{slot:06d}."
                     cols = {k[len(p):]: v for k, v in tensors.items() if k.startswith(p)}
                     aux, last = decode(cols, layout)
@@ -74,7 +78,8 @@ def export_specforge(store: Store, out_dir: str | Path) -> int:
                     }, folder / f"data_{n}.ckpt")
                     ids_file.write(json.dumps({"index": n, "sampleId": sid}) + "\n")
                     n += 1
-                if set(sids) != set(by_file.get(file_no, [])):
+                left_out = {s["sampleId"] for s in idx["skipped"]}
+                if not listed <= set(sids) or not set(sids) - listed <= left_out:
                     raise ShardError(f"{store.url(part)}: its samples differ from {store.url(key)}")
     os.replace(out / ".sample_ids.jsonl.tmp", out / "sample_ids.jsonl")
     return n

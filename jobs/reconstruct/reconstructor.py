@@ -22,6 +22,7 @@ from typing import Any
 
 from eyrie.jobs.contract.records import ReasoningDetail, Record
 from eyrie.jobs.reconstruct.base import Call, ChatFormat, FormatError, Rendering, Turn
+from eyrie.jobs.reconstruct.segments import segment_starts
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer
 
 # A response whose token count differs from usage.completion_tokens by more than
@@ -45,6 +46,8 @@ class Sample:
     turn: int = 0  # the assistant turn of the conversation (generation.turns: all), else 0
     # packed conversations: the [start, end) spans in the loss, one per turn; else the tail after n_prompt
     spans: tuple[tuple[int, int], ...] = ()
+    provider: str | None = None  # the provider that served the answer, as the response named it
+    segments: tuple[int, int, int] | None = None  # where reasoning, content, tool calls start (segments.py)
 
     @property
     def n_tokens(self) -> int:
@@ -295,7 +298,11 @@ class Reconstructor:
         lp = self._logprobs(resp_ids, response.get("logprobs"))
         if lp == "mismatch":
             flags.append("logprob_mismatch")
+        segments = segment_starts(decoded, rendering.pieces, bool(turn.calls), len(prompt_ids), resp_ids,
+                                  [self.tok.token_bytes(t) for t in resp_ids], self.tok.decode)
+        provider = response.get("provider")
         return Sample(record.get("sample_id", ""), record.get("source", ""), prompt_ids + resp_ids,
                       len(prompt_ids), tuple(flags), gap,
                       len(prompt_ids) - prompt_tokens if prompt_tokens is not None else None, lp,
-                      _int(record.get("turn")) or 0)
+                      _int(record.get("turn")) or 0,
+                      provider=provider if isinstance(provider, str) and provider else None, segments=segments)

@@ -19,11 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
 from eyrie.jobs.reconstruct.formats import PackingRefused, packing_refused, resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
+from eyrie.jobs.tools.gate import Tally
 
 SCHEMA = pa.schema([
     ("sample_id", pa.string()),
@@ -33,6 +35,8 @@ SCHEMA = pa.schema([
     ("loss_mask", pa.list_(pa.int8())),
     ("n_tokens", pa.int32()),
     ("flags", pa.list_(pa.string())),
+    ("provider", pa.string()),  # the provider that served the answer (null when it was not named)
+    ("segments", pa.list_(pa.int32())),  # token positions where reasoning, content, tool calls start
 ])
 EXAMPLES = 20  # excluded samples quoted in the summary (with their reason), the rest only counted
 ROW_GROUP = 256  # samples per parquet row group: what is held as Python lists at a time
@@ -48,6 +52,38 @@ def _distribution(values: list[int]) -> dict[str, Any]:
 
     return {"count": len(s), "exact": sum(v == 0 for v in s), "mean": round(statistics.fmean(s), 3),
             "min": s[0], "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1]}
+
+
+@dataclass
+class AnswerGroup:
+    """Tool semantics and token-count gaps of one provider's (or source's) answers, to set beside
+    their fidelity: the same rates the gate judges (`Tally`), over every answered record."""
+
+    tally: Tally = field(default_factory=Tally)
+    prompt_gaps: list[int] = field(default_factory=list)
+    completion_gaps: list[int] = field(default_factory=list)
+
+    def add(self, record: records.Record, result: Sample | Excluded) -> None:
+        checks = record.get("checks") or {}
+        self.tally.add(bool(checks.get("declared")), bool(checks.get("called")), len(checks.get("calls") or ()),
+                       int(checks.get("invalidCalls") or 0), bool(checks.get("leaked")))
+        if isinstance(result, Sample):
+            if result.prompt_gap is not None:
+                self.prompt_gaps.append(result.prompt_gap)
+            if result.completion_gap is not None:
+                self.completion_gaps.append(result.completion_gap)
+
+    def to_manifest(self) -> dict[str, Any]:
+        t = self.tally
+        return {"answers": t.answers, "toolCallRate": round(t.call_rate, 6),
+                "invalidCallRate": round(t.invalid_rate, 6), "leakRate": round(t.leak_rate, 6),
+                "promptTokenGap": _distribution(self.prompt_gaps),
+                "completionTokenGap": _distribution(self.completion_gaps)}
+
+
+def provider_of(record: records.Record) -> str:
+    provider = (record.get("response") or {}).get("provider")
+    return provider if isinstance(provider, str) and provider else UNKNOWN_PROVIDER
 
 
 @dataclass
@@ -71,6 +107,17 @@ class SamplesSummary:
     logprobs: Counter[str] = field(default_factory=Counter)
     examples: list[dict[str, str]] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    answers: AnswerGroup = field(default_factory=AnswerGroup, repr=False)
+    by_provider: dict[str, AnswerGroup] = field(default_factory=dict, repr=False)
+    by_source: dict[str, AnswerGroup] = field(default_factory=dict, repr=False)
+
+    def answer(self, record: records.Record, result: Sample | Excluded) -> None:
+        """Count one record's answer in its provider's and source's figures (each turn's, when packed)."""
+        second = isinstance(result, Excluded) and result.reason == "duplicate"
+        if record.get("status") == "ok" and record.get("response") and not second:
+            for group in (self.answers, self.by_provider.setdefault(provider_of(record), AnswerGroup()),
+                          self.by_source.setdefault(str(record.get("source", "")), AnswerGroup())):
+                group.add(record, result)
 
     def add(self, result: Sample | Excluded) -> None:
         self.records += 1
@@ -105,6 +152,10 @@ class SamplesSummary:
                 "promptTokenGap": _distribution(self.prompt_gaps),
                 "logprobs": dict(self.logprobs),
                 "excludedExamples": self.examples,
+                # per provider and source, over every answer (fidelity sets its scores beside these)
+                "answers": self.answers.to_manifest(),
+                "byProvider": {k: v.to_manifest() for k, v in sorted(self.by_provider.items())},
+                "bySource": {k: v.to_manifest() for k, v in sorted(self.by_source.items())},
             },
         }
 
@@ -118,6 +169,8 @@ def samples_table(samples: list[Sample]) -> pa.Table:
         "loss_mask": [s.loss_mask for s in samples],
         "n_tokens": [s.n_tokens for s in samples],
         "flags": [list(s.flags) for s in samples],
+        "provider": [s.provider for s in samples],
+        "segments": [list(s.segments) if s.segments else None for s in samples],
     }, schema=SCHEMA)
 
 
@@ -142,7 +195,8 @@ def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded],
     summary.files.append(key)
 
 
-def _shard_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator[Sample | Excluded]:
+def _shard_results(rebuild: Reconstructor, store: Store, shard: int, summary: SamplesSummary
+                   ) -> Iterator[Sample | Excluded]:
     seen: set[tuple[str, int]] = set()
     for record in records.iter_records(store, shard):
         key = (record.get("sample_id", ""), record.get("turn") or 0)
@@ -152,6 +206,7 @@ def _shard_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator
         result = rebuild(record)
         if isinstance(result, Sample):
             seen.add(key)
+        summary.answer(record, result)
         yield result
 
 
@@ -176,14 +231,16 @@ def pack(turns: list[Sample | Excluded]) -> Sample | Excluded:
     last = kept[-1]
     flags = tuple(dict.fromkeys(f for t in kept for f in t.flags))
     return Sample(last.sample_id, last.source, last.input_ids, last.n_prompt, flags, last.completion_gap,
-                  last.prompt_gap, last.logprobs, last.turn, tuple((t.n_prompt, t.n_tokens) for t in kept))
+                  last.prompt_gap, last.logprobs, last.turn, tuple((t.n_prompt, t.n_tokens) for t in kept),
+                  provider=last.provider)  # segments are per answer: a packed sample has several, none given
 
 
-def _packed_results(rebuild: Reconstructor, store: Store, shard: int) -> Iterator[Sample | Excluded]:
+def _packed_results(rebuild: Reconstructor, store: Store, shard: int, summary: SamplesSummary
+                    ) -> Iterator[Sample | Excluded]:
     """Per conversation: its turns rebuilt one by one, then packed. A conversation's records may lie in
     several parts, so the shard's results are grouped first (per-turn samples held until packed)."""
     convs: dict[str, list[Sample | Excluded]] = {}
-    for result in _shard_results(rebuild, store, shard):
+    for result in _shard_results(rebuild, store, shard, summary):
         if isinstance(result, Excluded) and result.reason == "duplicate":
             yield result
             continue
@@ -209,7 +266,7 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     else:
         results = _shard_results
     for shard in sorted({s for s, _p, _k in records.list_parts(store)}):
-        _write_shard(store, shard, results(rebuild, store, shard), summary)
+        _write_shard(store, shard, results(rebuild, store, shard, summary), summary)
     for stale in set(store.list(layout.SAMPLES)) - set(summary.files):
         store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists
     return summary

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from eyrie.jobs.contract.progress import ProgressError, parse_progress
-from eyrie.jobs.spec import parse_spec
+from eyrie.jobs.spec import DatasetGenerationStatus, parse_spec
 from eyrie.operator import children, conditions
 from eyrie.operator.reconcile import (
     CreateExtraction,
@@ -379,6 +379,15 @@ CASES = [
         conds={"Succeeded": ("True", "ManifestWritten")},
     ),
     Case(
+        "done, manifest present, a provider under the fidelity floor -> Succeeded and a warning",
+        obs(progress=prog("Done", stage="done"), manifest_uri="s3://out/run/manifest.json",
+            fidelity={"minTop1Agreement": 0.8, "onLow": "flag", "belowFloor": ["cheap"],
+                      "overall": {"samples": 3}, "byProvider": {"cheap": {"top1Agreement": 0.2}}}),
+        ["Event:Normal:Succeeded", "Event:Warning:LowFidelity"],
+        "Succeeded",
+        conds={"Succeeded": ("True", "ManifestWritten")},
+    ),
+    Case(
         "done without extraction, no manifest -> finalize",
         obs(progress=prog("Done", stage="done")),
         ["FinalizeManifest"],
@@ -511,6 +520,24 @@ def test_status_figures_come_from_progress() -> None:
     assert s["tools"] == {"declaredPrompts": 7, "callRate": 0.5, "invalidCalls": 1, "leaks": 0}
     assert s["observedGeneration"] == 3
     assert "extraction" not in s
+
+
+def test_fidelity_short_form_in_status_and_the_low_provider_event() -> None:
+    fid = {"minTop1Agreement": 0.8, "onLow": "exclude", "belowFloor": ["cheap"],
+           "overall": {"samples": 30, "top1Agreement": 0.7, "meanNLL": 1.25, "toolCallRate": 0.5},
+           "byProvider": {"native": {"samples": 20, "top1Agreement": 0.97},
+                          "cheap": {"samples": 10, "top1Agreement": 0.21, "lowSamples": 9}},
+           "bySource": {"s": {"samples": 30}}}
+    d = reconcile(obs(progress=prog("Done", stage="done"), manifest_uri="s3://out/run/manifest.json", fidelity=fid))
+    assert d.status["fidelity"] == {"samples": 30, "top1Agreement": 0.7, "meanNLL": 1.25,
+                                    "byProvider": {"native": 0.97, "cheap": 0.21}, "belowFloor": ["cheap"]}
+    DatasetGenerationStatus.model_validate(d.status)  # the CRD's status schema holds it
+    ev = [a for a in d.actions if isinstance(a, Event) and a.reason == "LowFidelity"]
+    assert len(ev) == 1 and ev[0].type == "Warning"
+    assert ev[0].message.startswith("provider cheap: top-1 agreement 0.21 with the target model is under "
+                                    "spec.extraction.fidelity.minTop1Agreement 0.8 (9 of 10 samples low, "
+                                    "excluded from training)")
+    assert "fidelity" not in reconcile(obs(progress=prog())).status
 
 
 def test_budget_message_names_spend_and_budget() -> None:

@@ -1,0 +1,294 @@
+"""Every answer scored by the target model during extraction (issue 15, parts 2 and 3), on CPU.
+
+The target is a tiny random Llama whose greedy answers depend on their context (initializer range
+0.2): a provider that returns exactly those answers must score top-1 agreement 1; answers of another
+random model, or the same answers after a differently rendered prompt, must score low and be
+flagged or excluded by policy; two providers in one run must be told apart in the manifest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, str(Path(__file__).parent))
+from extract_helpers import make_spec, put_samples, random_rows
+
+from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.fidelity import FidelityTally, below_floor, fidelity_section, rollup
+from eyrie.jobs.contract.manifest import finalize_manifest
+from eyrie.jobs.extract import SampleNotFound, read_sample
+from eyrie.jobs.extract.fidelity import TokenScores, apply_floor, fidelity_row, lm_scores, tally_rows
+from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model
+from eyrie.jobs.extract.run import run_extraction
+from eyrie.jobs.extract.specforge import export_specforge
+from eyrie.jobs.reconstruct.reconstructor import Sample
+from eyrie.jobs.reconstruct.samples import samples_table
+from eyrie.jobs.store import Store, open_store
+
+VOCAB = 512
+N_ANSWER = 24
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    target = build_tiny_model(root / "target", VOCAB, 64, layers=4, context=256, initializer_range=0.2)
+    other = build_tiny_model(root / "other", VOCAB, 64, layers=4, context=256, seed=1, initializer_range=0.2)
+    return target, other
+
+
+@pytest.fixture(scope="module")
+def backend(models) -> HFBackend:
+    return HFBackend(str(models[0]), device="cpu", storage_dtype="float32")
+
+
+def greedy(model_path: Path, prompts: list[list[int]]) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    out = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=N_ANSWER, min_new_tokens=N_ANSWER, do_sample=False,
+                                 pad_token_id=0)
+            out.append(ids[0, len(p):].tolist())
+    return out
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (int(torch.randint(8, 20, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def sample(sid: str, provider: str, prompt: list[int], answer: list[int], source: str = "chat") -> Sample:
+    # a third of the answer reasoning, a third content, a third tool calls
+    n = len(prompt)
+    k = len(answer) // 3
+    return Sample(sid, source, prompt + answer, n, (), None, None, provider=provider, segments=(n, n + k, n + 2 * k))
+
+
+def put(store: Store, shard: int, samples: list[Sample]) -> None:
+    buf = io.BytesIO()
+    pq.write_table(samples_table(samples), buf)
+    store.put(layout.samples_key(shard), buf.getvalue())
+
+
+def fidelity_rows(store: Store, shard: int) -> dict[str, dict]:
+    table = pq.read_table(io.BytesIO(store.get(layout.fidelity_key(shard))))
+    return {r["sample_id"]: r for r in table.to_pylist()}
+
+
+@pytest.fixture(scope="module")
+def answers(models) -> dict[str, list[tuple[list[int], list[int]]]]:
+    """Prompt and answer pairs: the target's own greedy answers, another model's, and the target's
+    answers put after a prompt rendered by another template (a different system preamble)."""
+    target, other = models
+    ps = prompts(9, seed=3)
+    own = greedy(target, ps[:3])
+    theirs = greedy(other, ps[3:6])
+    wrong = greedy(target, ps[6:])
+    preamble = [7, 11, 13, 17, 19]
+    return {"native": list(zip(ps[:3], own, strict=True)), "other": list(zip(ps[3:6], theirs, strict=True)),
+            "wrong_template": [(preamble + p[2:], a) for p, a in zip(ps[6:], wrong, strict=True)]}
+
+
+def _run(tmp_path: Path, models, backend, answers, **fidelity) -> tuple[str, Store, dict[str, str]]:
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    who = {}
+    shard0, shard1 = [], []
+    for kind, pairs in answers.items():
+        for i, (p, a) in enumerate(pairs):
+            sid = f"{kind}-{i}"
+            who[sid] = kind
+            provider = "native" if kind == "native" else "reseller"
+            (shard0 if i % 2 == 0 else shard1).append(sample(sid, provider, p, a, source=f"src{i % 2}"))
+    put(store, 0, shard0)
+    put(store, 1, shard1)
+    spec = make_spec(out, models[0], dtype="float32", fidelity=fidelity)
+    run_extraction(spec, store, backend=backend)
+    return out, store, who
+
+
+def test_the_targets_own_answers_agree_and_others_do_not(tmp_path, models, backend, answers):
+    _out, store, who = _run(tmp_path, models, backend, answers)
+    rows = {**fidelity_rows(store, 0), **fidelity_rows(store, 1)}
+    assert set(rows) == set(who)
+    for sid, r in rows.items():
+        assert r["n_completion_tokens"] == N_ANSWER
+        assert r["reasoning_tokens"] == r["content_tokens"] == r["tool_calls_tokens"] == N_ANSWER // 3
+        if who[sid] == "native":
+            # near 1: a near-tie may flip between generation (KV cache) and a padded batch forward
+            assert r["top1_agreement"] >= 0.95, r
+            assert all(r[f"{seg}_top1_agreement"] >= 0.85 for seg in ("reasoning", "content", "tool_calls"))
+        else:
+            assert r["top1_agreement"] < 0.5, r
+            assert r["first_divergence"] is not None and r["first_divergence"] < 5
+        assert r["below_floor"] is None and r["excluded"] is False  # no floor set
+    # the native answers are likelier under the target than anything another model said
+    worst_native = max(r["mean_nll"] for s, r in rows.items() if who[s] == "native")
+    assert worst_native < min(r["mean_nll"] for s, r in rows.items() if who[s] != "native")
+
+
+def test_low_answers_are_flagged_and_stay_readable(tmp_path, models, backend, answers):
+    out, store, who = _run(tmp_path, models, backend, answers, minTop1Agreement=0.8, onLow="flag")
+    rows = {**fidelity_rows(store, 0), **fidelity_rows(store, 1)}
+    assert {s for s, r in rows.items() if r["below_floor"]} == {s for s in who if who[s] != "native"}
+    assert not any(r["excluded"] for r in rows.values())
+    for sid in who:
+        assert read_sample(out, sid)["input_ids"].numel() > N_ANSWER
+
+
+def test_low_answers_are_excluded_from_what_training_reads(tmp_path, models, backend, answers):
+    out, store, who = _run(tmp_path, models, backend, answers, minTop1Agreement=0.8, onLow="exclude")
+    low = {s for s in who if who[s] != "native"}
+    rows = {**fidelity_rows(store, 0), **fidelity_rows(store, 1)}
+    assert {s for s, r in rows.items() if r["excluded"]} == low
+    for sid in who:
+        if sid in low:
+            with pytest.raises(SampleNotFound):
+                read_sample(out, sid)
+        else:
+            read_sample(out, sid)
+    assert export_specforge(store, tmp_path / "sf") == len(who) - len(low)
+    lines = (tmp_path / "sf" / "sample_ids.jsonl").read_text().splitlines()
+    exported = {json.loads(line)["sampleId"] for line in lines}
+    assert exported == set(who) - low
+    index = json.loads(store.get("hidden/shard-00000.index.json"))
+    assert {s["reason"] for s in index["skipped"]} == {"low_fidelity"}
+    assert "minTop1Agreement 0.8" in index["skipped"][0]["detail"]
+
+
+def test_the_manifest_splits_fidelity_by_provider_and_source(tmp_path, models, backend, answers):
+    _out, store, _who = _run(tmp_path, models, backend, answers, minTop1Agreement=0.8, onLow="exclude")
+    spec = make_spec(str(tmp_path / "out"), models[0], dtype="float32",
+                     fidelity={"minTop1Agreement": 0.8, "onLow": "exclude"})
+    fid = finalize_manifest(spec, store)["fidelity"]
+    by = fid["byProvider"]
+    assert set(by) == {"native", "reseller"}
+    assert by["native"]["samples"] == 3 and by["native"]["top1Agreement"] >= 0.95
+    assert by["native"]["tokens"] == 3 * N_ANSWER and by["native"]["excluded"] == 0
+    assert by["reseller"]["samples"] == 6 and by["reseller"]["top1Agreement"] < 0.5
+    assert by["reseller"]["excluded"] == by["reseller"]["lowSamples"] == 6
+    assert fid["belowFloor"] == ["reseller"] and fid["onLow"] == "exclude"
+    assert set(fid["bySource"]) == {"src0", "src1"}
+    assert sum(v["samples"] for v in fid["bySource"].values()) == fid["overall"]["samples"] == 9
+    native_seg = by["native"]["segments"]
+    assert set(native_seg) == {"reasoning", "content", "tool_calls"}
+    assert all(v["top1Agreement"] >= 0.9 and v["tokens"] == 3 * (N_ANSWER // 3) for v in native_seg.values())
+    weighted = (3 * by["native"]["meanNLL"] + 6 * by["reseller"]["meanNLL"]) / 9  # equal answer lengths
+    assert fid["overall"]["meanNLL"] == pytest.approx(weighted, rel=1e-5)
+
+
+def test_a_resumed_shard_keeps_its_scores(tmp_path, models, backend, answers):
+    _out, store, _who = _run(tmp_path, models, backend, answers)
+    first = fidelity_rows(store, 0)
+    store.delete("hidden/shard-00000.index.json")
+    store.delete(layout.fidelity_key(0))
+    calls = []
+    real = backend.forward
+    backend.forward = lambda *a, **kw: calls.append(a) or real(*a, **kw)  # type: ignore[method-assign]
+    try:
+        spec = make_spec(str(tmp_path / "out"), models[0], dtype="float32")
+        run_extraction(spec, store, backend=backend)
+    finally:
+        del backend.forward
+    assert calls == []  # every part was kept, its scores read back from its header
+    assert fidelity_rows(store, 0) == first
+
+
+def test_older_samples_files_without_providers_or_segments_are_scored(tmp_path, models, backend):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    rows = random_rows(0, 4, VOCAB, seed=1)
+    old = pa.table({"sample_id": [r[0] for r in rows], "source": ["src"] * 4, "input_ids": [r[1] for r in rows],
+                    "loss_mask": [r[2] for r in rows]})  # a file written before providers and segments
+    buf = io.BytesIO()
+    pq.write_table(old, buf)
+    store.put(layout.samples_key(0), buf.getvalue())
+    run_extraction(make_spec(out, models[0], dtype="float32"), store, backend=backend)
+    rows = fidelity_rows(store, 0)
+    assert len(rows) == 4
+    assert all(r["provider"] == "(unknown)" and r["reasoning_tokens"] is None for r in rows.values())
+    assert all(0 <= r["top1_agreement"] <= 1 and r["mean_nll"] > 0 for r in rows.values())
+
+
+def test_scoring_off_writes_no_fidelity(tmp_path, models, backend):
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    put_samples(store, 0, random_rows(0, 3, VOCAB, seed=1))
+    summary = run_extraction(make_spec(out, models[0], dtype="float32", fidelity={"enabled": False}), store,
+                             backend=backend)
+    assert not store.list(layout.FIDELITY) and summary.fidelity is None
+
+
+# ------------------------------------------------------------------------------- the pieces
+
+
+def test_chunked_lm_scores_equal_the_models_own_logits(models):
+    model = AutoModelForCausalLM.from_pretrained(models[0], dtype=torch.float32).eval()
+    ids = torch.tensor(prompts(1, seed=8)[0] + prompts(1, seed=9)[0])
+    with torch.inference_mode():
+        out = model(ids[None], output_hidden_states=True)
+    logp = torch.log_softmax(out.logits[0].float(), -1)
+    start = 5
+    for chunk in (4 * VOCAB, 3 * 4 * VOCAB, 1 << 30):  # one row, three rows, everything at once
+        s = lm_scores(model.get_output_embeddings(), out.hidden_states[-1][0], ids, start, chunk_bytes=chunk)
+        want = logp[start - 1:-1].gather(1, ids[start:, None])[:, 0]
+        assert np.allclose(s.logprob, want.numpy(), atol=1e-5)
+        assert (s.top1 == (logp[start - 1:-1].argmax(-1) == ids[start:]).numpy()).all()
+
+
+def test_a_row_scores_only_loss_masked_tokens_and_splits_segments():
+    mask = np.array([0, 0, 0, 1, 1, 1, 1, 1, 0, 1], dtype=np.int8)
+    lp = np.log(np.array([0.5, 0.5, 0.25, 0.5, 0.1, 0.9, 0.5], dtype=np.float32))  # positions 3..9
+    top1 = np.array([True, True, False, True, True, False, True])
+    row = fidelity_row("s", "src", None, mask, [3, 5, 7], TokenScores(3, lp, top1))
+    # masked positions 3,4,5,6,7,9 (8, a miss, is not trained): agreement 5/6, first miss at index 2
+    assert row["n_completion_tokens"] == 6 and row["top1_agreement"] == pytest.approx(5 / 6)
+    assert row["first_divergence"] == 2 and row["provider"] == "(unknown)"
+    assert row["logprob"] == pytest.approx(float(np.log([0.5, 0.5, 0.25, 0.5, 0.1, 0.5]).sum()), rel=1e-6)
+    assert (row["reasoning_tokens"], row["content_tokens"], row["tool_calls_tokens"]) == (2, 2, 2)
+    assert row["content_top1_agreement"] == 0.5 and row["tool_calls_top1_agreement"] == 1.0
+    assert row["reasoning_mean_nll"] == pytest.approx(-np.log(0.5), rel=1e-6)
+    apply_floor(row, 0.9, "flag")
+    assert row["below_floor"] is True and row["excluded"] is False
+    apply_floor(row, 0.9, "exclude")
+    assert row["excluded"] is True
+    apply_floor(row, 0.5, "exclude")
+    assert row["below_floor"] is False and row["excluded"] is False
+    groups = tally_rows([row])
+    t = groups[("(unknown)", "src")]
+    assert (t.samples, t.total.tokens, t.total.agree) == (1, 6, 5)
+    assert t.segments["content"].agree == 1
+
+
+def test_rollup_weights_by_tokens_and_names_providers_under_the_floor():
+    a, b, c = FidelityTally(), FidelityTally(), FidelityTally()
+    a.add_sample((10, 5.0, 10), {"content": (10, 5.0, 10)}, False, False)
+    b.add_sample((30, 60.0, 3), {"content": (30, 60.0, 3)}, True, True)
+    c.add_sample((10, 5.0, 9), {}, False, False)
+    groups = {("p1", "s1"): a, ("p2", "s1"): b, ("p1", "s2"): c}
+    overall, by_p, by_s = rollup(groups)
+    assert overall.top1_agreement == pytest.approx(22 / 50) and overall.samples == 3
+    assert by_p["p1"].top1_agreement == pytest.approx(19 / 20) and by_s["s1"].top1_agreement == pytest.approx(13 / 40)
+    assert below_floor(by_p, 0.5) == ["p2"] and below_floor(by_p, None) == []
+    answers = {"answers": {"answers": 4, "toolCallRate": 0.5},
+               "byProvider": {"p1": {"answers": 2, "leakRate": 0.0}, "p3": {"answers": 1}},
+               "bySource": {"s1": {"answers": 3}}}
+    sec = fidelity_section(groups, answers, 0.5, "flag")
+    assert sec["overall"]["toolCallRate"] == 0.5 and sec["overall"]["meanNLL"] == pytest.approx(70 / 50)
+    assert sec["byProvider"]["p1"]["leakRate"] == 0.0 and sec["byProvider"]["p1"]["samples"] == 2
+    # a provider whose answers were all excluded before extraction still shows its tool figures
+    assert sec["byProvider"]["p3"] == {**FidelityTally().summary(), "answers": 1}
+    assert sec["byProvider"]["p2"]["excluded"] == 1 and sec["belowFloor"] == ["p2"]
