@@ -365,18 +365,20 @@ def test_a_mid_stream_length_error_fails_the_sample_without_a_retry(tmp_path, mo
     with a top-level `error` (its `metadata.error_type` typed) and `finish_reason: "error"`; "token
     limit hit during generation" is a documented cause (`max_tokens_exceeded`,
     `context_length_exceeded`). Such a sample fails at once with the reason (a retry meets the same
-    limit and may be paid again); a mid-stream provider disconnect is still retried."""
+    limit and may be paid again); when the error comes with usage, that cost is settled and recorded.
+    A mid-stream provider disconnect is still retried."""
 
-    def midstream(error_type: str, code: int, message: str) -> Reply:
+    def midstream(error_type: str, code: int, message: str, **extra: Any) -> Reply:
         return 200, {}, sse(chunk({"role": "assistant", "content": "The first part of"}),
                             chunk({"content": ""}, "error", error={"code": code, "message": message,
-                                                                   "metadata": {"error_type": error_type}})), \
-            "text/event-stream"
+                                                                   "metadata": {"error_type": error_type}},
+                                  **extra)), "text/event-stream"
 
     def answer(body: dict[str, Any], n: int) -> Reply:
         prompt = body["messages"][-1]["content"]
-        if prompt == "long":
-            return midstream("max_tokens_exceeded", 400, "Generation stopped: max_tokens reached")
+        if prompt == "long":  # reported with usage: it was billed, and is counted
+            return midstream("max_tokens_exceeded", 400, "Generation stopped: max_tokens reached",
+                             usage={**USAGE, "completion_tokens": 256, "cost": 0.0003})
         if prompt == "huge":
             return midstream("context_length_exceeded", 400, "This model's maximum context length is 8192 tokens")
         if prompt == "flaky" and n == 1:
@@ -394,8 +396,11 @@ def test_a_mid_stream_length_error_fails_the_sample_without_a_retry(tmp_path, mo
         assert rec["error"]["details"] == {"error_type": etype}
         assert "not retried" in rec["error"]["message"] and len(p.asked[texts[row]]) == 1
     assert (by_row[2]["status"], by_row[2]["attempts"]) == ("ok", 2) and len(p.asked["flaky"]) == 2
+    assert (by_row[0]["costUSD"], by_row[0]["usage"]["completion_tokens"]) == ("0.0003", 256)
+    assert (by_row[1]["costUSD"], by_row[1]["usage"]) == ("0", None)  # nothing reported, nothing counted
     prog = progress(store)
     assert prog["failures"] == {"length-limit": 2} and prog["samples"]["failed"] == 2
+    assert Decimal(prog["spentUSD"]) == Decimal("0.0003") + 2 * Decimal("0.0001")
 
 
 @pytest.mark.parametrize(("types", "reason"), [

@@ -288,7 +288,10 @@ class ShardWorker:
                 error["details"] = e.details
             rec.update(status="failed", attempts=e.attempts, error=error, usage=e.usage,
                        costUSD=usd(cost) if cost is not None else "0")
-            obs = Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind)
+            used = e.usage or {}
+            obs = Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind,
+                              input_tokens=int(used.get("prompt_tokens") or 0),
+                              output_tokens=int(used.get("completion_tokens") or 0))
             self._stop_if(await self._call("finish", rid, cost, cost is not None, obs))
             return rec
         cost = actual_cost(self.pricing, done.usage, done.cost)  # None: settled at the reservation
