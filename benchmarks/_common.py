@@ -33,7 +33,7 @@ def spec_for(base_url: str, concurrency: int, stream: bool, shards: int = 8):
                 "requestTimeoutSeconds": 60, "sampling": {"maxTokens": 64}},
         "tools": {"gate": {"enabled": False}},
         "budget": {"maxUSD": "1000", "pricing": {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}},
-        "generation": {"shards": shards, "partRecords": 512, "flushSeconds": 2},
+        "generation": {"shards": shards, "partRecords": 512},
         "output": {"uri": "file:///unused"},
     }).spec
 

@@ -57,7 +57,7 @@ def eyrie(base_url: str, n: int, concurrency: int, cap: Decimal, work: Path) -> 
         "tools": {"gate": {"enabled": False}},
         "budget": {"maxUSD": str(cap), "pricing": {"inputPerMillion": str(PRICE_IN),
                                                    "outputPerMillion": str(PRICE_OUT)}},
-        "generation": {"shards": 8, "partRecords": 512, "flushSeconds": 2, "ray": {"workers": 1}},
+        "generation": {"shards": 8, "partRecords": 512, "ray": {"workers": 1}},
         "output": {"uri": f"file://{work}/out"},
     })
     t0 = time.perf_counter()

@@ -103,7 +103,7 @@ def eyrie_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdir:
         "tools": {"gate": {"enabled": False}},
         "budget": {"maxUSD": "1000", "pricing": {"inputPerMillion": str(PRICE_IN),
                                                  "outputPerMillion": str(PRICE_OUT)}},
-        "generation": {"shards": 8, "partRecords": 512, "flushSeconds": 2, "ray": {"workers": 1}},
+        "generation": {"shards": 8, "partRecords": 512, "ray": {"workers": 1}},
         "output": {"uri": f"file://{workdir}/out"},
     })
     store = FileStore(workdir / "out")

@@ -355,8 +355,7 @@ class RaySpec(Model):
 class GenerationSpec(Model):
     shards: int = Field(default=4, ge=1, le=100_000)
     """Prompts are split into this many shards by sample id."""
-    part_records: int = Field(default=256, ge=1, description="Records per part file before it is flushed.")
-    flush_seconds: float = Field(default=2.0, gt=0, description="Longest a response waits in memory.")
+    part_records: int = Field(default=256, ge=1, description="Records per part file (a shard is compacted into parts).")
     turns: Literal["last", "all"] = "last"
     """last: answer each conversation's last user turn; all: regenerate every assistant turn in order
     (agentic conversations: the model's own earlier answers, the dataset's tool results spliced back)."""
@@ -482,6 +481,11 @@ class DatasetGenerationSpec(Model):
                 raise ValueError("budget.pricing: required for a real API (reservations need prices)")
             # the simulator bills at these prices unless told otherwise
             self.budget.pricing = PricingSpec(input_per_million=Decimal("0.60"), output_per_million=Decimal("2.50"))
+        if self.api.base_url == SIMULATED and self.generation.ray.mode != "Local":
+            raise ValueError(
+                f"api.baseUrl: simulated cannot run with generation.ray.mode {self.generation.ray.mode}: the "
+                "simulator listens on the driver's loopback, which Ray workers in a cluster never reach; use "
+                "generation.ray.mode Local, or a provider's URL")
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):

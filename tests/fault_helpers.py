@@ -60,7 +60,7 @@ def simple_rows(n: int, tools_every: int = 0) -> list[dict]:
 
 def spec_doc(prompts: Path, output: str, base_url: str, *, max_usd: str = "5.00", workers: int = 1,
              shards: int = 3, concurrency: int = 8, max_retries: int = 10, timeout_s: float = 10,
-             stream: bool = True, flush_s: float = 0.2, extra: dict[str, Any] | None = None) -> dict:
+             stream: bool = True, extra: dict[str, Any] | None = None) -> dict:
     spec = {
         "sources": [{"name": "p", "uri": str(prompts), "format": "openai"}],
         "target": {"model": "test/model"},
@@ -68,7 +68,7 @@ def spec_doc(prompts: Path, output: str, base_url: str, *, max_usd: str = "5.00"
                 "requestTimeoutSeconds": timeout_s, "stream": stream, "sampling": {"maxTokens": 256}},
         "tools": {"gate": {"enabled": False}},
         "budget": {"maxUSD": max_usd, "pricing": PRICING},
-        "generation": {"shards": shards, "flushSeconds": flush_s, "ray": {"mode": "Local", "workers": workers}},
+        "generation": {"shards": shards, "ray": {"mode": "Local", "workers": workers}},
         "output": {"uri": output},
     }
     for dotted, value in (extra or {}).items():

@@ -534,3 +534,15 @@ def test_reported_cost_counts_byok_upstream_cost() -> None:
     assert reported_cost({**byok, "is_byok": False}) == Decimal("0.00002")  # already inside cost
     assert reported_cost({"cost": 0.5, "cost_details": {"upstream_inference_cost": None}}) == Decimal("0.5")
     assert reported_cost({"prompt_tokens": 3}) is None and reported_cost({"cost": "nan"}) is None
+
+
+def test_request_failed_says_how_many_attempts_it_took():
+    """The client sets `attempts` after an error raised inside an attempt: the message follows."""
+    from eyrie.jobs.api import RequestFailed
+
+    e = RequestFailed("http-400", "HTTP 400: bad request", 1)
+    e.attempts = 4
+    assert str(e) == "http-400 after 4 attempt(s): HTTP 400: bad request"
+    import pickle
+
+    assert str(pickle.loads(pickle.dumps(e))) == "http-400 after 4 attempt(s): HTTP 400: bad request"

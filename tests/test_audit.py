@@ -104,3 +104,37 @@ def test_audit_cli_prints_the_table_and_refuses_without_tool_prompts(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "declares tools" in r.stderr
+
+
+def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_path):
+    """kill -9 mid-audit: what the audit may have paid is already in budget.json, so the run that
+    follows starts from at least the provider's bill and cannot spend past maxUSD."""
+    import signal
+    import time
+
+    from eyrie.jobs.generate.checkpoint import read_checkpoint
+    from eyrie.jobs.simulator import SimulatorProcess
+
+    path = spec_file(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    with SimulatorProcess(SimulatorConfig(latency_ms=300)) as sim:
+        doc["api"]["baseUrl"] = sim.base_url
+        doc["budget"]["pricing"] = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
+        path.write_text(yaml.safe_dump(doc))
+        env = {**os.environ, "EYRIE_API_KEY": "sk-test-audit-kill"}
+        proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path), "--samples", "20"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 60
+            while sim.stats()["completed"] < 6:
+                assert time.time() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        billed = Decimal(sim.stats()["billedUSD"])
+    store = open_store(doc["output"]["uri"])
+    assert not store.exists(layout.AUDIT)  # it died before writing its table
+    assert billed > 0 and read_checkpoint(store).spent >= billed

@@ -6,15 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eyrie.jobs.generate.budget import (
-    AsyncLedger,
-    Ledger,
-    Pricing,
-    UnpriceableRequest,
-    Verdict,
-    actual_cost,
-    worst_case,
-)
+from eyrie.jobs.generate.budget import Pricing, UnpriceableRequest, actual_cost, worst_case
+from eyrie.jobs.generate.coordinator import Counts, Observation, RunCoordinator
+from eyrie.jobs.generate.holder import LeaseHolder
+from eyrie.jobs.generate.lease import Lease, LeaseBook, Report, Verdict
 
 D = Decimal
 cents = st.integers(min_value=1, max_value=500).map(lambda c: D(c) / 100)
@@ -30,96 +25,162 @@ def test_worst_case_and_actual_cost():
         worst_case(None, 10, 10)
 
 
-def test_wait_instead_of_early_stop():
-    led = Ledger(max_usd=D("1.00"))
-    assert led.reserve(D("0.60"))[0] is Verdict.GRANTED
-    # 0.60 + 0.60 > 1.00 while 0.60 is only reserved: wait, do not stop
-    assert led.reserve(D("0.60")) == (Verdict.WAIT, None)
-    led.settle(0, D("0.05"))
-    verdict, rid = led.reserve(D("0.60"))
-    assert verdict is Verdict.GRANTED and led.reserved == D("0.60") and led.spent == D("0.05")
-    led.settle(rid, D("0.50"))
-    assert led.reserve(D("0.60")) == (Verdict.EXHAUSTED, None)  # 0.55 + 0.60 > 1.00 for sure
-    assert led.exhausted and led.reserve(D("0.01"))[0] is Verdict.EXHAUSTED
 
 
-def test_unknown_cost_counts_the_whole_reservation_and_overcharge_raises_factor():
-    led = Ledger(max_usd=D("10"))
-    _, a = led.reserve(D("1"))
-    led.settle(a, None)
-    assert led.spent == D("1")
-    _, b = led.reserve(D("1"))
-    led.settle(b, D("2"))  # provider charged twice the worst case: prices in the spec are too low
-    assert led.overcharges == 1 and led.price_factor == D("2")
-    assert led.reserve(D("1"))[0] is Verdict.GRANTED
-    assert led.reserved == D("2")
+def test_a_lease_reserves_and_settles_locally_and_renews_through_the_book():
+    book = LeaseBook(max_usd=D("1.00"), workers=1)
+    lease = Lease()
+    assert lease.reserve(D("0.10")) is None  # nothing leased yet: renew
+    r = lease.take_report("w", [])
+    assert book.report(r) and book.renew("w", D("0.10"), D("0.30"), None) is Verdict.GRANTED
+    lease.apply(grant_of(book, "w"))
+    assert lease.granted == D("0.30")  # min(hint, free / (2 x workers)) = min(0.30, 0.50)
+    a, b, c = (lease.reserve(D("0.10")) for _ in range(3))
+    assert None not in (a, b, c) and lease.reserve(D("0.10")) is None
+    lease.settle(a, D("0.01"))
+    assert lease.reserve(D("0.09")) is not None  # what `a` did not cost is reusable at once
+    lease.release(b)
+    r = lease.take_report("w", [])
+    assert r.spent == D("0.01") and r.held == D("0.19") and r.in_flight == 2
+    book.report(r)
+    assert book.spent == D("0.01") and book.leased == D("0.19")  # the slack went back
+    assert not book.report(r)  # the same report twice changes nothing
 
 
-def test_release_returns_budget():
-    led = Ledger(max_usd=D("1"))
-    _, a = led.reserve(D("1"))
-    led.release(a)
-    assert led.reserved == 0 and led.spent == 0 and led.reserve(D("1"))[0] is Verdict.GRANTED
+def test_a_renewal_waits_while_reservations_may_settle_and_exhausts_only_when_none_can():
+    book = LeaseBook(max_usd=D("1.00"), workers=2)
+    book.report(Report("a", 0, D("0"), D("0.60"), 1))  # a holds 0.60 in flight
+    book.report(Report("b", 0))
+    assert book.renew("b", D("0.50"), D("0.50"), None) is Verdict.WAIT  # a may settle cheaper
+    book.report(Report("a", 1, D("0.55"), D("0"), 0))  # it did not: 0.55 spent
+    assert book.renew("b", D("0.50"), D("0.50"), None) is Verdict.EXHAUSTED
+    assert book.exhausted and book.renew("a", D("0.01"), D("0.01"), None) is Verdict.EXHAUSTED
+
+
+def test_the_canary_never_allows_more_requests_than_it_still_needs():
+    book = LeaseBook(max_usd=D("100"), workers=3)
+    for w in "abc":
+        book.report(Report(w, 0))
+        assert book.renew(w, D("0.1"), D("1"), canary_left=10) is Verdict.GRANTED
+    assert [book.quota(w) for w in "abc"] == [3, 2, 1]  # a share each of what is left
+    for w in "defgh":
+        book.report(Report(w, 0))
+        book.renew(w, D("0.1"), D("1"), canary_left=10)
+    assert [book.quota(w) for w in "defgh"] == [1, 1, 1, 1, None]  # h waits: all 10 are out
+    assert sum(book.quotas.values()) == 10
+    # a reports its 3 requests in flight: they stay counted against the canary
+    book.report(Report("a", 1, D("0"), D("0.3"), 3))
+    assert book.renew("a", D("0.1"), D("1"), canary_left=10) is Verdict.WAIT
+    assert book.renew("a", D("0.1"), D("1"), canary_left=None) is Verdict.GRANTED  # judged: no quota
+    assert book.quota("a") is None
+
+
+def grant_of(book: LeaseBook, w: str):
+    from eyrie.jobs.generate.lease import Grant
+
+    return Grant(Verdict.GRANTED, book.grants.get(w, D(0)), book.quota(w), book.price_factor)
 
 
 @settings(max_examples=300, deadline=None)
 @given(cap=st.integers(min_value=1, max_value=2000).map(lambda c: D(c) / 100),
-       ops=st.lists(st.tuples(cents, st.floats(min_value=0, max_value=1), st.booleans(), st.booleans()),
-                    min_size=1, max_size=200))
-def test_ledger_never_overspends_nor_stops_early(cap, ops):
-    """Random interleavings of reserve / settle / release: spend stays under the cap, and an
-    exhaustion only happens when the refused reservation could truly not fit."""
-    led = Ledger(max_usd=cap)
-    open_: list[tuple[int, Decimal]] = []
-    for amount, share, settle_first, pay in ops:
-        if settle_first and open_:
-            rid, held = open_.pop(0)
-            if pay:
-                led.settle(rid, (held * D(str(share))).quantize(D("0.0001")))
+       workers=st.integers(min_value=1, max_value=4),
+       ops=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["request", "settle", "release", "apply"]),
+                              cents, st.floats(min_value=0, max_value=1)), min_size=1, max_size=300))
+def test_leases_never_overspend_and_stop_early_by_less_than_one_reservation(cap, workers, ops):
+    """Random interleavings of n workers reserving, settling and renewing, with a renewal's answer
+    applied late (settlements happen meanwhile): spend never exceeds the cap, spent + leased never
+    does, and an exhaustion comes only when the refused reservation could truly not fit."""
+    book = LeaseBook(max_usd=cap, workers=workers)
+    leases = [Lease() for _ in range(workers)]
+    open_: list[list[tuple[int, Decimal]]] = [[] for _ in range(workers)]
+    pending: list = [None] * workers
+    paid = D(0)
+    stopped = [False] * workers
+    for i, action, amount, share in ops:
+        i %= workers
+        lease, w = leases[i], f"w{i}"
+        if action == "request" and not stopped[i]:
+            rid = lease.reserve(amount)
+            if rid is not None:
+                open_[i].append((rid, amount))
+            elif pending[i] is None:
+                book.report(lease.take_report(w, []))
+                verdict = book.renew(w, amount, amount * 4, None)
+                if verdict is Verdict.EXHAUSTED:
+                    assert book.leased == 0 or book.exhausted
+                    assert cap - book.spent < amount  # no false early stop
+                    stopped = [True] * workers
+                pending[i] = grant_of(book, w)
+        elif action in ("settle", "release") and open_[i]:
+            rid, held = open_[i].pop(0)
+            if action == "settle":
+                cost = (held * D(str(share))).quantize(D("0.0001"))
+                lease.settle(rid, cost)
+                paid += cost
             else:
-                led.release(rid)
-        spent_before = led.spent
-        verdict, rid = led.reserve(amount)
-        if verdict is Verdict.GRANTED:
-            open_.append((rid, amount))
-        elif verdict is Verdict.EXHAUSTED:
-            assert spent_before + amount > cap  # no false early stop
-            break
-        else:
-            assert led.spent + led.reserved + amount > cap and led.reserved > 0
-        assert led.spent + led.reserved <= cap
-    for rid, held in open_:
-        led.settle(rid, held)
-    assert led.spent <= cap
+                lease.release(rid)
+        elif action == "apply" and pending[i] is not None:
+            lease.apply(pending[i])
+            pending[i] = None
+        assert book.spent + book.leased <= cap
+        assert paid <= cap
+        for le in leases:
+            assert le.spent + le.held <= le.granted
+    for i, lease in enumerate(leases):
+        for rid, held in open_[i]:
+            lease.settle(rid, held)
+            paid += held
+        book.give_back(lease.take_report(f"w{i}", []))
+    assert book.spent == paid <= cap and book.leased == 0
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), cap=st.integers(min_value=50, max_value=500).map(lambda c: D(c) / 100))
-def test_concurrent_workers_share_one_cap(seed, cap):
-    """64 concurrent requesters with random costs and latencies against AsyncLedger."""
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), cap=st.integers(min_value=50, max_value=500).map(lambda c: D(c) / 100),
+       workers=st.integers(min_value=1, max_value=4))
+def test_concurrent_workers_share_one_cap_through_the_coordinator(seed, cap, workers):
+    """n workers of 16 concurrent requesters each, random costs and latencies, against the real
+    RunCoordinator through LeaseHolder: spend within the cap, the first refusal only once the worst
+    case could no longer fit, and far fewer coordinator calls than requests."""
     rng = random.Random(seed)
+    worst = D("0.05")
 
     async def main():
-        ledger = AsyncLedger(Ledger(max_usd=cap))
-        worst = D("0.25")
-        stop_spent: list[Decimal] = []
+        coord = RunCoordinator(cap, D(0), Counts(), 0, [], workers=workers)
 
-        async def worker():
+        async def call(method, *args):
+            res = getattr(coord, method)(*args)
+            return await res if asyncio.iscoroutine(res) else res
+
+        holders = [LeaseHolder(call, f"w{i}", 16) for i in range(workers)]
+        paid = [D(0)]
+
+        async def requester(h: LeaseHolder):
             while True:
-                rid = await ledger.reserve(worst)
+                rid = await h.reserve(worst)
                 if rid is None:
-                    stop_spent.append(ledger.ledger.spent)
                     return
-                await asyncio.sleep(rng.random() / 1000)
-                await ledger.settle(rid, (worst * D(str(round(rng.random(), 3)))).quantize(D("0.001")))
+                await asyncio.sleep(rng.random() / 2000)
+                cost = (worst * D(str(round(rng.random(), 3)))).quantize(D("0.001"))
+                paid[0] += cost
+                h.settle(rid, cost, Observation("ok"))
 
-        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(64))), 30)
-        assert ledger.ledger.spent <= cap
-        assert ledger.ledger.reserved == 0
-        # the first refusal came only when the worst case could no longer fit
-        assert stop_spent[0] > cap - worst
+        await asyncio.wait_for(asyncio.gather(*(requester(h) for h in holders for _ in range(16))), 60)
+        for h in holders:
+            await h.give_back()
+        assert coord.book.spent == paid[0] <= cap
+        assert coord.book.leased == 0
+        assert coord.outcome == "BudgetExhausted"
+        assert cap - coord.book.spent < worst  # stopped early by less than one reservation
+        assert coord.counts.done == coord.requests
+        if coord.requests >= 500:
+            assert coord.calls / coord.requests <= 0.1
 
     asyncio.run(main())
+
+
+def test_unpriceable_reservations_are_refused():
+    with pytest.raises(UnpriceableRequest):
+        Lease().reserve(D("-1"))
 
 
 def test_prompt_token_bounds_with_and_without_the_target_tokenizer():

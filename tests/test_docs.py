@@ -173,8 +173,8 @@ def test_dataset_examples_pass_the_crd_schema_and_the_spec_model(path):
 def test_the_crd_schema_catches_what_the_api_server_would():
     doc = yaml.safe_load((ROOT / "examples/openrouter-kimi.yaml").read_text())
     validator = jsonschema.Draft4Validator(crd_schema())
-    bad = {**doc, "spec": {**doc["spec"], "generation": {**doc["spec"]["generation"], "flushSeconds": 0}}}
-    assert [e.message for e in validator.iter_errors(bad)] == ["0 is less than or equal to the minimum of 0"]
+    bad = {**doc, "spec": {**doc["spec"], "generation": {**doc["spec"]["generation"], "partRecords": 0}}}
+    assert [e.message for e in validator.iter_errors(bad)] == ["0 is less than the minimum of 1"]
     bad = {**doc, "spec": {**doc["spec"], "tools": {**doc["spec"]["tools"], "mode": "xml"}}}
     assert [list(e.absolute_path) for e in validator.iter_errors(bad)] == [["spec", "tools", "mode"]]
 

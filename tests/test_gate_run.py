@@ -56,6 +56,7 @@ def test_text_declared_tools_trip_the_gate_within_canary_plus_concurrency(tmp_pa
     assert prog["outcome"] == "ToolSemanticsDrift"
     assert "below minToolCallRate 0.50" in prog["message"] or "above maxLeakRate" in prog["message"]
     assert 20 <= completed <= 20 + 4
+    assert completed == 20  # leases allow no request past the canary before the gate has judged it
     assert len(list(records.iter_records(open_store(out)))) == completed  # in-flight answers kept
 
 

@@ -316,3 +316,15 @@ def test_malformed_conversations_are_bad_rows_with_their_reason(tmp_path):
     assert [i.reason for i in bad] == [
         "ASSISTANT turn 1 <functioncall> is neither JSON nor a literal: 'nonsense'",
         "speaker turn 1: a tool result answers no call"]
+
+
+def test_a_bad_rows_sample_id_does_not_depend_on_the_wording_of_its_error(tmp_path):
+    """Resume skips a bad row by its id: rewording a message in a later release must not make it
+    a new sample (recorded twice)."""
+    a, b = BadRow("p", 3, "invalid JSON: unexpected end"), BadRow("p", 3, "row 3: not JSON at all")
+    assert a.sample_id() == b.sample_id()
+    assert a.sample_id() != BadRow("p", 4, a.reason).sample_id() != BadRow("q", 3, a.reason).sample_id()
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"broken": \n')
+    (row,) = iter_source(SourceSpec(name="p", uri=str(path)))
+    assert isinstance(row, BadRow) and row.sample_id() == BadRow("p", 0, "anything").sample_id()

@@ -59,10 +59,20 @@ def test_money(value, ok):
 def test_cross_field_rules_name_the_field():
     real = {**MINIMAL, "api": {"baseUrl": "https://openrouter.ai/api/v1"}}
     assert "reservations need prices" in problems(real)["spec.budget.pricing"]
-    sub = {**MINIMAL, "generation": {"ray": {"mode": "Submit"}}}
+    priced = {**real, "budget": {"maxUSD": "1", "pricing": {"inputPerMillion": "1", "outputPerMillion": "1"}}}
+    sub = {**priced, "generation": {"ray": {"mode": "Submit"}}}
     assert "spec.generation.ray.address" in problems(sub)
     dup = {**MINIMAL, "sources": [{"name": "a", "uri": "x"}, {"name": "a", "uri": "y"}]}
     assert "duplicate" in problems(dup)["spec.sources"]
+
+
+@pytest.mark.parametrize("ray", [{"mode": "RayJob", "image": "ray:1"}, {"mode": "Submit", "address": "http://ray:8265"}])
+def test_the_simulator_is_refused_for_cluster_modes(ray):
+    """The simulator binds the driver's loopback: remote Ray workers could never reach it."""
+    message = problems({**MINIMAL, "generation": {"ray": ray}})["spec.api.baseUrl"]
+    assert f"simulated cannot run with generation.ray.mode {ray['mode']}" in message
+    assert "loopback" in message
+    assert parse_spec({**MINIMAL, "generation": {"ray": {"mode": "Local"}}}).spec.api.base_url == "simulated"
 
 
 def test_full_resource_and_wrong_kind():

@@ -24,7 +24,11 @@ class RequestFailed(ApiError):
                  usage: dict[str, Any] | None = None, cost: Decimal | None = None):
         self.kind, self.message, self.attempts = kind, message, attempts
         self.details, self.usage, self.cost = details, usage, cost
-        super().__init__(f"{kind} after {attempts} attempt(s): {message}")
+        super().__init__(kind, message, attempts)
+
+    def __str__(self) -> str:
+        # from the attributes: the client sets `attempts` after raising from inside an attempt
+        return f"{self.kind} after {self.attempts} attempt(s): {self.message}"
 
 
 class Refusal(StrEnum):

@@ -22,6 +22,7 @@ FIDELITY = "fidelity"  # per-sample target-model scores of the answers, one Parq
 SAMPLES_SUMMARY = "samples/summary.json"  # the reconstruction summary the manifest quotes
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
+_JOURNAL_RE = re.compile(r"^generations/shard-(\d{5})/journal/([0-9a-f]{8})-(\d{8})\.jsonl\.gz$")
 _SAMPLES_RE = re.compile(r"^samples/shard-(\d{5})\.parquet$")
 
 
@@ -31,6 +32,16 @@ def shard_prefix(shard: int) -> str:
 
 def part_key(shard: int, part: int) -> str:
     return f"{shard_prefix(shard)}/part-{part:05d}.jsonl.gz"
+
+
+def journal_prefix(shard: int) -> str:
+    return f"{shard_prefix(shard)}/journal"
+
+
+def journal_key(shard: int, writer: str, seq: int) -> str:
+    """One group commit of a shard's answers (`writer`: 8 hex digits naming the worker instance,
+    `seq`: its commit number); compacted into parts when the shard ends (records.compact_shard)."""
+    return f"{journal_prefix(shard)}/{writer}-{seq:08d}.jsonl.gz"
 
 
 def samples_key(shard: int) -> str:
@@ -49,6 +60,12 @@ def summary_key(index: int, count: int) -> str:
 def parse_part_key(key: str) -> tuple[int, int] | None:
     m = _PART_RE.match(key)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def parse_journal_key(key: str) -> tuple[int, str, int] | None:
+    """(shard, writer, seq) of a journal object's key (None for any other key)."""
+    m = _JOURNAL_RE.match(key)
+    return (int(m.group(1)), m.group(2), int(m.group(3))) if m else None
 
 
 def parse_samples_key(key: str) -> int | None:

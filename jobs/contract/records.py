@@ -1,7 +1,11 @@
 """The generation record and its parts: what stage 1 writes and stage 2 reads.
 
-Generation writes one record per prompt into gzip JSONL parts; tool checks annotate it; token
-reconstruction reads it back. Everything that names a key in the store goes through here.
+Generation writes one record per prompt; tool checks annotate it; token reconstruction reads it
+back. A shard's records live in two kinds of gzip JSONL objects: journal objects (one per group
+commit, written while the shard runs, so an answer is durable before its request's slot is freed)
+and parts (the final layout, written when the shard ends by compacting its journal). A run killed at
+any moment can leave both, and a record in both (killed mid-compaction): readers here see each
+sample once, parts first, so every reader works on a store in any state.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from typing import Any, Literal, TypedDict
 
 import orjson
 
-from eyrie.jobs.contract.layout import GENERATIONS, parse_part_key, shard_prefix
-from eyrie.jobs.store import Store
+from eyrie.jobs.contract.layout import GENERATIONS, journal_prefix, parse_journal_key, parse_part_key, shard_prefix
+from eyrie.jobs.store import NotFound, Store
 
 
 class ToolCall(TypedDict):
@@ -82,6 +86,56 @@ def list_parts(store: Store, shard: int | None = None) -> list[tuple[int, int, s
     return sorted(out)
 
 
+def list_journal(store: Store, shard: int) -> list[str]:
+    """A shard's journal objects not yet compacted, in commit order per writer."""
+    return sorted(k for k in store.list(journal_prefix(shard)) if parse_journal_key(k))
+
+
+def list_shards(store: Store) -> list[int]:
+    """Every shard with a part or a journal object."""
+    shards = set()
+    for key in store.list(GENERATIONS):
+        parsed = parse_part_key(key) or parse_journal_key(key)
+        if parsed:
+            shards.add(parsed[0])
+    return sorted(shards)
+
+
+def iter_shard(store: Store, shard: int) -> Iterator[Record]:
+    """A shard's records, each sample once: parts, then journal records no part holds yet. Safe
+    beside a running compaction: a journal object gone meanwhile was rewritten into parts first
+    (compaction deletes only after writing), so the parts are listed again and read instead."""
+    journal = list_journal(store, shard)
+    seen: set[str] | None = set() if journal else None  # ids matter only when a journal is left
+    read: set[str] = set()
+
+    def parts() -> Iterator[Record]:
+        for _s, _p, key in list_parts(store, shard):
+            if key in read:
+                continue
+            read.add(key)
+            for rec in decode_part(store.get(key)):
+                if seen is None:
+                    yield rec
+                elif rec["sample_id"] not in seen:
+                    seen.add(rec["sample_id"])
+                    yield rec
+
+    yield from parts()
+    for key in journal:
+        try:
+            data = store.get(key)
+        except NotFound:
+            yield from parts()  # compacted while we read
+            continue
+        for rec in decode_part(data):
+            if seen is not None and rec["sample_id"] not in seen:
+                seen.add(rec["sample_id"])
+                yield rec
+
+
 def iter_records(store: Store, shard: int | None = None) -> Iterator[Record]:
-    for _s, _p, key in list_parts(store, shard):
-        yield from decode_part(store.get(key))
+    """Every persisted record (of one shard, or of all), each sample once, whatever state a killed
+    run left the store in."""
+    for s in [shard] if shard is not None else list_shards(store):
+        yield from iter_shard(store, s)

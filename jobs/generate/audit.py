@@ -17,7 +17,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.budget import usd
-from eyrie.jobs.generate.checkpoint import previous_audit_spend, read_checkpoint
+from eyrie.jobs.generate.checkpoint import BudgetCommitter, previous_audit_spend, read_checkpoint
 from eyrie.jobs.generate.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.generate.preflight import preflight
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
@@ -60,7 +60,9 @@ async def _send_all(dg: DatasetGeneration, base_url: str, api_key: str | None,
         worker = ShardWorker(config, coord, {}, api_key=api_key)
         async with worker.open_client():
             recs = await asyncio.gather(*(worker.process(sid, p) for sid, p in prompts))
+        await worker.budget.give_back()
         out[mode] = [r for r in recs if r is not None]
+    await coord.settle_commit()
     return out
 
 
@@ -88,9 +90,13 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
     if not prompts:
         raise AuditError("no prompt in the sources declares tools: nothing to compare")
     ckpt = read_checkpoint(store)
-    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), 2 * len(prompts), [])
+    # crash-safe like the run: the bound of what may have been paid is persisted before it is
+    # granted, so a kill -9 mid-audit cannot let the next run spend past maxUSD
+    committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
+    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), 2 * len(prompts), [],
+                           commit=committer, workers=len(MODES))
     recs = asyncio.run(_send_all(dg, base_url, ctx.api_key, prompts, coord))
-    spent = coord.ledger.spent - ckpt.spent
+    spent = coord.book.spent - ckpt.spent
     doc = {
         "samples": len(prompts),
         "model": spec.target.model,

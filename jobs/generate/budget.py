@@ -1,21 +1,14 @@
-"""The budget: a reservation ledger that makes overspending impossible, and its async front.
+"""Prices: a request's worst case and its actual cost (the ledger that spends them: lease.py).
 
 Before a request a worker reserves its worst case (prompt tokens x input price + max output tokens
-x output price). A reservation that fits beside what is spent and reserved is granted; one that
-would fit once in-flight requests settle waits for them (so the run never stops early because of
-pessimistic reservations); one that cannot fit even if every in-flight request turned out free is
-refused, and the run is exhausted. The run therefore stops no earlier than maxUSD minus one
-worst-case reservation, and spend never exceeds maxUSD while providers charge no more than the
-reservation (a charge above it raises the price factor for every later reservation).
+x output price); after it, it settles at the actual cost (`usage.cost` when the provider returns
+it, else price x usage). No price known means no request (fail closed).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from enum import StrEnum
 
 from eyrie.jobs.errors import EyrieError
 
@@ -30,12 +23,6 @@ def usd(d: Decimal) -> str:
 
 class UnpriceableRequest(EyrieError, ValueError):
     """No price is known for a request: it is refused rather than sent (fail closed)."""
-
-
-class Verdict(StrEnum):
-    GRANTED = "granted"
-    WAIT = "wait"
-    EXHAUSTED = "exhausted"
 
 
 @dataclass(frozen=True)
@@ -66,89 +53,3 @@ def actual_cost(pricing: Pricing | None, usage: dict | None, reported: Decimal |
         except (TypeError, ValueError):
             return None
     return None
-
-
-@dataclass
-class Ledger:
-    """Pure reservation ledger (no I/O, no clock); one per run."""
-
-    max_usd: Decimal
-    spent: Decimal = Decimal(0)
-    reserved: Decimal = Decimal(0)
-    exhausted: bool = False
-    price_factor: Decimal = Decimal(1)
-    overcharges: int = 0
-    _open: dict[int, Decimal] = field(default_factory=dict)
-    _ids: itertools.count = field(default_factory=itertools.count)
-
-    def reserve(self, amount: Decimal) -> tuple[Verdict, int | None]:
-        if amount is None or amount < 0:
-            raise UnpriceableRequest(f"invalid reservation {amount!r}")
-        amount = amount * self.price_factor
-        if self.exhausted or self.spent + amount > self.max_usd:
-            self.exhausted = True
-            return Verdict.EXHAUSTED, None
-        if self.spent + self.reserved + amount > self.max_usd:
-            return Verdict.WAIT, None
-        rid = next(self._ids)
-        self._open[rid] = amount
-        self.reserved += amount
-        return Verdict.GRANTED, rid
-
-    def settle(self, rid: int, cost: Decimal | None) -> None:
-        """Record what a request really cost; an unknown cost counts as the whole reservation."""
-        held = self._open.pop(rid)
-        self.reserved -= held
-        if cost is None:
-            cost = held
-        if cost > held:
-            self.overcharges += 1
-            if held > 0:
-                self.price_factor = max(self.price_factor, (cost / held).quantize(Decimal("0.0001"),
-                                                                                rounding=ROUND_CEILING))
-        self.spent += cost
-
-    def release(self, rid: int) -> None:
-        """The request was never paid (refused before sending, or failed with no charge)."""
-        self.reserved -= self._open.pop(rid)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._open)
-
-
-class AsyncLedger:
-    """The ledger for concurrent async callers: a reservation that must WAIT sleeps until a
-    settlement or release frees budget, instead of polling."""
-
-    def __init__(self, ledger: Ledger):
-        self.ledger = ledger
-        self._changed = asyncio.Condition()
-
-    async def reserve(self, amount: Decimal) -> int | None:
-        """A reservation id, or None when the budget is exhausted."""
-        async with self._changed:
-            while True:
-                verdict, rid = self.ledger.reserve(amount)
-                if verdict is Verdict.GRANTED:
-                    return rid
-                if verdict is Verdict.EXHAUSTED:
-                    self._changed.notify_all()  # wake waiters: they are exhausted too now
-                    return None
-                await self._changed.wait()
-
-    async def settle(self, rid: int, cost: Decimal | None) -> None:
-        async with self._changed:
-            self.ledger.settle(rid, cost)
-            self._changed.notify_all()
-
-    async def release(self, rid: int) -> None:
-        async with self._changed:
-            self.ledger.release(rid)
-            self._changed.notify_all()
-
-    async def exhaust(self) -> None:
-        """Stop granting (another stop reason ended the run); wake every waiter."""
-        async with self._changed:
-            self.ledger.exhausted = True
-            self._changed.notify_all()

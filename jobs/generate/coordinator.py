@@ -1,8 +1,10 @@
-"""The run's single point of truth while it generates: budget ledger, tool gate, counters, stop.
+"""The run's single point of truth while it generates: the lease book, tool gate, counters, stop.
 
 One instance per run: in the driver's event loop when running inline, or as a named Ray actor that
-every shard worker calls. Workers report each answer here; the first stop reason (budget, drift,
-credits, a fatal error) wins and every worker sees it on its next call.
+every shard worker calls. Workers do not call it per request: they hold budget leases
+(`lease.py`) and report spend and tool observations in batches, when a lease runs out and every
+`REPORT_SECONDS`. The first stop reason (budget, drift, credits, a fatal error) wins and every
+worker sees it on its next call.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.contract.progress import Outcome
-from eyrie.jobs.generate.budget import AsyncLedger, Ledger, usd
+from eyrie.jobs.generate.budget import usd
+from eyrie.jobs.generate.lease import Grant, LeaseBook, Report, Verdict
 
 
 @dataclass
@@ -56,22 +59,22 @@ class Counts:
 
 
 COMMIT_SHARE = Decimal("0.02")  # a commit raises the persisted bound by 2% of the budget...
-COMMIT_RESERVATIONS = 8  # ...or 8 reservations of the request that asked, whichever is more
+# ...or by the lease that asked, whichever is more
 
 
 class RunCoordinator:
-    """`commit`, when given, persists an upper bound of what may have been paid (spent + reserved)
-    before any request is granted past the last bound: a run killed with answers paid but not yet
-    flushed resumes from that bound, so even kill -9 cannot take spend past maxUSD."""
+    """`commit`, when given, persists an upper bound of what may have been paid (spent + leased)
+    before any lease is granted past the last bound: a run killed with answers paid but not yet
+    reported resumes from that bound, so even kill -9 cannot take spend past maxUSD."""
 
     def __init__(self, max_usd: Decimal, spent: Decimal, counts: Counts, total: int,
                  shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0),
-                 commit: Callable[[Decimal], None] | None = None):
-        self.ledger = Ledger(max_usd=max_usd, spent=spent)
+                 commit: Callable[[Decimal], None] | None = None, workers: int = 1):
+        self.book = LeaseBook(max_usd=max_usd, workers=workers, spent=spent)
         self._commit = commit
         self.committed = spent
         self._commit_lock = asyncio.Lock()
-        self.budget = AsyncLedger(self.ledger)
+        self._changed = asyncio.Condition()
         self.counts = counts
         self.total = total
         self.gate = gate  # eyrie.jobs.tools.gate.ToolGate or None
@@ -81,12 +84,13 @@ class RunCoordinator:
         self.retries = 0
         self.errors: Counter[str] = Counter()
         self.requests = 0
+        self.calls = 0  # calls from workers (the benchmarks count them per request)
         self._pending_shards = list(shards)
         self._active: dict[int, str] = {}  # shard -> worker id
-        self._holders: dict[int, str] = {}  # reservation id -> worker id
 
     # -- shards ------------------------------------------------------------------------------
     def next_shard(self, worker: str) -> int | None:
+        self.calls += 1
         if self.outcome != Outcome.RUNNING or not self._pending_shards:
             return None
         shard = self._pending_shards.pop(0)
@@ -94,45 +98,84 @@ class RunCoordinator:
         return shard
 
     def shard_done(self, shard: int) -> None:
+        self.calls += 1
         self._active.pop(shard, None)
 
     async def worker_lost(self, worker: str) -> list[int]:
-        """A worker died: requeue its shards and count its open reservations as spent (their
-        requests may have been paid; counting them is the safe side)."""
+        """A worker died: requeue its shards and count its whole lease as spent (its requests may
+        have been paid; counting them is the safe side)."""
         lost = [s for s, w in self._active.items() if w == worker]
         for s in lost:
             del self._active[s]
         self._pending_shards[:0] = lost
-        for rid in [r for r, w in self._holders.items() if w == worker]:
-            del self._holders[rid]
-            await self.budget.settle(rid, None)
+        self.book.lost(worker)
+        await self._notify()
         return lost
 
     # -- budget ------------------------------------------------------------------------------
-    async def reserve(self, worker: str, amount: Decimal) -> int | None:
-        if self.outcome != Outcome.RUNNING:
-            return None
-        rid = await self.budget.reserve(amount)
-        if rid is None:
-            self._stop(Outcome.BUDGET_EXHAUSTED,
-                       f"budget exhausted: spent ${self.ledger.spent} of ${self.ledger.max_usd}; the next "
-                       f"request could cost up to ${amount * self.ledger.price_factor}")
-            return None
-        if self.outcome != Outcome.RUNNING:  # stopped while we waited
-            await self.budget.release(rid)
-            return None
-        self._holders[rid] = worker
-        if self._commit is not None and self.ledger.spent + self.ledger.reserved > self.committed:
-            await self._raise_commit(amount)
-        return rid
+    async def lease(self, report: Report, want: Decimal, hint: Decimal) -> Grant:
+        """Account `report`, then renew the worker's lease by at least `want` (aiming at `hint`).
+        Waits here while nothing of the worker's own is open and the budget is leased to others;
+        answers WAIT when the worker's own reservations may free what it needs."""
+        self.calls += 1
+        w = report.worker
+        if not self._account(report):  # a late report (its worker failed meanwhile): no new slice
+            return self._grant(w, Verdict.EXHAUSTED)
+        async with self._changed:
+            self._changed.notify_all()  # what this report returned may be what another waits for
+            while True:
+                if self.outcome != Outcome.RUNNING:
+                    return self._grant(w, Verdict.EXHAUSTED)
+                verdict = self.book.renew(w, want, hint, self._canary_left())
+                if verdict is Verdict.EXHAUSTED:
+                    self._stop(Outcome.BUDGET_EXHAUSTED,
+                               f"budget exhausted: spent ${usd(self.book.spent)} of ${usd(self.book.max_usd)}; "
+                               f"the next request could cost up to ${usd(want)}")
+                    self._changed.notify_all()
+                    return self._grant(w, verdict)
+                if verdict is Verdict.GRANTED:
+                    break
+                if report.in_flight > 0:
+                    return self._grant(w, verdict)
+                await self._changed.wait()
+        if self._commit is not None and self.book.exposure > self.committed:
+            await self._raise_commit(hint)
+        return self._grant(w, Verdict.GRANTED)
 
-    async def _raise_commit(self, amount: Decimal) -> None:
+    def _grant(self, worker: str, verdict: Verdict) -> Grant:
+        return Grant(verdict, self.book.grants.get(worker, Decimal(0)), self.book.quota(worker),
+                     self.book.price_factor, stop=self.outcome != Outcome.RUNNING)
+
+    def _canary_left(self) -> int | None:
+        if self.gate is None or not self.gate.spec.enabled:
+            return None
+        left = self.gate.canary_left()
+        return left if left > 0 else None
+
+    async def give_back(self, report: Report) -> None:
+        """A worker ended: its final spend and observations; nothing stays leased to it."""
+        self.calls += 1
+        self._account(report)
+        self.book.give_back(report)
+        await self._notify()
+
+    def _account(self, report: Report) -> bool:
+        if not self.book.report(report):
+            return False
+        for obs in report.observations:
+            self.observe(obs)
+        return True
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _raise_commit(self, step: Decimal) -> None:
         async with self._commit_lock:
-            exposure = self.ledger.spent + self.ledger.reserved
-            if exposure <= self.committed:  # another reservation's commit covered this one
+            exposure = self.book.exposure
+            if exposure <= self.committed:  # another lease's commit covered this one
                 return
-            step = max(self.ledger.max_usd * COMMIT_SHARE, amount * COMMIT_RESERVATIONS)
-            bound = min(self.ledger.max_usd, exposure + step)
+            bound = min(self.book.max_usd, exposure + max(self.book.max_usd * COMMIT_SHARE, step))
             await asyncio.to_thread(self._commit, bound)
             self.committed = bound
 
@@ -140,19 +183,8 @@ class RunCoordinator:
         """A clean end: the persisted bound drops to the exact spend."""
         if self._commit is not None:
             async with self._commit_lock:
-                await asyncio.to_thread(self._commit, self.ledger.spent)
-                self.committed = self.ledger.spent
-
-    async def finish(self, rid: int | None, cost: Decimal | None, paid: bool, obs: Observation) -> bool:
-        """Settle (paid) or release a reservation and account the answer; True means stop."""
-        if rid is not None:
-            self._holders.pop(rid, None)
-            if paid:
-                await self.budget.settle(rid, cost)
-            else:
-                await self.budget.release(rid)
-        self.observe(obs)
-        return self.outcome != Outcome.RUNNING
+                await asyncio.to_thread(self._commit, self.book.spent)
+                self.committed = self.book.spent
 
     def observe(self, obs: Observation) -> bool:
         self.counts.add(obs)
@@ -167,16 +199,15 @@ class RunCoordinator:
                 self._stop(Outcome.TOOL_SEMANTICS_DRIFT, drift.message)
         return self.outcome != Outcome.RUNNING
 
-    def stop(self, outcome: str, message: str) -> None:
+    async def stop(self, outcome: str, message: str) -> None:
+        self.calls += 1
         self._stop(outcome, message)
+        await self._notify()
 
     def _stop(self, outcome: str, message: str) -> None:
         if self.outcome == Outcome.RUNNING:
             self.outcome, self.message = outcome, message
-            self.ledger.exhausted = True
-
-    async def wake(self) -> None:
-        await self.budget.exhaust()
+            self.book.exhausted = True
 
     # -- reporting ---------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -185,11 +216,11 @@ class RunCoordinator:
         return {
             "outcome": self.outcome,
             "message": self.message,
-            "spentUSD": usd(self.ledger.spent),
-            "reservedUSD": usd(self.ledger.reserved),
-            "maxUSD": usd(self.ledger.max_usd),
+            "spentUSD": usd(self.book.spent),
+            "reservedUSD": usd(self.book.leased),
+            "maxUSD": usd(self.book.max_usd),
             "auditUSD": usd(self.audit_usd),
-            "priceFactor": usd(self.ledger.price_factor),
+            "priceFactor": usd(self.book.price_factor),
             "samples": {"total": self.total, "done": c.done, "dropped": c.dropped, "failed": c.failed},
             "failures": dict(c.failures),
             "tokens": {"input": c.input_tokens, "output": c.output_tokens},
@@ -197,5 +228,6 @@ class RunCoordinator:
             "requests": self.requests,
             "retries": self.retries,
             "errors": dict(self.errors),
-            "inFlight": self.ledger.in_flight,
+            "inFlight": sum(self.book.in_flight.values()),
+            "coordinatorCalls": self.calls,
         }

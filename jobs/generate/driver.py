@@ -123,7 +123,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         ckpt = read_checkpoint(store, gate)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
-                       "shards": sorted(shard_prompts), "gate": gate, "audit_usd": ckpt.audit, "commit": committer}
+                       "shards": sorted(shard_prompts), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
+                       "workers": spec.generation.ray.workers}
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None))
         plan = _Plan(spec, ctx, base_url, coordinator, shard_prompts, store, stopper, monitor)
         snapshot = _run_inline(plan) if inline else _run_ray(plan)
@@ -177,8 +178,7 @@ def _run_inline(plan: _Plan) -> dict:
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
             if plan.stopper.requested:
-                coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
-                await coord.wake()
+                await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
             await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
         for t in tasks:
@@ -238,7 +238,6 @@ def _run_ray(plan: _Plan) -> dict:
                         running[nref] = (i, nwid, nw)
             if plan.stopper.requested:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
-                ray.get(coord.wake.remote())
             plan.monitor.tick(ray.get(coord.snapshot.remote()))
         ray.get(coord.settle_commit.remote())
         return ray.get(coord.snapshot.remote())

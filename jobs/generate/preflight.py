@@ -14,9 +14,15 @@ class PreflightError(InputError, RuntimeError):
 async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, api_key: str | None) -> None:
     """Everything that can fail before the first paid request fails here."""
     from eyrie.jobs.api import ApiError, ChatClient
+    from eyrie.jobs.sources import SourceError, check_source
 
     if spec.generation.turns == "all":  # until the worker regenerates turn by turn (issue 14, part 2)
         raise PreflightError("generation.turns: all is not available in this version; use last")
+    for i, source in enumerate(spec.sources):
+        try:
+            check_source(source, spec.output.endpoint)
+        except SourceError as e:
+            raise PreflightError(f"sources[{i}].uri: {e}") from None
     try:
         store.check_writable()
     except Exception as e:

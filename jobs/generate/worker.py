@@ -1,31 +1,43 @@
-"""A shard worker: sends one shard's prompts at a time, checks each answer, persists each once.
+"""A shard worker: takes shards from the coordinator, sends their prompts, checks each answer and
+makes it durable before its slot is freed (`journal.py`: the invariant and the group commit).
 
-Persistence is the exactly-once boundary. A shard's ids already in the store are skipped; every
-answer goes into the shard's next part within `generation.flushSeconds`, written atomically. A
-worker killed between an answer and its flush loses only that answer (it is asked again on rerun),
-which is why flushes are frequent.
+Persistence is the exactly-once boundary: a shard's ids already in the store are skipped. The
+worker is one `asyncio.TaskGroup`: the journal's writer, one task per request in flight (at most
+`concurrency`, each holding a slot) and one per shard finishing. Any task that raises (a store that
+stays down, a lost coordinator, a bug) cancels the others and the worker ends with outcome Failed
+naming the error; nothing can wait forever on a sibling that died.
+
+`process` is the per-request path (prepare, reserve, send, check, settle -> one record): a plain
+coroutine with no knowledge of shards or persistence, so a caller can run it per prompt or per turn.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed, reported_cost
+from eyrie.jobs.api.client import Completion
 from eyrie.jobs.context import api_key_from_env
-from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import now_iso
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.budget import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
 from eyrie.jobs.generate.coordinator import Observation, Outcome
+from eyrie.jobs.generate.holder import LeaseHolder
+from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
 from eyrie.jobs.generate.requests import build_body, estimate_prompt_tokens, max_output_tokens
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools import checks, declarations
+
+log = logging.getLogger(__name__)
 
 
 def run_loop(coro: Any) -> Any:
@@ -35,42 +47,6 @@ def run_loop(coro: Any) -> Any:
     except ImportError:  # e.g. Windows
         return asyncio.run(coro)
     return uvloop.run(coro)
-
-
-@dataclass
-class PartWriter:
-    """Buffers one shard's records and writes them as numbered, atomic parts."""
-
-    store: Store
-    shard: int
-    next_part: int
-    buffer: list[records.Record] = field(default_factory=list)
-    oldest: float = 0.0
-    written: int = 0
-
-    def add(self, rec: records.Record) -> None:
-        if not self.buffer:
-            self.oldest = time.monotonic()
-        self.buffer.append(rec)
-
-    def take(self) -> tuple[str, list[records.Record]] | None:
-        if not self.buffer:
-            return None
-        key = layout.part_key(self.shard, self.next_part)
-        out, self.buffer = self.buffer, []
-        self.next_part += 1
-        self.written += len(out)
-        return key, out
-
-
-def scan_shard(store: Store, shard: int) -> tuple[set[str], int]:
-    """Ids already persisted in a shard and the number of its next part."""
-    done: set[str] = set()
-    last = -1
-    for _s, part, key in records.list_parts(store, shard):
-        last = max(last, part)
-        done.update(r["sample_id"] for r in records.decode_part(store.get(key)))
-    return done, last + 1
 
 
 # The coordinator seen from a worker: in-process it is the object, under Ray an actor handle.
@@ -88,6 +64,30 @@ class WorkerConfig:
     concurrency: int
     rpm: int | None = None
     tpm: int | None = None
+
+
+class WorkerFailed(EyrieError, RuntimeError):
+    """A worker could not go on (store down after retries, coordinator lost, a bug); the run's
+    outcome is Failed with this message."""
+
+
+@dataclass
+class _ShardRun:
+    """One shard while a worker holds it: requests still open, and whether all were fed."""
+
+    shard: int
+    state: ShardState
+    todo: int
+    open: int = 0
+    fed: bool = False
+    answered: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def settle_one(self, answered: bool) -> None:
+        self.open -= 1
+        self.answered += answered
+        if self.fed and self.open == 0:
+            self.drained.set()
 
 
 class ShardWorker:
@@ -110,12 +110,14 @@ class ShardWorker:
                         if self.spec.budget.pricing else None)  # None: every request fails closed
         self.max_out = max_output_tokens(self.spec)
         self.mode = "text" if self.spec.tools.mode == "text" else "structured"  # audit runs structured
-        self.stopping = False
-        self.writers: dict[int, PartWriter] = {}
-        self.pending: dict[int, int] = {}
-        self.fed: set[int] = set()
+        self.budget = LeaseHolder(self._call, self.worker_id, self.concurrency)
         self.persisted = 0
         self._counter: Callable[[str], int] | bool | None = False  # False: not loaded yet
+
+    @property
+    def stopping(self) -> bool:
+        """The run stopped (any reason): dispatch nothing more; requests in flight finish."""
+        return self.budget.stopped
 
     def open_client(self) -> ChatClient:
         """The API client for `process` calls; use as `async with worker.open_client():`."""
@@ -157,85 +159,91 @@ class ShardWorker:
         with ThreadPoolExecutor(1, thread_name_prefix="eyrie-worker") as pool:
             return pool.submit(run_loop, self.run()).result()
 
+    # -- the worker: shards in, durable records out --------------------------------------------
     async def run(self) -> int:
-        """Process shards until none are left or the run stops; returns records persisted."""
-        queue: asyncio.Queue = asyncio.Queue(maxsize=self.concurrency * 2)
-        async with self.open_client():
-            consumers = [asyncio.create_task(self._consume(queue)) for _ in range(self.concurrency)]
-            flusher = asyncio.create_task(self._flush_loop())
+        """Process shards until none are left or the run stops; returns records persisted. Any
+        failure of any task ends the worker and the run with outcome Failed and its message."""
+        try:
+            async with self.open_client():
+                await self._run_shards()
+            await self.budget.give_back()
+        except Exception as e:  # an ExceptionGroup from the TaskGroup, or the client's own
+            err = _first_cause(e)
+            message = f"worker {self.worker_id} stopped: {type(err).__name__}: {err}"
+            if not isinstance(err, EyrieError):
+                log.error("%s", message, exc_info=err)  # a bug: keep its traceback
             try:
-                await self._feed(queue)
-            finally:
-                for _ in consumers:
-                    await queue.put(None)
-                results = await asyncio.gather(*consumers, return_exceptions=True)
-                flusher.cancel()
-                await self._flush(force=True)
-            for r in results:
-                if isinstance(r, BaseException):
-                    raise r
+                await self.budget.give_back(failed=True)
+                await self.budget.stop(Outcome.FAILED, message)
+            except Exception:
+                raise WorkerFailed(message) from err
         return self.persisted
 
-    async def _feed(self, queue: asyncio.Queue) -> None:
-        while not self.stopping:
-            shard = await self._call("next_shard", self.worker_id)
-            if shard is None:
-                return
-            prompts = self.shard_prompts[shard]
-            if not isinstance(prompts, list):  # a Ray object ref
-                prompts = await prompts
-            done, next_part = await asyncio.to_thread(scan_shard, self._store(), shard)
-            self.writers[shard] = PartWriter(self._store(), shard, next_part)
-            todo = [p for p in prompts if p[0] not in done]
-            self.pending[shard] = len(todo)
-            for item in todo:
-                if self.stopping:
+    async def _run_shards(self) -> None:
+        self.journal = Journal(self._store())
+        self._slots = asyncio.Semaphore(self.concurrency)
+        async with asyncio.TaskGroup() as tg:
+            writer = tg.create_task(self.journal.run())
+            reporter = tg.create_task(self.budget.report_forever())
+            finishing = []
+            while not self.stopping:
+                shard = await self._call("next_shard", self.worker_id)
+                if shard is None:
                     break
-                await queue.put((shard, item))
-            self.fed.add(shard)
-            if not todo:
-                await self._shard_finished(shard)
+                run = await self._start_shard(shard)
+                finishing.append(tg.create_task(self._finish_shard(run)))
+                await self._feed(tg, run)
+            await asyncio.gather(*finishing)  # every record durable, every shard compacted
+            writer.cancel()
+            self.budget.close()
+            await reporter
+        self.persisted = self.journal.durable
 
-    async def _consume(self, queue: asyncio.Queue) -> None:
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            shard, (sid, prompt) = item
+    async def _start_shard(self, shard: int) -> _ShardRun:
+        state = await asyncio.to_thread(scan_shard, self._store(), shard)
+        return _ShardRun(shard, state, todo=0)
+
+    async def _feed(self, tg: asyncio.TaskGroup, run: _ShardRun) -> None:
+        """Start one task per prompt not yet persisted, each once a slot is free."""
+        prompts = self.shard_prompts[run.shard]
+        if not isinstance(prompts, list):  # a Ray object ref
+            prompts = await prompts
+        done = run.state.done
+        for sid, prompt in prompts:
             if self.stopping:
+                break
+            if sid in done:
                 continue
+            run.todo += 1
+            await self._slots.acquire()
+            run.open += 1
+            tg.create_task(self._request(run, sid, prompt))
+        run.fed = True
+        if run.open == 0:
+            run.drained.set()
+
+    async def _request(self, run: _ShardRun, sid: str, prompt: Prompt | BadRow) -> None:
+        """One prompt under its slot: the slot is freed only once the record is durable."""
+        answered = False
+        try:
             rec = await self.process(sid, prompt)
             if rec is not None:
-                self.writers[shard].add(rec)
-                self.pending[shard] -= 1
-                if len(self.writers[shard].buffer) >= self.spec.generation.part_records:
-                    await self._write(self.writers[shard])
-                if self.pending[shard] == 0 and shard in self.fed:
-                    await self._shard_finished(shard)
+                await self.journal.commit(run.shard, rec)
+                answered = True
+        finally:
+            run.settle_one(answered)
+            self._slots.release()
 
-    async def _shard_finished(self, shard: int) -> None:
-        await self._write(self.writers[shard])
-        await self._call("shard_done", shard)
+    async def _finish_shard(self, run: _ShardRun) -> None:
+        """Once the shard's requests are durable: compact its journal into parts; report it done
+        when every prompt got a record (a stopped run leaves it for the resume)."""
+        await run.drained.wait()
+        await asyncio.to_thread(compact_shard, self._store(), run.shard, run.state,
+                                self.spec.generation.part_records)
+        if run.answered == run.todo:
+            await self._call("shard_done", run.shard)
 
-    async def _write(self, writer: PartWriter) -> None:
-        taken = writer.take()
-        if taken is not None:
-            key, recs = taken
-            # compress and write off the event loop: answers keep flowing meanwhile
-            await asyncio.to_thread(lambda: writer.store.put(key, records.encode_part(recs)))
-            self.persisted += len(recs)
-
-    async def _flush(self, force: bool = False) -> None:
-        horizon = time.monotonic() - self.spec.generation.flush_seconds
-        for w in list(self.writers.values()):
-            if w.buffer and (force or w.oldest <= horizon):
-                await self._write(w)
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await asyncio.sleep(max(0.05, self.spec.generation.flush_seconds / 4))
-            await self._flush()
-
+    # -- the per-request path ------------------------------------------------------------------
     def _base_record(self, sid: str, prompt: Prompt | BadRow) -> records.Record:
         return {"sample_id": sid, "source": prompt.source, "row": prompt.row, "attempt": self.attempt,
                 "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0", "attempts": 0,
@@ -244,57 +252,76 @@ class ShardWorker:
     async def process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
         """One prompt -> one record, or None when the run stopped before it was sent."""
         rec = self._base_record(sid, prompt)
-        if isinstance(prompt, BadRow):
-            rec.update(status="rejected", request=None, error={"type": "bad_row", "message": prompt.reason})
-            self._stop_if(await self._call("finish", None, None, False, Observation("rejected")))
-            return rec
-        prepared = declarations.prepare_prompt(prompt, self.mode)
-        if isinstance(prepared, declarations.Rejected):
-            rec.update(status="rejected", request=None,
-                       error={"type": "bad_declaration", "message": prepared.reason})
-            self._stop_if(await self._call("finish", None, None, False, Observation("rejected")))
+        prepared = _prepare(prompt, self.mode)
+        if not isinstance(prepared, declarations.Prepared):
+            kind, reason = prepared
+            rec.update(status="rejected", request=None, error={"type": kind, "message": reason})
+            self.budget.observe(Observation("rejected"))
             return rec
         body = build_body(self.spec, prepared.messages, prepared.tools)
         rec["request"] = body
         est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools,
                                      self._count_tokens())
+        rid, amount = await self._reserve(est)
+        if rid is None:
+            return None
+        sent = await self._send(body, est, rid)
+        if sent is None:
+            return None
+        if isinstance(sent, RequestFailed):
+            cost, obs = self._record_failure(rec, sent)
+            if cost is None:
+                self.budget.release(rid, obs)
+            else:
+                self.budget.settle(rid, cost, obs)
+            return rec
+        cost, obs = self._record_answer(rec, prepared, sent, amount)
+        self.budget.settle(rid, cost, obs)
+        return rec
+
+    async def _reserve(self, est: int) -> tuple[int | None, Decimal]:
+        """Reserve the request's worst case; (None, 0) when the run stops instead."""
         try:
             amount = worst_case(self.pricing, est, self.max_out)
         except UnpriceableRequest as e:
-            await self._call("stop", Outcome.FAILED, str(e))
-            self.stopping = True
-            return None
-        rid = await self._call("reserve", self.worker_id, amount)
-        if rid is None:
-            self.stopping = True
-            return None
+            await self.budget.stop(Outcome.FAILED, str(e))
+            return None, Decimal(0)
+        return await self.budget.reserve(amount), amount
+
+    async def _send(self, body: dict, est: int, rid: int) -> Completion | RequestFailed | None:
+        """The answer, a per-sample failure, or None when the provider's error stops the run."""
         try:
-            done = await self.client.complete(body, est_tokens=est)
-        except InsufficientCredits as e:  # out of credits, a spent key or budget: the run stops
-            await self._call("finish", rid, None, False, Observation("failed", error_kind="insufficient-credits"))
-            await self._call("stop", Outcome.INSUFFICIENT_CREDITS, str(e))
-            self.stopping = True
-            return None
-        except AuthError as e:
-            await self._call("finish", rid, None, False, Observation("failed", error_kind="auth"))
-            await self._call("stop", Outcome.FAILED, str(e))
-            self.stopping = True
-            return None
+            return await self.client.complete(body, est_tokens=est)
         except RequestFailed as e:  # this sample fails (retries spent, a refusal, a 4xx); the run goes on
-            # usage reported with the failure (a refusal mid-stream) means it may have been billed
-            cost = actual_cost(self.pricing, e.usage, reported_cost(e.usage)) if e.usage else None
-            error: dict[str, Any] = {"type": e.kind, "message": str(e)}
-            if e.details:
-                error["details"] = e.details
-            rec.update(status="failed", attempts=e.attempts, error=error, usage=e.usage,
-                       costUSD=usd(cost) if cost is not None else "0")
-            used = e.usage or {}
-            obs = Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind,
-                              input_tokens=int(used.get("prompt_tokens") or 0),
-                              output_tokens=int(used.get("completion_tokens") or 0))
-            self._stop_if(await self._call("finish", rid, cost, cost is not None, obs))
-            return rec
-        cost = actual_cost(self.pricing, done.usage, done.cost)  # None: settled at the reservation
+            return e
+        except InsufficientCredits as e:  # out of credits, a spent key or budget: the run stops
+            kind, outcome, message = "insufficient-credits", Outcome.INSUFFICIENT_CREDITS, str(e)
+        except AuthError as e:
+            kind, outcome, message = "auth", Outcome.FAILED, str(e)
+        self.budget.release(rid, Observation("failed", error_kind=kind))
+        await self.budget.stop(outcome, message)
+        return None
+
+    def _record_failure(self, rec: records.Record, e: RequestFailed) -> tuple[Decimal | None, Observation]:
+        """Fill the record of a failed sample; what it cost (None: nothing billed) and what the
+        coordinator learns from it. Usage reported with the failure (a refusal mid-stream) means it
+        may have been billed."""
+        cost = actual_cost(self.pricing, e.usage, reported_cost(e.usage)) if e.usage else None
+        error: dict[str, Any] = {"type": e.kind, "message": str(e)}
+        if e.details:
+            error["details"] = e.details
+        rec.update(status="failed", attempts=e.attempts, error=error, usage=e.usage,
+                   costUSD=usd(cost) if cost is not None else "0")
+        used = e.usage or {}
+        return cost, Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind,
+                                 input_tokens=int(used.get("prompt_tokens") or 0),
+                                 output_tokens=int(used.get("completion_tokens") or 0))
+
+    def _record_answer(self, rec: records.Record, prepared: declarations.Prepared, done: Completion,
+                       amount: Decimal) -> tuple[Decimal | None, Observation]:
+        """Fill the record of an answer; its actual cost (None: settled at the reservation) and
+        what the coordinator learns from it."""
+        cost = actual_cost(self.pricing, done.usage, done.cost)
         check = checks.check_response(prepared, done.response)
         verdict = checks.policy(check, self.spec.tools.on_invalid_call)
         usage = done.usage or {}
@@ -304,9 +331,21 @@ class ShardWorker:
         obs = Observation("ok", policy=verdict, input_tokens=int(usage.get("prompt_tokens") or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),
                           retries=done.attempts - 1, check=check)
-        self._stop_if(await self._call("finish", rid, cost, True, obs))
-        return rec
+        return cost, obs
 
-    def _stop_if(self, stop: bool) -> None:
-        if stop:
-            self.stopping = True
+
+def _prepare(prompt: Prompt | BadRow, mode: str) -> declarations.Prepared | tuple[str, str]:
+    """The prompt with its tools declared for `mode`, or (error type, reason) of a rejected one."""
+    if isinstance(prompt, BadRow):
+        return "bad_row", prompt.reason
+    prepared = declarations.prepare_prompt(prompt, mode)
+    if isinstance(prepared, declarations.Rejected):
+        return "bad_declaration", prepared.reason
+    return prepared
+
+
+def _first_cause(e: BaseException) -> BaseException:
+    """The first leaf of an ExceptionGroup (the TaskGroup's), else the exception itself."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e

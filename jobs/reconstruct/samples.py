@@ -265,7 +265,7 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
         results = _packed_results
     else:
         results = _shard_results
-    for shard in sorted({s for s, _p, _k in records.list_parts(store)}):
+    for shard in records.list_shards(store):
         _write_shard(store, shard, results(rebuild, store, shard, summary), summary)
     for stale in set(store.list(layout.SAMPLES)) - set(summary.files):
         store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists

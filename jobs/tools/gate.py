@@ -104,6 +104,10 @@ class ToolGate:
         self.stopped = self._judge()
         return self.stopped
 
+    def canary_left(self) -> int:
+        """Answers this attempt still needs before the gate first judges (0 once it has)."""
+        return max(0, self.size - len(self._recent))
+
     def observe_check(self, check: ResponseCheck) -> DriftStop | None:
         """`observe` from a ResponseCheck, also counting calls per tool name."""
         self._count_tools(check)

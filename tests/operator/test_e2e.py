@@ -44,7 +44,7 @@ def gen_spec(prompts: Path, s3: Any, bucket: str, base_url: str, max_usd: str = 
                 "sampling": {"maxTokens": 256}},
         "tools": {"gate": {"enabled": False}},
         "budget": {"maxUSD": max_usd, "pricing": PRICING},
-        "generation": {"shards": 2, "flushSeconds": 0.2, "ray": {"mode": "RayJob", "image": "eyrie-ray:test",
+        "generation": {"shards": 2, "ray": {"mode": "RayJob", "image": "eyrie-ray:test",
                                                                   "workers": 2}},
         "output": {"uri": f"{bucket}/run", "endpoint": s3.endpoint, "credentialsSecretRef": {"name": "s3"}},
     }
@@ -203,8 +203,8 @@ def file_spec(out: Path, **extra: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "sources": [{"name": "p", "uri": "file:///prompts.jsonl"}],
         "target": {"model": "test/model", "tokenizer": "bundled:deepseek-v4"},
-        "api": {"baseUrl": "simulated", "apiKeySecretRef": {"name": "provider", "key": "api-key"}},
-        "budget": {"maxUSD": "5"},
+        "api": {"baseUrl": "https://openrouter.ai/api/v1", "apiKeySecretRef": {"name": "provider", "key": "api-key"}},
+        "budget": {"maxUSD": "5", "pricing": {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}},
         "generation": {"ray": {"mode": "RayJob", "image": "eyrie-ray:test"}},
         "output": {"uri": f"file://{out}"},
     }

@@ -30,8 +30,9 @@ def spec_doc(**over: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "sources": [{"name": "s", "uri": "s3://prompts/s.jsonl"}],
         "target": {"model": "m", "tokenizer": "t"},
-        "api": {"baseUrl": "simulated", "apiKeySecretRef": {"name": "openrouter", "key": "api-key"}},
-        "budget": {"maxUSD": "10"},
+        "api": {"baseUrl": "https://openrouter.ai/api/v1",
+                "apiKeySecretRef": {"name": "openrouter", "key": "api-key"}},
+        "budget": {"maxUSD": "10", "pricing": {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}},
         "generation": {
             "shards": 4,
             "ray": {

@@ -1,0 +1,132 @@
+"""Durable before release: a worker's answers reach the store in group commits, before their slots
+are freed, and are compacted into the shard's parts when the shard ends.
+
+The invariant (DESIGN §3; tests/test_durability.py checks it at every write): at every moment,
+
+    answers paid but not durable  <=  requests holding a slot  <=  maxConcurrency.
+
+A worker takes one of its slots before it reserves budget for a request and gives it back only once
+`Journal.commit` has returned for that request's record, and `commit` returns only once the object
+holding the record is in the store (atomically: rename or a single PUT). A kill -9 at any moment
+therefore loses at most the answers whose slots were still held, and a rerun pays again for at most
+the requests that were in flight.
+
+Group commit: records that arrive while a write is under way wait for the next write and share it
+(one journal object per shard per write, however many records). Under load a write carries about as
+many records as arrived during the previous one, so writes per answer fall as the rate rises, and
+no timer holds a paid answer in memory.
+
+When a shard ends, `compact_shard` rewrites its journal objects as the final parts
+(`generations/shard-NNNNN/part-NNNNN.jsonl.gz`, `generation.partRecords` records each) and then
+deletes them. Killed between the two, the store holds some records twice; `records.iter_records`
+reads each sample once (parts first) and the next compaction skips what a part already holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.store import Store
+
+
+class Journal:
+    """One worker's group committer; `run` is its writer loop (a task in the worker's TaskGroup)."""
+
+    def __init__(self, store: Store, writer: str | None = None):
+        self.store = store
+        self.writer = writer or secrets.token_hex(4)  # names this worker instance's objects
+        self._seq = 0
+        self._pending: dict[int, list[tuple[records.Record, asyncio.Future[None]]]] = {}
+        self._wake = asyncio.Event()
+        self.writes = 0  # journal objects written
+        self.durable = 0  # records made durable
+
+    async def commit(self, shard: int, rec: records.Record) -> None:
+        """Return once `rec` is durable in the store."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(shard, []).append((rec, done))
+        self._wake.set()
+        await done
+
+    async def run(self) -> None:
+        """Write whatever is pending, one object per shard, until cancelled. A failed write fails
+        (cancels) every commit waiting on it and raises, which stops the worker's TaskGroup."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, {}
+            try:
+                # compress and write off the event loop: answers keep arriving meanwhile
+                await asyncio.to_thread(self._write, {s: [r for r, _ in items] for s, items in batch.items()})
+            except BaseException:
+                for items in batch.values():
+                    for _, f in items:
+                        f.cancel("the journal write failed")
+                raise
+            for items in batch.values():
+                for _, f in items:
+                    if not f.done():
+                        f.set_result(None)
+
+    def _write(self, batch: dict[int, list[records.Record]]) -> None:
+        for shard, recs in batch.items():
+            key = layout.journal_key(shard, self.writer, self._seq)
+            self._seq += 1
+            self.store.put(key, records.encode_part(recs))
+            self.writes += 1
+            self.durable += len(recs)
+
+
+@dataclass
+class ShardState:
+    """What the store holds for a shard when a worker takes it."""
+
+    in_parts: set[str] = field(default_factory=set)  # ids in compacted parts
+    in_journal: set[str] = field(default_factory=set)  # ids only in journal objects
+    next_part: int = 0
+
+    @property
+    def done(self) -> set[str]:
+        return self.in_parts | self.in_journal
+
+
+def scan_shard(store: Store, shard: int) -> ShardState:
+    """The ids a shard already holds (to skip them) and the number of its next part."""
+    state = ShardState()
+    for _s, part, key in records.list_parts(store, shard):
+        state.next_part = max(state.next_part, part + 1)
+        state.in_parts.update(r["sample_id"] for r in records.decode_part(store.get(key)))
+    for key in records.list_journal(store, shard):
+        state.in_journal.update(r["sample_id"] for r in records.decode_part(store.get(key)))
+    state.in_journal -= state.in_parts
+    return state
+
+
+def compact_shard(store: Store, shard: int, state: ShardState, part_records: int) -> int:
+    """Rewrite the shard's journal objects as parts (records a part already holds are skipped),
+    then delete them; streams, holding at most `part_records` records. Returns records moved."""
+    journal = records.list_journal(store, shard)
+    moved, buf = 0, []
+    for key in journal:
+        for rec in records.decode_part(store.get(key)):
+            if rec["sample_id"] in state.in_parts:
+                continue
+            buf.append(rec)
+            if len(buf) == part_records:
+                moved += _put_part(store, shard, state, buf)
+                buf = []
+    if buf:
+        moved += _put_part(store, shard, state, buf)
+    for key in journal:
+        store.delete(key)
+    return moved
+
+
+def _put_part(store: Store, shard: int, state: ShardState, recs: list[records.Record]) -> int:
+    store.put(layout.part_key(shard, state.next_part), records.encode_part(recs))
+    state.next_part += 1
+    state.in_parts.update(r["sample_id"] for r in recs)
+    return len(recs)

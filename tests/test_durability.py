@@ -1,0 +1,164 @@
+"""Durable before release (jobs/generate/journal.py): at every moment, answers paid but not durable
+<= maxConcurrency; readers see a store left in any state once per sample; and any failing task
+stops the worker with outcome Failed instead of a hang.
+
+Real HTTP to the simulator, the inline driver, a real file store wrapped to watch every write.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fault_helpers import API_KEY, assert_exactly_once, simple_rows, spec_doc, write_rows, write_spec
+
+from eyrie.jobs.api import ChatClient
+from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.generate.coordinator import RunCoordinator
+from eyrie.jobs.generate.driver import GenerationResult, run_generation
+from eyrie.jobs.generate.journal import ShardState, compact_shard, scan_shard
+from eyrie.jobs.pipeline import provider
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.spec import load_spec
+from eyrie.jobs.store import FileStore, StoreError
+
+CONCURRENCY = 6
+
+
+class WatchedStore(FileStore):
+    """A file store that counts the records made durable by journal writes."""
+
+    def __init__(self, root: Path, fail_after: int | None = None):
+        super().__init__(root)
+        self.durable = 0
+        self.journal_writes = 0
+        self.fail_after = fail_after
+        self.lock = threading.Lock()
+
+    def put(self, key: str, data: bytes) -> None:
+        if layout.parse_journal_key(key):
+            if self.fail_after is not None and self.journal_writes >= self.fail_after:
+                raise StoreError(f"cannot write {self.url(key)}: disk full (injected)")
+            super().put(key, data)
+            with self.lock:
+                self.journal_writes += 1
+                self.durable += len(records.decode_part(data))
+            return
+        super().put(key, data)
+
+
+def run(tmp_path: Path, store: FileStore, n: int, monkeypatch: pytest.MonkeyPatch, *, latency_ms: int = 30,
+        workers: int = 2) -> GenerationResult:
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(n))
+    with SimulatorProcess(SimulatorConfig(latency_ms=latency_ms)) as sim:
+        spec = write_spec(tmp_path, spec_doc(prompts, store.uri, sim.base_url, workers=workers, shards=4,
+                                             concurrency=CONCURRENCY))
+        monkeypatch.setenv("EYRIE_API_KEY", API_KEY)
+        dg = load_spec(spec)
+        with provider(dg.spec) as base_url:
+            result: list[GenerationResult] = []
+            t = threading.Thread(target=lambda: result.append(run_generation(
+                dg, store, RunContext(attempt=f"d-{time.time_ns()}", api_key=API_KEY), base_url, inline=True)))
+            t.start()
+            t.join(timeout=120)
+            assert not t.is_alive(), "the run hangs"
+    assert result, "the run raised instead of ending with an outcome"
+    return result[0]
+
+
+def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatch):
+    store = WatchedStore(tmp_path / "out")
+    paid, gaps = [0], []
+    original = ChatClient.complete
+
+    async def counted(self, body, **kw):
+        done = await original(self, body, **kw)
+        with store.lock:  # the answer is paid once it is back; is it durable before its slot frees?
+            paid[0] += 1
+            gaps.append(paid[0] - store.durable)
+        return done
+
+    monkeypatch.setattr(ChatClient, "complete", counted)
+    result = run(tmp_path, store, 120, monkeypatch)
+    assert result.outcome == "Done", result.message
+    assert paid[0] == store.durable == 120
+    assert max(gaps) <= CONCURRENCY
+    assert max(gaps) > 1  # answers were really in flight together
+    # group commit: answers that arrive together share a write
+    assert store.journal_writes < 120
+    # the shard ended: its journal was compacted into parts, and nothing else is left
+    keys = store.list(layout.GENERATIONS)
+    assert keys and all(layout.parse_part_key(k) for k in keys)
+    assert_exactly_once(list(records.iter_records(store)), range(120))
+
+
+def test_a_failing_store_write_stops_the_worker_with_outcome_failed(tmp_path, monkeypatch):
+    store = WatchedStore(tmp_path / "out", fail_after=3)
+    result = run(tmp_path, store, 60, monkeypatch, workers=1)
+    assert result.outcome == "Failed"
+    assert "StoreError" in result.message and "disk full (injected)" in result.message
+    assert result.message.startswith("worker w0 stopped")
+    # what was made durable before the failure stays readable
+    assert len(list(records.iter_records(store))) == store.durable > 0
+
+
+def test_a_failing_coordinator_call_stops_the_run_instead_of_hanging(tmp_path, monkeypatch):
+    def broken(self, shard):
+        raise RuntimeError("the coordinator lost its state")
+
+    monkeypatch.setattr(RunCoordinator, "shard_done", broken)
+    result = run(tmp_path, FileStore(tmp_path / "out"), 20, monkeypatch, workers=1, latency_ms=5)
+    assert result.outcome == "Failed"
+    assert "RuntimeError: the coordinator lost its state" in result.message
+
+
+def record(sid: str) -> records.Record:
+    return {"sample_id": sid, "source": "p", "row": int(sid[1:]), "status": "ok"}
+
+
+def test_readers_see_each_sample_once_in_any_state_a_kill_leaves(tmp_path):
+    store = FileStore(tmp_path / "out")
+    # shard 0: journal only (killed mid-shard)
+    store.put(layout.journal_key(0, "0000000a", 0), records.encode_part([record("r0"), record("r1")]))
+    store.put(layout.journal_key(0, "0000000a", 1), records.encode_part([record("r2")]))
+    # shard 1: killed mid-compaction: a part holds r3, the journal still holds r3 and r4
+    store.put(layout.part_key(1, 0), records.encode_part([record("r3")]))
+    store.put(layout.journal_key(1, "0000000b", 0), records.encode_part([record("r3"), record("r4")]))
+    assert records.list_shards(store) == [0, 1]
+    assert sorted(r["sample_id"] for r in records.iter_records(store)) == ["r0", "r1", "r2", "r3", "r4"]
+    assert [r["sample_id"] for r in records.iter_records(store, 1)] == ["r3", "r4"]
+    # the resume's scan skips all of them; the compaction finishes the interrupted one exactly once
+    state = scan_shard(store, 1)
+    assert state.done == {"r3", "r4"} and state.next_part == 1
+    assert compact_shard(store, 1, state, part_records=1) == 1
+    assert store.list(layout.journal_prefix(1)) == []
+    assert [r["sample_id"] for r in records.iter_records(store, 1)] == ["r3", "r4"]
+    assert [p for _s, p, _k in records.list_parts(store, 1)] == [0, 1]
+    assert compact_shard(store, 0, ShardState(), part_records=2) == 3
+    assert [len(records.decode_part(store.get(k))) for _s, _p, k in records.list_parts(store, 0)] == [2, 1]
+
+
+def test_a_reader_beside_a_running_compaction_still_sees_each_sample_once(tmp_path):
+    class CompactingUnderfoot(FileStore):
+        """The shard is compacted between the reader's listing and its first journal read."""
+
+        compacted = False
+
+        def get(self, key: str) -> bytes:
+            if layout.parse_journal_key(key) and not self.compacted:
+                self.compacted = True
+                compact_shard(self, 0, scan_shard(self, 0), part_records=2)
+            return super().get(key)
+
+    store = CompactingUnderfoot(tmp_path / "out")
+    store.put(layout.part_key(0, 0), records.encode_part([record("r0")]))
+    for seq in range(3):
+        store.put(layout.journal_key(0, "0000000c", seq), records.encode_part([record(f"r{seq + 1}")]))
+    assert sorted(r["sample_id"] for r in records.iter_records(store)) == ["r0", "r1", "r2", "r3"]
+    assert store.compacted and store.list(layout.journal_prefix(0)) == []
