@@ -48,3 +48,18 @@ def test_quickstart_runs_end_to_end(tmp_path):
     scored = [r for f in sorted((out / "fidelity").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert {r["sample_id"] for r in scored} == {r["sample_id"] for r in rows}
     assert "fidelity: the answers scored by the target model" in r.stderr and "eyrie-simulator" in r.stderr
+    # the run ends with where its report is, and the report is a page every browser opens offline
+    report = out / "report.html"
+    assert f"report: file://{report}" in r.stderr and "tool semantics" in r.stderr
+    series = [json.loads(line) for line in (out / "timeseries.jsonl").read_text().splitlines()]
+    assert len(series) >= 2 and series[-1]["spentUSD"] == progress["spentUSD"]
+    assert series[-1]["done"] == done and [p["t"] for p in series] == sorted(p["t"] for p in series)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_report import check_page
+
+    from eyrie.jobs.report import collect
+    from eyrie.jobs.report.html import figures
+
+    titles = [t for _s, t, _f in figures(collect(open_store(f"file://{out}")))]
+    assert {"spend over time against the budget", "per source", "per tool"} <= set(titles)
+    check_page(report, titles, "report-quickstart.png")

@@ -13,7 +13,7 @@ import pytest
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.reconstruct.formats import resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Reconstructor
-from eyrie.jobs.reconstruct.samples import SCHEMA, build_samples
+from eyrie.jobs.reconstruct.samples import GAP_CLIP, SCHEMA, _distribution, build_samples
 from eyrie.jobs.reconstruct.tokenizers import clear_cache, load_tokenizer
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import FileStore
@@ -84,9 +84,10 @@ def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, 
     assert got["responseTokens"] == sum(s.n_tokens - s.n_prompt for s in expected.values())
     # r1: "Think." </think> "Hello" <|im_end|> = 13 tokens, exactly what usage said
     assert got["completionTokenGap"] == {"count": 1, "exact": 1, "mean": 0.0, "min": 0, "p50": 0, "p90": 0,
-                                         "p99": 0, "max": 0}
+                                         "p99": 0, "max": 0, "histogram": {"0": 1}}
     assert got["largeCompletionGaps"] == 0
     assert got["promptTokenGap"]["count"] == 1 and got["promptTokenGap"]["min"] == expected["r1"].n_prompt - 40
+    assert got["promptTokenGap"]["histogram"] == {str(max(-GAP_CLIP, min(GAP_CLIP, expected["r1"].n_prompt - 40))): 1}
     assert [(x["sampleId"], x["reason"]) for x in got["excludedExamples"]] == [
         ("r2", "status_failed"), ("r3", "policy_drop"), ("r1", "duplicate"), ("r7", "template_error")]
     assert got["files"] == [layout.samples_key(0), layout.samples_key(2)]
@@ -188,3 +189,8 @@ def test_segments_of_a_vocabulary_whose_tokens_do_not_add_up_to_the_text():
     by_bytes = token_starts(text, [t.encode() for t in toks], decode, ids, (11, 16))
     by_decode = token_starts(text, [b"?"] * len(toks), decode, ids, (11, 16))
     assert by_bytes == by_decode == [3, 5]
+def test_gap_histogram_is_bounded_and_counts_every_sample() -> None:
+    values = [0, 0, 3, -2, 10_000, -10_000, 5]
+    hist = _distribution(values)["histogram"]
+    assert sum(hist.values()) == len(values)
+    assert hist == {str(-GAP_CLIP): 1, "-2": 1, "0": 2, "3": 1, "5": 1, str(GAP_CLIP): 1}

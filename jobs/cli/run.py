@@ -13,11 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
-from eyrie.jobs.contract.manifest import read_json
 from eyrie.jobs.contract.progress import Outcome, read_progress
 from eyrie.jobs.pipeline import UNTIL, provider, run_stages
 from eyrie.jobs.spec import load_spec
-from eyrie.jobs.store import open_output
+from eyrie.jobs.store import Store, open_output
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
               Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6}
@@ -86,40 +85,20 @@ def run_main(argv: list[str]) -> int:
           f"of ${prog.get('maxUSD')}  output {store.uri}", file=sys.stderr)
     if message:
         print(f"why: {message}", file=sys.stderr)
-    manifest = read_json(store, layout.MANIFEST) if outcome == Outcome.DONE else None
-    if manifest and manifest.get("fidelity"):
-        print_fidelity(manifest["fidelity"])
+    if prog:
+        _report(store)
     return EXIT_CODES.get(outcome, 1)
 
 
-def _num(x: Any, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+def _report(store: Store) -> None:
+    """The one-screen summary, and the full report written beside the manifest."""
+    from eyrie.jobs.report import collect, publish
+    from eyrie.jobs.report.terminal import print_report
 
-
-def print_fidelity(fid: dict[str, Any]) -> None:
-    """The manifest's fidelity per provider and source: target-model scores beside tool and gap figures."""
-    from rich.table import Table
-
-    floor = fid.get("minTop1Agreement")
-    table = Table(title="fidelity: the answers scored by the target model"
-                        + (f" (floor {floor}, on low: {fid.get('onLow')})" if floor is not None else ""))
-    for col in ("answers of", "samples", "top-1", "mean NLL", "low", "tool calls", "invalid", "leaks",
-                "prompt gap", "completion gap"):
-        table.add_column(col, justify="left" if col == "answers of" else "right")
-
-    def row(label: str, g: dict[str, Any]) -> None:
-        table.add_row(label, str(g.get("samples", 0)), _num(g.get("top1Agreement")), _num(g.get("meanNLL")),
-                      str(g.get("lowSamples", 0)), _num(g.get("toolCallRate")), _num(g.get("invalidCallRate")),
-                      _num(g.get("leakRate")), _num((g.get("promptTokenGap") or {}).get("mean"), 1),
-                      _num((g.get("completionTokenGap") or {}).get("mean"), 1))
-
-    row("all", fid.get("overall") or {})
-    for name, g in (fid.get("byProvider") or {}).items():
-        row(f"provider {name}" + (" (below floor)" if name in fid.get("belowFloor", ()) else ""), g)
-    for name, g in (fid.get("bySource") or {}).items():
-        row(f"source {name}", g)
-    # a log file gets the whole table, not one squeezed into 80 columns
-    (err if err.is_terminal else Console(stderr=True, width=160)).print(table)
+    data = collect(store)
+    print_report(data, err, full=False)
+    # plain print: a wrapped URL cannot be clicked or copied
+    print(f"report: {publish(store, data)}  (tables again: eyrie report {store.uri})", file=sys.stderr)
 
 
 def validate_main(argv: list[str]) -> int:
@@ -142,20 +121,9 @@ def crd_main(argv: list[str]) -> int:
 
 
 def print_table(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from eyrie.jobs.report.terminal import audit_table
 
-    m = doc["modes"]
-    table = Table(title=f"tools as text vs structured: {doc['samples']} prompts, model {doc['model']}")
-    table.add_column("metric")
-    for col in ("text", "structured", "difference"):
-        table.add_column(col, justify="right")
-    for key, label in (("callRate", "tool-call rate"), ("invalidRate", "invalid-call rate"),
-                       ("leakRate", "leak rate"), ("meanOutputTokens", "mean output tokens")):
-        table.add_row(label, str(m["text"][key]), str(m["structured"][key]), f"{m['difference'][key]:+}")
-    table.add_row("cost (USD)", m["text"]["costUSD"], m["structured"]["costUSD"], "")
-    table.add_row("failed requests", str(m["text"]["failed"]), str(m["structured"]["failed"]), "")
-    Console().print(table)
+    Console().print(audit_table(doc))
 
 
 def audit_main(argv: list[str]) -> int:

@@ -20,6 +20,9 @@ SAMPLES = "samples"
 HIDDEN = "hidden"
 FIDELITY = "fidelity"  # per-sample target-model scores of the answers, one Parquet per input shard
 SAMPLES_SUMMARY = "samples/summary.json"  # the reconstruction summary the manifest quotes
+TIMESERIES = "timeseries.jsonl"  # spend, requests and retries over time, rewritten with progress.json
+REPORT = "report.html"  # `eyrie report --html`, written by `eyrie run` when it ends
+FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parquet), when scored
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
 _JOURNAL_RE = re.compile(r"^generations/shard-(\d{5})/journal/([0-9a-f]{8})-(\d{8})\.jsonl\.gz$")

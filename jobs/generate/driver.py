@@ -19,7 +19,8 @@ from typing import Any
 
 from eyrie.jobs import sources
 from eyrie.jobs.context import RunContext
-from eyrie.jobs.contract.layout import shard_of
+from eyrie.jobs.contract import timeseries
+from eyrie.jobs.contract.layout import TIMESERIES, shard_of
 from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import RunCoordinator
@@ -146,22 +147,31 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         else:
             snapshot["outcome"] = Outcome.DONE
     monitor.on_progress(snapshot)
-    write_progress(store, snapshot, ctx.attempt, Stage.GENERATE, ctx.run_id)
+    monitor.write(snapshot)
     return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), snapshot)
 
 
 class _Monitor:
-    """Throttled progress.json writes plus the on_progress callback (the progress bar)."""
+    """Throttled progress.json writes plus the on_progress callback (the progress bar); each write
+    also adds a point to timeseries.jsonl (earlier attempts' points kept: the report plots them all)."""
 
     def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[dict], None]):
         self.store, self.ctx, self.on_progress = store, ctx, on_progress
         self.last = 0.0
+        self.series = timeseries.TimeSeries()
+        for p in timeseries.read_timeseries(store):
+            self.series.add(p)
 
     def tick(self, snap: dict) -> None:
         self.on_progress(snap)
         if time.monotonic() - self.last >= PROGRESS_EVERY_S:
-            write_progress(self.store, snap, self.ctx.attempt, Stage.GENERATE, self.ctx.run_id)
+            self.write(snap)
             self.last = time.monotonic()
+
+    def write(self, snap: dict) -> None:
+        write_progress(self.store, snap, self.ctx.attempt, Stage.GENERATE, self.ctx.run_id)
+        self.series.add(timeseries.point(snap, self.ctx.attempt))
+        self.store.put(TIMESERIES, timeseries.encode(self.series.points()))
 
 
 STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"

@@ -40,6 +40,7 @@ SCHEMA = pa.schema([
 ])
 EXAMPLES = 20  # excluded samples quoted in the summary (with their reason), the rest only counted
 ROW_GROUP = 256  # samples per parquet row group: what is held as Python lists at a time
+GAP_CLIP = 256  # gap histograms count |gap| > GAP_CLIP at +-GAP_CLIP: at most 513 bins whatever the run
 
 
 def _distribution(values: list[int]) -> dict[str, Any]:
@@ -50,8 +51,11 @@ def _distribution(values: list[int]) -> dict[str, Any]:
     def q(p: float) -> int:
         return s[min(len(s) - 1, round(p * (len(s) - 1)))]
 
+    hist = Counter(max(-GAP_CLIP, min(GAP_CLIP, v)) for v in s)
     return {"count": len(s), "exact": sum(v == 0 for v in s), "mean": round(statistics.fmean(s), 3),
-            "min": s[0], "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1]}
+            "min": s[0], "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": s[-1],
+            # gap -> samples, for the report's histograms (clipped at +-GAP_CLIP)
+            "histogram": {str(k): n for k, n in sorted(hist.items())}}
 
 
 @dataclass

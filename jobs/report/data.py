@@ -1,0 +1,204 @@
+"""What the report shows, read from a run's store: the documents the stages wrote, plus one pass
+over the generation records for what no document holds (tool semantics per source, provider and
+tool; prompt and completion token distributions).
+
+Reading is the only I/O; `Answers` aggregates in bounded memory (capped key sets, reservoir-sampled
+token counts), so a report over millions of records costs one streaming read of them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from eyrie.jobs.contract import layout, records, timeseries
+from eyrie.jobs.contract.extraction import summarize as summarize_extraction
+from eyrie.jobs.contract.manifest import read_json
+from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.store import Store
+from eyrie.jobs.tools.gate import OTHER_TOOLS, Tally
+
+MAX_KEYS = 100  # sources, providers or tool names shown one by one; the rest count as OTHER
+OTHER = "(other)"
+RESERVOIR = 20_000  # token counts (and fidelity scores) kept for histograms: exact below, uniform above
+
+
+@dataclass
+class Reservoir:
+    """A uniform sample of at most `size` values of a stream (Vitter's algorithm R), seeded so a
+    report of the same store is the same page."""
+
+    size: int = RESERVOIR
+    values: list[float] = field(default_factory=list)
+    seen: int = 0
+    _rng: random.Random = field(default_factory=lambda: random.Random(0), repr=False)
+
+    def add(self, v: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(v)
+            return
+        j = self._rng.randrange(self.seen)
+        if j < self.size:
+            self.values[j] = v
+
+
+def _bounded(d: dict[str, Any], key: str, factory: Any) -> Any:
+    """d[key], created with `factory`; past MAX_KEYS distinct keys, new ones share OTHER."""
+    if key not in d and len(d) >= MAX_KEYS:
+        key = OTHER
+    if key not in d:
+        d[key] = factory()
+    return d[key]
+
+
+@dataclass
+class Money:
+    usd: Decimal = Decimal(0)
+
+
+@dataclass
+class ToolCounts:
+    """One tool name: answers to prompts that declared it, those that called it, its calls."""
+
+    declared: int = 0
+    called: int = 0
+    calls: int = 0
+    invalid: int = 0
+
+    @property
+    def call_rate(self) -> float | None:
+        """None when no prompt declared it structurally (text-mode declarations are not parsed here)."""
+        return self.called / self.declared if self.declared else None
+
+    @property
+    def invalid_rate(self) -> float:
+        return self.invalid / self.calls if self.calls else 0.0
+
+
+@dataclass
+class Answers:
+    """Tool semantics and token counts of the persisted answers (one generation record each)."""
+
+    status: dict[str, int] = field(default_factory=dict)  # ok / failed / rejected
+    policy: dict[str, int] = field(default_factory=dict)  # keep / drop / flag of the answered ones
+    by_source: dict[str, Tally] = field(default_factory=dict)
+    by_provider: dict[str, Tally] = field(default_factory=dict)
+    by_tool: dict[str, ToolCounts] = field(default_factory=dict)
+    cost_by_provider: dict[str, Money] = field(default_factory=dict)
+    prompt_tokens: Reservoir = field(default_factory=Reservoir)
+    completion_tokens: Reservoir = field(default_factory=Reservoir)
+
+    def add(self, r: records.Record) -> None:
+        status = str(r.get("status", "?"))
+        self.status[status] = self.status.get(status, 0) + 1
+        if status != "ok":
+            return
+        resp = r.get("response") or {}
+        provider = str(resp.get("provider") or "(unknown)")
+        try:
+            cost = Decimal(str(r.get("costUSD", "0")))
+        except InvalidOperation:
+            cost = Decimal(0)
+        _bounded(self.cost_by_provider, provider, Money).usd += cost
+        pol = str(r.get("policy", "keep"))
+        self.policy[pol] = self.policy.get(pol, 0) + 1
+        usage = r.get("usage") or {}
+        for name, res in (("prompt_tokens", self.prompt_tokens), ("completion_tokens", self.completion_tokens)):
+            v = usage.get(name)
+            if isinstance(v, int) and not isinstance(v, bool):
+                res.add(v)
+        checks = r.get("checks")
+        if not checks:
+            return
+        calls = checks.get("calls") or []
+        entry = (bool(checks.get("declared")), bool(checks.get("called")), len(calls),
+                 int(checks.get("invalidCalls", 0)), bool(checks.get("leaked")))
+        _bounded(self.by_source, str(r.get("source", "")), Tally).add(*entry)
+        _bounded(self.by_provider, provider, Tally).add(*entry)
+        declared = {t.get("function", {}).get("name") for t in (r.get("request") or {}).get("tools") or []
+                    if isinstance(t, dict)}
+        called = set()
+        for c in calls:
+            name = c.get("name") or OTHER_TOOLS
+            t = _bounded(self.by_tool, name, ToolCounts)
+            t.calls += 1
+            t.invalid += not c.get("valid", False)
+            called.add(name)
+        for name in declared:
+            if isinstance(name, str):
+                t = _bounded(self.by_tool, name, ToolCounts)
+                t.declared += 1
+                t.called += name in called
+
+
+@dataclass
+class ReportData:
+    """Everything one report shows; a section whose data is None is left out."""
+
+    uri: str
+    progress: dict[str, Any] | None
+    manifest: dict[str, Any] | None
+    audit: dict[str, Any] | None
+    reconstruction: dict[str, Any] | None  # samples/summary.json
+    extraction: dict[str, Any] | None
+    series: list[dict[str, Any]]
+    answers: Answers
+    fidelity: dict[str, Any] | None  # the manifest's `fidelity` section
+    fidelity_scores: dict[str, Reservoir] | None  # per-sample columns of fidelity/*.parquet
+    agentic: dict[str, Any] | None
+
+    @property
+    def budget(self) -> Decimal | None:
+        v = (self.progress or {}).get("maxUSD")
+        return Decimal(str(v)) if v is not None else None
+
+    @property
+    def spent(self) -> Decimal:
+        src = self.progress or self.manifest or {}
+        return Decimal(str(src.get("spentUSD") or "0"))
+
+
+FIDELITY_COLUMNS = ("top1_agreement", "mean_nll")
+
+
+def _fidelity_scores(store: Store) -> dict[str, Reservoir] | None:
+    """Per-sample fidelity columns for the histograms (issue 15's fidelity/shard-*.parquet)."""
+    keys = [k for k in store.list(layout.FIDELITY) if k.endswith(".parquet")]
+    if not keys:
+        return None
+    import io
+
+    import pyarrow.parquet as pq
+
+    out = {c: Reservoir() for c in FIDELITY_COLUMNS}
+    for key in sorted(keys):
+        table = pq.read_table(io.BytesIO(store.get(key)))
+        for col in FIDELITY_COLUMNS:
+            if col in table.column_names:
+                for v in table.column(col).to_pylist():
+                    if v is not None:
+                        out[col].add(float(v))
+    return {c: r for c, r in out.items() if r.seen} or None
+
+
+def collect(store: Store) -> ReportData:
+    """Read what the run left in `store`; documents a run has not written yet are None."""
+    progress = read_progress(store)
+    manifest = read_json(store, layout.MANIFEST)
+    answers = Answers()
+    for r in records.iter_records(store):
+        answers.add(r)
+    extraction = (manifest or {}).get("extraction")
+    if extraction is None:
+        summary = summarize_extraction(store)
+        extraction = summary.to_manifest() if summary else None
+    return ReportData(
+        uri=store.uri, progress=progress, manifest=manifest, audit=read_json(store, layout.AUDIT),
+        reconstruction=read_json(store, layout.SAMPLES_SUMMARY), extraction=extraction,
+        series=timeseries.read_timeseries(store), answers=answers,
+        fidelity=(manifest or {}).get("fidelity"), fidelity_scores=_fidelity_scores(store),
+        agentic=(manifest or {}).get("agentic") or (progress or {}).get("agentic"),
+    )
