@@ -568,6 +568,9 @@ class DatasetGenerationStatus(Model):
     extraction: ExtractionStatus | None = None
     fidelity: FidelityStatus | None = None
     output_manifest: str | None = None
+    """Where the dataset manifest is, once written."""
+    output_report: str | None = None
+    """Where the run's report page is (`eyrie report` rebuilds it with later stages)."""
     attempt: str | None = None
     observed_generation: int | None = None
 

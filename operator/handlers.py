@@ -156,10 +156,11 @@ class OutputState:
     summaries: int
     extraction_bytes: int
     fidelity: dict[str, Any] | None = None
+    report_url: str | None = None
 
 
 def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
-    """progress.json, whether a complete manifest exists, and how many pods have finished."""
+    """progress.json, whether a complete manifest (and the report) exists, how many pods have finished."""
     try:
         prog = orjson.loads(store.get(layout.PROGRESS))
     except NotFound:
@@ -178,7 +179,8 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
     if spec.extraction.enabled and prog is not None and prog.get("outcome") == Outcome.DONE:
         n = children.extraction_count(spec)
         summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
-    return OutputState(prog, manifest_url, summaries, nbytes, fidelity)
+    report_url = store.url(layout.REPORT) if store.exists(layout.REPORT) else None
+    return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url)
 
 
 def _neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
@@ -232,7 +234,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         ext = _job_child(doc) if doc else None
 
     # progress after the children: what it says is at least as fresh as their status
-    prog = error = manifest = fidelity = None
+    prog = error = manifest = fidelity = report = None
     summaries = nbytes = 0
     output_checked = not (spec.output.credentials_secret_ref and creds is None)
     if output_checked:
@@ -243,7 +245,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             out = await asyncio.to_thread(_read_output, store, spec)
             prog = parse_progress(out.progress) if out.progress is not None else None
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
-            fidelity = out.fidelity
+            fidelity, report = out.fidelity, out.report_url
         except (StoreError, ProgressError, orjson.JSONDecodeError) as e:
             error = f"spec.output.uri: {e}"
     return Observation(
@@ -251,7 +253,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         spec=spec, status=status, now=now_rfc3339(), now_ts=time.time(),
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
-        manifest_uri=manifest, summaries_done=summaries, extraction_bytes=nbytes, fidelity=fidelity,
+        manifest_uri=manifest, report_uri=report, summaries_done=summaries, extraction_bytes=nbytes,
+        fidelity=fidelity,
         stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""))
 
 

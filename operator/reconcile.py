@@ -77,6 +77,7 @@ class Observation:
     progress_error: str | None = None
     output_checked: bool = True  # False while the S3 credentials Secret is missing
     manifest_uri: str | None = None  # set when <output>/manifest.json exists
+    report_uri: str | None = None  # set when <output>/report.html exists (`eyrie run` writes it as it ends)
     summaries_done: int = 0
     extraction_bytes: int = 0  # from the manifest once extraction is merged into it
     fidelity: dict[str, Any] | None = None  # the manifest's fidelity section, once it exists
@@ -217,6 +218,8 @@ class _Pass:
                "conditions": conditions.merge(self.prev, list(self.conds.values()))}
         if self.obs.manifest_uri:
             out["outputManifest"] = self.obs.manifest_uri
+        if self.obs.report_uri:
+            out["outputReport"] = self.obs.report_uri
         return out
 
 
@@ -409,8 +412,9 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
     p.cond(QUEUED, False, "NotQueued")
     if obs.manifest_uri:
         _not_suspended(p)
-        p.cond(SUCCEEDED, True, "ManifestWritten", f"dataset manifest at {obs.manifest_uri}")
-        p.actions.append(Event("Normal", "Succeeded", f"dataset manifest at {obs.manifest_uri}"))
+        where = f"dataset manifest at {obs.manifest_uri}" + (f", report at {obs.report_uri}" if obs.report_uri else "")
+        p.cond(SUCCEEDED, True, "ManifestWritten", where)
+        p.actions.append(Event("Normal", "Succeeded", where))
         p.actions.extend(fidelity_events(obs.fidelity))
         return "Succeeded"
     if not spec.extraction.enabled:

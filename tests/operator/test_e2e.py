@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from decimal import Decimal
@@ -320,6 +321,7 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     player.rayjob("kc-gen-1")
     wait_for("SecretsReady=True", lambda: condition(cluster, "kc", "SecretsReady")["status"] == "True")
     write_progress(out, "1", "Running", 7, "0.42")
+    (out / "report.html").write_text("<!DOCTYPE html><title>eyrie report</title>")  # as `eyrie run` ends
     wait_for("Canary", phase_is(cluster, "kc", "Canary"))
     table = [line.split() for line in kubectl(operator, "get", "dsg").splitlines()]
     assert table[0] == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "AGE"]
@@ -335,6 +337,7 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     events = described.split("\nEvents:", 1)[1]
     assert "Warning  BudgetExceeded" in events and "spent 0.42 USD of the 0.40 USD budget" in events
     assert "Reason:                BudgetExceeded" in described  # the Suspended condition
+    assert re.search(rf"Output Report:\s+file://{re.escape(str(out))}/report.html", described), described
     wait_for("attempt 1 stopped and deleted", lambda: cluster.get(RAYJOBS, NS, "kc-gen-1") is None)
 
     kubectl(operator, "patch", "dsg", "kc", "--type", "merge",

@@ -624,3 +624,15 @@ def test_the_run_id_reaches_the_job_and_comes_back_in_progress() -> None:
     head = body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert {"name": "EYRIE_RUN_ID", "value": "uid-7"} in head["env"]
     assert parse_progress({"attempt": "2", "outcome": "Done", "runId": "uid-7"}).run_id == "uid-7"
+
+
+def test_status_says_where_the_manifest_and_the_report_are() -> None:
+    o = obs(progress=prog("Done", stage="done"), manifest_uri="s3://out/run/manifest.json",
+            report_uri="s3://out/run/report.html")
+    d = reconcile(o)
+    assert d.status["outputManifest"] == "s3://out/run/manifest.json"
+    assert d.status["outputReport"] == "s3://out/run/report.html"
+    succeeded = next(c for c in d.status["conditions"] if c["type"] == "Succeeded")
+    assert "report at s3://out/run/report.html" in succeeded["message"]
+    # a run still generating has no report yet: no field rather than an empty one
+    assert "outputReport" not in reconcile(obs(progress=prog("Running"))).status
