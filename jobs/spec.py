@@ -402,8 +402,10 @@ class ExtractionSpec(Model):
     model: str | None = Field(default=None, description="Model to run; defaults to target.tokenizer.")
     image: str | None = None
     """Extractor image (SGLang + eyrie) for the extraction Job."""
-    layers: Literal["auto"] | list[int] = Field(
-        default="auto", description="auto = the family's EAGLE-3 convention, or explicit layer ids."
+    layers: Literal["auto"] | list[int] | str = Field(
+        default="auto", description="auto = the family's EAGLE-3 convention; explicit layer ids (HF "
+        "output_hidden_states indices); or specforge:<path or s3:// URI of a SpecForge draft config json>, "
+        "whose eagle_aux_hidden_state_layer_ids (+1) are captured, so the data matches what SpecForge serves."
     )
     dtype: Literal["bfloat16", "float16", "float32", "float8"] = "bfloat16"
     """Storage dtype; float8 stores e4m3 with a per-token scale."""
@@ -423,6 +425,14 @@ class ExtractionSpec(Model):
     """Allow the model's remote code when loading it."""
     fidelity: FidelitySpec = Field(default_factory=FidelitySpec)
     """Scores of the answers under the target model (DESIGN §7): the API's behaviour against native."""
+
+    @field_validator("layers")
+    @classmethod
+    def _layers(cls, v: Any) -> Any:
+        if isinstance(v, str) and v != "auto" and not (v.startswith("specforge:") and len(v) > len("specforge:")):
+            raise ValueError("must be auto, a list of layer ids, or specforge:<path or s3:// URI of a SpecForge "
+                             "draft config json>")
+        return v
 
 
 class CredentialsRef(Model):
@@ -666,4 +676,9 @@ def load_spec(path: str | Path) -> DatasetGeneration:
     for src in dg.spec.sources:
         if "://" not in src.uri and not Path(src.uri).is_absolute():
             src.uri = str((p.parent / src.uri).resolve())
+    ex = dg.spec.extraction
+    if isinstance(ex.layers, str) and ex.layers.startswith("specforge:"):
+        ref = ex.layers.removeprefix("specforge:")
+        if "://" not in ref and not Path(ref).is_absolute():
+            ex.layers = f"specforge:{(p.parent / ref).resolve()}"
     return dg

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -402,28 +403,170 @@ def test_read_sample_from_s3(s3_bucket, tiny, ref_model, backend):
         read_sample(out, "missing-id")
 
 
-def test_specforge_export_loads_with_torch_load(tmp_path, tiny, backend):
-    from eyrie.jobs.extract.specforge import export_specforge
+def specforge_load(folder: Path) -> list[dict[str, torch.Tensor]]:
+    """What SpecForge's offline reader does: every `.ckpt` under the folder (os.walk, sorted), each
+    `torch.load(path, weights_only=False, mmap=True)` (specforge/data/preprocessing.py)."""
+    paths = sorted(os.path.join(root, f) for root, _d, files in os.walk(folder) for f in files if f.endswith(".ckpt"))
+    return [torch.load(p, weights_only=False, mmap=True) for p in paths]
 
-    out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, dtype="float32", shardBytes=1 << 16)
-    n = export_specforge(store, tmp_path / "sf")
-    assert n == 11
+
+def specforge_process(data: dict[str, torch.Tensor], max_len: int) -> dict[str, torch.Tensor]:
+    """`OfflineEagle3Dataset.process_data`: what a training step receives."""
+    loss_mask = data["loss_mask"][:max_len][None, :]
+    loss_mask[0, -1] = 0
+    return {"hidden_state": data["aux_hidden_state"].squeeze(0)[:max_len][None, :],
+            "target": data["hidden_state"].squeeze(0)[:max_len][None, :],
+            "input_ids": data["input_ids"][:max_len][None, :], "loss_mask": loss_mask}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8"])
+def test_specforge_export_loads_as_specforge_reads_it_for_every_stored_dtype(tmp_path, tiny, backend, dtype):
+    import torch.nn.functional as F
+
+    from eyrie.jobs.extract.specforge import METADATA, export_specforge
+
+    out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, dtype=dtype, shardBytes=1 << 16)
+    r = export_specforge(store, tmp_path / "sf")
+    assert (r.samples, r.stored_dtype, r.over_max_length) == (11, dtype, 0)
     ids = [json.loads(line) for line in (tmp_path / "sf" / "sample_ids.jsonl").read_text().splitlines()]
     assert [i["index"] for i in ids] == list(range(11))
+    loaded = specforge_load(tmp_path / "sf")
+    assert len(loaded) == 11
+    by_index = {int(Path(p).stem.split("_")[1]): p for p in (tmp_path / "sf").rglob("*.ckpt")}
     for entry in ids:
-        d = torch.load(tmp_path / "sf" / "rows_0-5000" / f"data_{entry['index']}.ckpt", weights_only=True)
+        d = torch.load(by_index[entry["index"]], weights_only=False, mmap=True)
         s = read_sample(out, entry["sampleId"])
         t = len(s["input_ids"])
         assert set(d) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
-        assert d["input_ids"].dtype == torch.long and d["input_ids"].tolist() == s["input_ids"].tolist()
-        assert d["loss_mask"].tolist() == s["loss_mask"].tolist()
+        assert d["input_ids"].dtype == torch.int64 and d["loss_mask"].dtype == torch.int64
+        assert d["hidden_state"].dtype == torch.bfloat16 and d["aux_hidden_state"].dtype == torch.bfloat16
+        assert d["input_ids"].tolist() == s["input_ids"].tolist() and d["loss_mask"].tolist() == s["loss_mask"].tolist()
         assert d["hidden_state"].shape == (1, t, HIDDEN) and d["aux_hidden_state"].shape == (1, t, 3 * HIDDEN)
-        assert torch.equal(d["aux_hidden_state"][0], s["aux_hidden"])
-        assert torch.equal(d["hidden_state"][0], s["last_hidden"])
+        assert torch.equal(d["aux_hidden_state"][0], s["aux_hidden"].to(torch.bfloat16))
+        assert torch.equal(d["hidden_state"][0], s["last_hidden"].to(torch.bfloat16))
+        # what SpecForge's bfloat16 draft does first: project 3H -> H; a float32 input raised
+        # "expected m1 and m2 to have the same dtype" before
+        step = specforge_process(d, max_len=2048)
+        proj = torch.zeros(HIDDEN, 3 * HIDDEN, dtype=torch.bfloat16)
+        assert F.linear(step["hidden_state"], proj).shape == (1, t, HIDDEN)
+        # each file holds its own tensors only (no view of a larger storage)
+        assert by_index[entry["index"]].stat().st_size < 2 * (t * 4 * HIDDEN * 2 + t * 16) + 4096
+    meta = json.loads((tmp_path / "sf" / METADATA).read_text())
+    assert meta["auxLayers"] == list(LAYERS) and meta["specforgeAuxLayerIds"] == [i - 1 for i in LAYERS]
+    assert meta["storedDtype"] == dtype and meta["dtype"] == "bfloat16" and meta["samples"] == 11
+
+
+def test_specforge_export_refuses_other_than_three_aux_layers_before_writing(tmp_path, tiny, backend):
+    from eyrie.jobs.extract.specforge import ExportError, export_specforge
+
+    _out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, layers=[1, 3])
+    with pytest.raises(ExportError, match=r"captured 2 aux layers \[1, 3\].*exactly 3"):
+        export_specforge(store, tmp_path / "sf")
+    assert not (tmp_path / "sf").exists() or not any((tmp_path / "sf").iterdir())
+
+
+def test_specforge_export_into_a_non_empty_folder_needs_overwrite(tmp_path, tiny, backend):
+    from eyrie.jobs.extract.specforge import ExportError, ExportOptions, export_specforge
+
+    _out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, rows_per_shard=(6, 5))
+    sf = tmp_path / "sf"
+    assert export_specforge(store, sf).samples == 11
+    with pytest.raises(ExportError, match=r"not empty.*--overwrite"):
+        export_specforge(store, sf)
+    _out2, small, _rows2, _s2 = _run(tmp_path / "second", tiny, backend=backend, rows_per_shard=(2, 1))
+    assert export_specforge(small, sf, ExportOptions(overwrite=True)).samples == 3
+    assert len(specforge_load(sf)) == 3  # no stale data_*.ckpt of the first export left for SpecForge
+    (sf / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"notes\.txt"):
+        export_specforge(small, sf, ExportOptions(overwrite=True))
+    assert (sf / "notes.txt").exists() and len(specforge_load(sf)) == 3  # nothing removed
+
+
+def test_specforge_export_counts_and_truncates_long_samples(tmp_path, tiny, backend):
+    from eyrie.jobs.extract.specforge import METADATA, ExportError, ExportOptions, export_specforge
+
+    out, store, rows, _summary = _run(tmp_path, tiny, backend=backend)
+    lengths = {sid: len(ids) for shard in rows.values() for sid, ids, _m in shard}
+    n = 20
+    longer = sum(v > n for v in lengths.values())
+    assert 0 < longer < len(lengths)
+    r = export_specforge(store, tmp_path / "count", ExportOptions(max_length=n))
+    assert r.over_max_length == longer
+    assert max(d["input_ids"].shape[0] for d in specforge_load(tmp_path / "count")) == max(lengths.values())
+    r = export_specforge(store, tmp_path / "cut", ExportOptions(max_length=n, truncate=True))
+    assert r.over_max_length == longer
+    ids = [json.loads(line) for line in (tmp_path / "cut" / "sample_ids.jsonl").read_text().splitlines()]
+    for entry in ids:
+        d = torch.load(next((tmp_path / "cut").rglob(f"data_{entry['index']}.ckpt")), weights_only=False, mmap=True)
+        s = read_sample(out, entry["sampleId"])
+        t = min(n, len(s["input_ids"]))
+        assert d["input_ids"].tolist() == s["input_ids"][:t].tolist()
+        assert d["loss_mask"].tolist() == s["loss_mask"][:t].tolist()
+        assert d["aux_hidden_state"].shape == (1, t, 3 * HIDDEN) and d["hidden_state"].shape == (1, t, HIDDEN)
+        assert torch.equal(d["aux_hidden_state"][0], s["aux_hidden"][:t].to(torch.bfloat16))
+    meta = json.loads((tmp_path / "cut" / METADATA).read_text())
+    assert (meta["maxLength"], meta["overMaxLength"], meta["truncated"]) == (n, longer, longer)
+    with pytest.raises(ExportError, match="--truncate needs --max-length"):
+        export_specforge(store, tmp_path / "x", ExportOptions(truncate=True))
+
+
+def test_specforge_draft_config_layers_are_converted_to_hf_indices():
+    from eyrie.jobs.extract.layers import specforge_layer_ids
+
+    # SpecForge's shipped GPT-OSS-20B draft config (24 layers) pins [1, 11, 21]: HF [2, 12, 22];
+    # `auto` would capture 21 for the high layer, a layer SpecForge does not serve
+    gpt_oss = {"architectures": ["LlamaForCausalLMEagle3"],
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 11, 21]}}
+    choice = resolve_layers("specforge:s3://cfg/gpt-oss-20B-eagle3.json", 24, gpt_oss)
+    assert choice.ids == (2, 12, 22) and resolve_layers("auto", 24).ids == (2, 12, 21)
+    assert "[1, 11, 21]" in choice.convention and "gpt-oss-20B-eagle3.json" in choice.convention
+    assert specforge_layer_ids({"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}, "x") == [1, 2, 3]  # top level too
+    for bad, match in (({"eagle_config": {}}, "no eagle_config"),
+                       ({"eagle_aux_hidden_state_layer_ids": [1, 2]}, "3 non-neg"),
+                       ({"eagle_aux_hidden_state_layer_ids": [1, -1, 3]}, "3 non-neg"),
+                       ([1, 2, 3], "not a JSON object")):
+        with pytest.raises(LayerError, match=match):
+            specforge_layer_ids(bad, "cfg.json")
+    with pytest.raises(LayerError, match="out of range"):
+        resolve_layers("specforge:c.json", 12, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 11]}})
+
+
+def test_extraction_captures_the_layers_a_specforge_draft_config_serves(tmp_path):
+    from eyrie.jobs.extract.layers import read_specforge_config
+    from eyrie.jobs.spec import SpecError, load_spec
+
+    deeper = build_tiny_model(tmp_path / "tiny8", VOCAB, HIDDEN, layers=8, context=CONTEXT)
+    ref_model = AutoModelForCausalLM.from_pretrained(deeper, dtype=torch.float32).eval()
+    backend = HFBackend(str(deeper), device="cpu", storage_dtype="float32")
+    cfg = tmp_path / "configs" / "draft.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 6]}}))
+    spec_file = tmp_path / "spec.yaml"
+    doc = make_spec(f"file://{tmp_path}/out", deeper, dtype="float32", maxTokensPerBatch=1,
+                    layers="specforge:configs/draft.json").dump()
+    spec_file.write_text(json.dumps(doc))
+    spec = load_spec(spec_file).spec  # a relative draft config path is next to the spec file
+    assert spec.extraction.layers == f"specforge:{cfg}"
+    store = open_store(spec.output.uri)
+    rows = random_rows(0, 3, VOCAB, seed=4)
+    put_samples(store, 0, rows)
+    summary = run_extraction(spec, store, backend=backend)
+    assert summary.aux_layers == [1, 4, 7] and summary.layer_convention.startswith("specforge:")
+    assert resolve_layers("auto", 8).ids == (2, 4, 5)  # what would have been captured without the config
+    for sid, ids, _m in rows:
+        assert torch.equal(read_sample(spec.output.uri, sid)["aux_hidden"], reference(ref_model, ids, (1, 4, 7))[0])
+    with pytest.raises(LayerError, match="cannot read the SpecForge draft config"):
+        read_specforge_config(f"specforge:{tmp_path}/missing.json")
+    for bad in ("specforge:", "every-layer"):
+        doc["extraction"]["layers"] = bad
+        spec_file.write_text(json.dumps(doc))
+        with pytest.raises(SpecError, match=r"extraction\.layers"):
+            load_spec(spec_file)
 
 
 def test_cli_extract_and_export(tmp_path, tiny, capsys):
     from eyrie.jobs.extract.cli import export_main, extract_main
+    from eyrie.jobs.extract.specforge import ExportError
 
     out = f"file://{tmp_path}/out"
     put_samples(open_store(out), 0, random_rows(0, 3, VOCAB, seed=9))
@@ -433,10 +576,15 @@ def test_cli_extract_and_export(tmp_path, tiny, capsys):
     assert extract_main([str(spec_file), "--index", "0", "--count", "1"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["samples"] == 3 and manifest["dtype"] == "bfloat16" and manifest["auxLayers"] == [1, 2, 3]
-    assert export_main(["specforge", out, str(tmp_path / "sf")]) == 0
-    assert "wrote 3 samples" in capsys.readouterr().out
-    assert export_main(["specforge", f"file://{tmp_path}/empty", str(tmp_path / "sf2")]) == 1
-    assert "no hidden states to export" in capsys.readouterr().err
+    assert export_main(["specforge", out, str(tmp_path / "sf"), "--max-length", "4"]) == 0
+    said = capsys.readouterr().out
+    assert "wrote 3 samples" in said and "bfloat16 from stored bfloat16" in said and "layer_ids [0, 1, 2]" in said
+    assert re.search(r"\d of 3 samples longer than 4 tokens \(SpecForge will cut them", said)
+    with pytest.raises(ExportError, match="--overwrite"):
+        export_main(["specforge", out, str(tmp_path / "sf")])
+    assert export_main(["specforge", out, str(tmp_path / "sf"), "--overwrite"]) == 0
+    with pytest.raises(ShardError, match="no hidden states to export"):
+        export_main(["specforge", f"file://{tmp_path}/empty", str(tmp_path / "sf2")])
     bad = tmp_path / "bad.yaml"
     bad.write_text("spec: {}\n")
     assert extract_main([str(bad)]) == 2

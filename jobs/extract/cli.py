@@ -48,19 +48,27 @@ def extract_main(argv: list[str]) -> int:
 
 def export_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="eyrie export", description="Export extracted hidden states.")
-    p.add_argument("format", choices=["specforge"], help="target layout")
+    p.add_argument("format", choices=["specforge"], help="target layout (SpecForge's offline EAGLE-3 data)")
     p.add_argument("output_uri", help="the run's output (file://, path or s3://; S3 via EYRIE_S3_* env)")
-    p.add_argument("dir", help="local folder to write into")
+    p.add_argument("dir", help="local folder to write into (empty, or an earlier export with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="remove an earlier export in DIR first")
+    p.add_argument("--max-length", type=int, metavar="N",
+                   help="the trainer's max_len: report how many samples are longer (SpecForge cuts them silently)")
+    p.add_argument("--truncate", action="store_true", help="cut samples longer than --max-length (loss mask alike)")
     args = p.parse_args(argv)
+    if args.max_length is not None and args.max_length < 1:
+        p.error("--max-length must be at least 1")
 
-    from eyrie.jobs.extract.shards import ShardError
-    from eyrie.jobs.extract.specforge import export_specforge
-    from eyrie.jobs.store import StoreError, open_store
+    from eyrie.jobs.extract.specforge import ExportOptions, export_specforge
+    from eyrie.jobs.store import open_store
 
-    try:
-        n = export_specforge(open_store(args.output_uri), args.dir)
-    except (ShardError, StoreError, OSError) as e:
-        print(f"eyrie export: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {n} samples to {args.dir}")
+    opts = ExportOptions(overwrite=args.overwrite, max_length=args.max_length, truncate=args.truncate)
+    r = export_specforge(open_store(args.output_uri), args.dir, opts)
+    print(f"wrote {r.samples} samples to {args.dir} (bfloat16 from stored {r.stored_dtype}; aux layers "
+          f"{r.aux_layers} = SpecForge eagle_aux_hidden_state_layer_ids {[i - 1 for i in r.aux_layers]})")
+    if args.max_length:
+        verb = "cut to" if args.truncate else "longer than"
+        print(f"{r.over_max_length} of {r.samples} samples {verb} {args.max_length} tokens"
+              + ("" if args.truncate or not r.over_max_length else
+                 " (SpecForge will cut them at max_len; --truncate cuts them here, loss mask alike)"))
     return 0

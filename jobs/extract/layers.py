@@ -33,6 +33,13 @@ SHALLOW_CONVENTION = (
     "eagle3-shallow: aux = inputs of decoder layers {ids} (HF output_hidden_states indices), "
     "1, L//2, L-1 because L < 7 makes 2, L//2, L-3 collide; last_hidden = after the last norm"
 )
+SPECFORGE_CONVENTION = (
+    "specforge: aux = inputs of decoder layers {ids} (HF output_hidden_states indices) = SpecForge "
+    "eagle_aux_hidden_state_layer_ids {sf} + 1, from the draft config {uri}; "
+    "last_hidden = final hidden state after the last norm"
+)
+SPECFORGE_PREFIX = "specforge:"
+SPECFORGE_AUX_LAYERS = 3  # SpecForge's EAGLE-3 draft takes exactly 3 x H (`resolve_eagle_capture_layers`)
 EXPLICIT_CONVENTION = (
     "explicit: aux = inputs of decoder layers {ids} (HF output_hidden_states indices); "
     "last_hidden = final hidden state after the last norm"
@@ -96,8 +103,49 @@ class LayerChoice:
     convention: str
 
 
-def resolve_layers(layers: Literal["auto"] | list[int], num_layers: int) -> LayerChoice:
-    """`auto` -> the EAGLE-3 default for this depth; explicit ids are checked, never reordered."""
+def specforge_layer_ids(config: Any, where: str) -> list[int]:
+    """The HF indices a SpecForge draft config asks for: its `eagle_aux_hidden_state_layer_ids`
+    (under `eagle_config`, or at the top level) plus one, SpecForge's ids being HF indices - 1."""
+    if not isinstance(config, dict):
+        raise LayerError(f"extraction.layers: {where} is not a JSON object (a SpecForge draft config)")
+    nested = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids = nested.get("eagle_aux_hidden_state_layer_ids", config.get("eagle_aux_hidden_state_layer_ids"))
+    if ids is None:
+        raise LayerError(f"extraction.layers: {where} has no eagle_config.eagle_aux_hidden_state_layer_ids "
+                         "(SpecForge would derive the layers from the target model: use `auto` then)")
+    if (not isinstance(ids, list) or len(ids) != SPECFORGE_AUX_LAYERS
+            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids)):
+        raise LayerError(f"extraction.layers: {where}: eagle_aux_hidden_state_layer_ids must be "
+                         f"{SPECFORGE_AUX_LAYERS} non-negative integers, got {ids!r}")
+    return [i + 1 for i in ids]
+
+
+def read_specforge_config(layers: Any, endpoint: str | None = None) -> Any:
+    """The draft config `extraction.layers: specforge:URI` names (None for other settings), read
+    before anything is paid for (preflight) and again by each extraction pod."""
+    if not (isinstance(layers, str) and layers.startswith(SPECFORGE_PREFIX)):
+        return None
+    from eyrie.jobs.store import StoreError, read_uri
+
+    uri = layers.removeprefix(SPECFORGE_PREFIX)
+    try:
+        return json.loads(read_uri(uri, endpoint))
+    except (StoreError, OSError) as e:
+        raise LayerError(f"extraction.layers: cannot read the SpecForge draft config {uri}: {e}") from None
+    except ValueError as e:
+        raise LayerError(f"extraction.layers: {uri} is not JSON: {e}") from None
+
+
+def resolve_layers(layers: Literal["auto"] | list[int] | str, num_layers: int,
+                   specforge_config: Any = None) -> LayerChoice:
+    """`auto` -> the EAGLE-3 default for this depth; explicit ids are checked, never reordered;
+    `specforge:URI` -> the ids of that draft config (`specforge_config`, read by the caller), +1."""
+    if isinstance(layers, str) and layers.startswith(SPECFORGE_PREFIX):
+        uri = layers.removeprefix(SPECFORGE_PREFIX)
+        ids = specforge_layer_ids(specforge_config, uri)
+        explicit = resolve_layers(ids, num_layers)
+        return LayerChoice(explicit.ids, SPECFORGE_CONVENTION.format(
+            ids=", ".join(map(str, ids)), sf=[i - 1 for i in ids], uri=uri))
     if layers == "auto":
         if num_layers < 4:
             raise LayerError(
@@ -124,9 +172,9 @@ def resolve_layers(layers: Literal["auto"] | list[int], num_layers: int) -> Laye
     return LayerChoice(tuple(ids), EXPLICIT_CONVENTION.format(ids=", ".join(map(str, ids))))
 
 
-def num_aux_layers(layers: Literal["auto"] | list[int]) -> int:
+def num_aux_layers(layers: Literal["auto"] | list[int] | str) -> int:
     """How many aux layers a spec's `extraction.layers` captures, without knowing the model."""
-    return 3 if layers == "auto" else len(layers)
+    return 3 if isinstance(layers, str) else len(layers)
 
 
 def spool_bytes(tokens: int, num_aux: int, hidden: int, elem_bytes: int) -> int:

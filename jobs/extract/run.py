@@ -45,7 +45,7 @@ from eyrie.jobs.extract.fidelity import (
     score_start,
     tally_rows,
 )
-from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, resolve_layers
+from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, read_specforge_config, resolve_layers
 from eyrie.jobs.extract.shards import (
     PartSample,
     ShardError,
@@ -371,7 +371,7 @@ def _compute_part(rows: list[SampleRow], backend: Backend, plan: Plan, max_token
 def make_plan(spec: Any, backend: Backend) -> Plan:
     ex = spec.extraction
     facts = backend.facts
-    layers = resolve_layers(ex.layers, facts.num_layers)
+    layers = resolve_layers(ex.layers, facts.num_layers, read_specforge_config(ex.layers, spec.output.endpoint))
     layout = codec.Layout(len(layers.ids), facts.hidden_size, ex.dtype)
     meta = {
         "engine": backend.name,

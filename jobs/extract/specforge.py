@@ -1,12 +1,21 @@
-"""Export to the per-sample layout SpecForge's offline EAGLE-3 training reads.
+"""Export to the per-sample layout SpecForge's offline EAGLE-3 training reads, unchanged.
 
-SpecForge (`scripts/prepare_hidden_states.py` writes, `OfflineEagle3Dataset` reads) expects one
-`torch.load`-able dict per sample, in `.ckpt` files found recursively under a folder
-(`rows_{start}-{end}/data_{i}.ckpt`, 5000 per folder), with keys
-`input_ids` [T], `loss_mask` [T], `hidden_state` [1, T, H] (the last hidden state, after the final
-norm: its training target) and `aux_hidden_state` [1, T, 3H] (the concatenated auxiliary layers).
-float8 storage is dequantized and written as bfloat16, the precision SpecForge trains in.
-`sample_ids.jsonl` beside the folders maps each data_{i} back to its eyrie sample id. Only samples
+SpecForge (`scripts/prepare_hidden_states.py` writes; `OfflineEagle3Dataset` and the offline manifest
+reader read) expects one `torch.load(..., mmap=True)`-able dict per sample, in `.ckpt` files found
+recursively under a folder (`rows_{start}-{end}/data_{i}.ckpt`, 5000 per folder), with keys
+`input_ids` [T] int64, `loss_mask` [T] int64, `hidden_state` [1, T, H] (the last hidden state, after
+the final norm: its training target) and `aux_hidden_state` [1, T, 3H] (the three auxiliary layers).
+
+What SpecForge does not check and would fail on later, or train wrongly with, is refused or fixed here:
+- SpecForge never casts and its target head is bfloat16: every stored dtype (float32, float16,
+  float8 with its scales) is written as bfloat16;
+- its EAGLE-3 draft takes exactly 3 x H: any other aux layer count is refused before a file is written;
+- it picks up every `.ckpt` under the folder: an export into a non-empty folder is refused unless
+  `overwrite`, which first removes what an earlier export wrote (and refuses files eyrie did not write);
+- it cuts samples to its `max_len` silently: `max_length` counts them, and `truncate` cuts them here,
+  the loss mask alike, so the cut is a decision the user saw.
+`sample_ids.jsonl` maps each data_{i} back to its eyrie sample id; `eyrie_export.json` records the
+layers in both conventions (HF `output_hidden_states` indices, and SpecForge's = HF - 1). Only samples
 in the shard index are exported: one excluded for low fidelity stays in its part, unread.
 """
 
@@ -14,16 +23,51 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import safetensors.torch
 import torch
 
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.codec import decode
+from eyrie.jobs.extract.layers import SPECFORGE_AUX_LAYERS
 from eyrie.jobs.extract.shards import ShardError, layout_of, list_indexes, load_index, parse_header
 from eyrie.jobs.store import NotFound, Store
 
 ROWS_PER_FOLDER = 5000
+METADATA = "eyrie_export.json"
+SAMPLE_IDS = "sample_ids.jsonl"
+EXPORT_DTYPE = torch.bfloat16
+_OURS = re.compile(r"^(rows_\d+-\d+|sample_ids\.jsonl|eyrie_export\.json|\.sample_ids\.jsonl\.tmp)$")
+
+
+class ExportError(EyrieError, RuntimeError):
+    """The export cannot be written as SpecForge needs it; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    overwrite: bool = False
+    max_length: int | None = None  # the trainer's max_len: samples longer are counted (and cut with truncate)
+    truncate: bool = False
+
+
+@dataclass
+class ExportResult:
+    samples: int
+    over_max_length: int  # samples longer than max_length (cut when truncate)
+    stored_dtype: str
+    aux_layers: list[int]
+
+
+def _compact(t: torch.Tensor) -> torch.Tensor:
+    """A tensor that owns exactly its bytes: torch.save writes a view's whole storage otherwise."""
+    t = t.contiguous()
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
 
 
 def _save_atomic(obj: dict[str, torch.Tensor], path: Path) -> None:
@@ -32,17 +76,70 @@ def _save_atomic(obj: dict[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def export_specforge(store: Store, out_dir: str | Path) -> int:
-    """Write every extracted sample as SpecForge `.ckpt` files; returns how many were written."""
-    out = Path(out_dir)
+def prepare_dir(out: Path, overwrite: bool) -> None:
+    """An empty folder to export into; `overwrite` removes an earlier export's files first."""
     out.mkdir(parents=True, exist_ok=True)
+    present = sorted(p.name for p in out.iterdir())
+    if not present:
+        return
+    if not overwrite:
+        raise ExportError(f"{out} is not empty ({len(present)} entries, e.g. {present[0]}): SpecForge trains on "
+                          "every .ckpt under it; choose an empty folder or pass --overwrite")
+    foreign = [n for n in present if not _OURS.match(n)]
+    if foreign:
+        raise ExportError(f"{out} holds files an eyrie export did not write ({', '.join(foreign[:5])}); "
+                          "--overwrite removes only an earlier export: choose another folder")
+    for name in present:
+        p = out / name
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def _check_layers(index: dict[str, Any], key: str) -> None:
+    n = int(index["auxLayerCount"])
+    if n != SPECFORGE_AUX_LAYERS:
+        raise ExportError(
+            f"{key}: this run captured {n} aux layers {index.get('auxLayers')}; SpecForge's EAGLE-3 draft "
+            f"takes exactly {SPECFORGE_AUX_LAYERS} (aux_hidden_state is 3 x hidden): extract again with "
+            "extraction.layers auto, 3 layer ids, or specforge:<draft config>")
+
+
+def _metadata(store: Store, index: dict[str, Any], result: ExportResult, opts: ExportOptions) -> dict[str, Any]:
+    hf = list(index.get("auxLayers") or [])
+    return {
+        "format": "specforge-offline-eagle3",
+        "source": store.uri,
+        "samples": result.samples,
+        "keys": {"input_ids": "int64 [T]", "loss_mask": "int64 [T]", "hidden_state": "bfloat16 [1, T, H]",
+                 "aux_hidden_state": "bfloat16 [1, T, 3H]"},
+        "hiddenSize": int(index["hiddenSize"]),
+        "storedDtype": result.stored_dtype,
+        "dtype": "bfloat16",
+        "auxLayers": hf,
+        "specforgeAuxLayerIds": [i - 1 for i in hf],
+        "layerConvention": index.get("layerConvention", ""),
+        "layerNote": "auxLayers are HF output_hidden_states indices (the input of decoder layer i); SpecForge's "
+                     "eagle_aux_hidden_state_layer_ids are those minus 1: set them to specforgeAuxLayerIds",
+        "maxLength": opts.max_length,
+        "overMaxLength": result.over_max_length,
+        "truncated": result.over_max_length if opts.truncate else 0,
+    }
+
+
+def export_specforge(store: Store, out_dir: str | Path, opts: ExportOptions = ExportOptions()) -> ExportResult:
+    """Write every extracted sample as SpecForge `.ckpt` files."""
+    if opts.truncate and not opts.max_length:
+        raise ExportError("--truncate needs --max-length N (the trainer's max_len)")
     indexes = list_indexes(store)
     if not indexes:
         raise ShardError(f"{store.url('hidden')}: no hidden states to export (no shard index files)")
-    n = 0
+    loaded = [(key, load_index(store, key)) for _shard, key in indexes]
+    for key, idx in loaded:  # refuse before a single file is written
+        _check_layers(idx, store.url(key))
+    out = Path(out_dir)
+    prepare_dir(out, opts.overwrite)
+    result = ExportResult(0, 0, loaded[0][1]["dtype"], list(loaded[0][1].get("auxLayers") or []))
     with (out / ".sample_ids.jsonl.tmp").open("w") as ids_file:
-        for _shard, key in indexes:
-            idx = load_index(store, key)
+        for key, idx in loaded:
             layout = layout_of(idx)
             by_file: dict[int, list[str]] = {}
             for sid, row in idx["samples"].items():
@@ -65,21 +162,27 @@ def export_specforge(store: Store, out_dir: str | Path) -> int:
                     p = f"s{slot:06d}."
                     cols = {k[len(p):]: v for k, v in tensors.items() if k.startswith(p)}
                     aux, last = decode(cols, layout)
-                    if layout.quantized:
-                        aux, last = aux.to(torch.bfloat16), last.to(torch.bfloat16)
+                    ids, mask = cols["input_ids"], cols["loss_mask"]
+                    if opts.max_length and len(ids) > opts.max_length:
+                        result.over_max_length += 1
+                        if opts.truncate:
+                            n = opts.max_length
+                            ids, mask, aux, last = ids[:n], mask[:n], aux[:n], last[:n]
+                    n = result.samples
                     start = (n // ROWS_PER_FOLDER) * ROWS_PER_FOLDER
                     folder = out / f"rows_{start}-{start + ROWS_PER_FOLDER}"
                     folder.mkdir(exist_ok=True)
                     _save_atomic({
-                        "input_ids": cols["input_ids"].to(torch.long),
-                        "loss_mask": cols["loss_mask"].to(torch.long),
-                        "hidden_state": last.unsqueeze(0).contiguous(),
-                        "aux_hidden_state": aux.unsqueeze(0).contiguous(),
+                        "input_ids": _compact(ids.to(torch.long)),
+                        "loss_mask": _compact(mask.to(torch.long)),
+                        "hidden_state": _compact(last.to(EXPORT_DTYPE).unsqueeze(0)),
+                        "aux_hidden_state": _compact(aux.to(EXPORT_DTYPE).unsqueeze(0)),
                     }, folder / f"data_{n}.ckpt")
                     ids_file.write(json.dumps({"index": n, "sampleId": sid}) + "\n")
-                    n += 1
+                    result.samples += 1
                 left_out = {s["sampleId"] for s in idx["skipped"]}
                 if not listed <= set(sids) or not set(sids) - listed <= left_out:
                     raise ShardError(f"{store.url(part)}: its samples differ from {store.url(key)}")
-    os.replace(out / ".sample_ids.jsonl.tmp", out / "sample_ids.jsonl")
-    return n
+    os.replace(out / ".sample_ids.jsonl.tmp", out / SAMPLE_IDS)
+    (out / METADATA).write_text(json.dumps(_metadata(store, loaded[0][1], result, opts), indent=1) + "\n")
+    return result

@@ -33,6 +33,15 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
             await client.preflight()
         except ApiError as e:
             raise PreflightError(f"api.baseUrl: {e}") from None
+    if spec.extraction.enabled:
+        from eyrie.jobs.extract.layers import LayerError, read_specforge_config, specforge_layer_ids
+
+        try:  # a draft config that cannot be used must fail now, not after generation was paid
+            config = read_specforge_config(spec.extraction.layers, spec.output.endpoint)
+            if config is not None:
+                specforge_layer_ids(config, str(spec.extraction.layers).removeprefix("specforge:"))
+        except LayerError as e:
+            raise PreflightError(str(e)) from None
     if spec.target.tokenizer:
         from eyrie.jobs.reconstruct.formats import check_tokenizer
 
