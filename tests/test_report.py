@@ -243,6 +243,8 @@ def test_html_page_renders_every_plot_in_chromium(tmp_path):
     data = collect(store)
     expected = [title for _s, title, _f in figures(data)]
     assert len(expected) == 14  # spend, throughput, 3 tool plots, 2 audit, 2 tokens, 2 gaps, 3 fidelity
+    spend = figures(data)[0][2]
+    assert [t.name for t in spend.data] == ["spent", "spent + reserved (in flight)", "budget $1", "forecast $0.47"]
     url = publish(store, data)
     page = Path(url.removeprefix("file://"))
     assert page == tmp_path / "out" / layout.REPORT

@@ -29,6 +29,7 @@ from eyrie.jobs.tools.gate import Tally
 
 TEMPLATE = "plotly_white"
 HEIGHT = 340
+ON_SCALE = 0.2  # the budget line is drawn once spend reaches this share of it
 WIDTH = 640  # fixed: a responsive plot re-lays itself out on every resize (and mid-screenshot)
 
 Figure = tuple[str, str, go.Figure]  # (section, title, figure)
@@ -54,9 +55,12 @@ def spend_figure(d: ReportData) -> go.Figure | None:
     f.add_scatter(x=x, y=[float(p.get("spentUSD", 0)) for p in pts], name="spent", mode="lines+markers")
     f.add_scatter(x=x, y=[float(p.get("spentUSD", 0)) + float(p.get("reservedUSD", 0)) for p in pts],
                   name="spent + reserved (in flight)", mode="lines", line={"dash": "dot"})
-    if d.budget is not None:
+    top = max(float(p.get("spentUSD", 0)) + float(p.get("reservedUSD", 0)) for p in pts)
+    if d.budget is not None and top >= float(d.budget) * ON_SCALE:
         f.add_scatter(x=[x[0], x[-1]], y=[float(d.budget)] * 2, name=f"budget ${d.budget}", mode="lines",
                       line={"color": "crimson"})
+    elif d.budget:  # a line far above would flatten the spend into the axis
+        f.update_layout(title=f"spend over time: {100 * float(d.spent / d.budget):.1f}% of the ${d.budget} budget")
     forecast = (d.progress or {}).get("forecastUSD")
     if forecast is not None:
         f.add_scatter(x=[x[0], x[-1]], y=[float(forecast)] * 2, name=f"forecast ${forecast}", mode="lines",
@@ -231,7 +235,7 @@ def render(d: ReportData) -> str:
     sections: dict[str, list[str]] = {}
     for i, (section, _title, fig) in enumerate(figures(d)):
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{i}",
-                          config={"displaylogo": False, "responsive": False})
+                          config={"displaylogo": False, "responsive": False, "displayModeBar": "hover"})
         sections.setdefault(section, []).append(f"<div class='card'>{div}</div>")
     body = "".join(f"<h2>{html.escape(s)}</h2><div class='grid'>{''.join(divs)}</div>"
                    for s, divs in sections.items())
