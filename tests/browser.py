@@ -50,8 +50,11 @@ class Browser:
         cmd_r, resp_w = self._cmd_r, self._resp_w
 
         def child_fds() -> None:  # Chromium expects its pipe at fds 3 and 4
-            os.dup2(cmd_r, 3)
-            os.dup2(resp_w, 4)
+            # through fresh copies: the pipe may already sit at 3 or 4, and dup2(fd, fd) would keep
+            # its close-on-exec flag
+            r, w = os.dup(cmd_r), os.dup(resp_w)
+            os.dup2(r, 3)
+            os.dup2(w, 4)
 
         self.proc = subprocess.Popen(
             [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
@@ -130,9 +133,11 @@ class Browser:
                 return m
             self.events.append(m)
 
-    def open(self, url: str, probe: str, ready: str, timeout: float = 60) -> PageResult:
+    def open(self, url: str, probe: str, ready: str, timeout: float = 60, clip: str | None = None,
+             scale: float = 1.0) -> PageResult:
         """Load `url`, wait until the JS expression `ready` is true, return `probe`'s value, every
-        error the page reported, and a full-page PNG screenshot."""
+        error the page reported, and a PNG screenshot: the full page, or the rectangle the JS
+        expression `clip` returns ({x, y, width, height}) at `scale`."""
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         s = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
@@ -147,7 +152,10 @@ class Browser:
                 raise CDPError(f"page never became ready ({ready})")
             time.sleep(0.2)
         result = PageResult(value=self._eval(probe, s))
-        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=s)
+        params: dict[str, Any] = {"format": "png", "captureBeyondViewport": True}
+        if clip is not None:
+            params["clip"] = {**self._eval(clip, s), "scale": scale}
+        shot = self.send("Page.captureScreenshot", params, session=s)
         result.screenshot = base64.b64decode(shot["data"])
         for e in self.events:
             p = e.get("params", {})
@@ -169,9 +177,9 @@ class Browser:
         return r["result"].get("value")
 
 
-def open_page(path: Path, probe: str, ready: str) -> PageResult:
+def open_page(path: Path, probe: str, ready: str, clip: str | None = None, scale: float = 1.0) -> PageResult:
     binary = find_browser()
     if binary is None:
         raise CDPError("no chromium on PATH (apt-get install chromium)")
     with Browser(binary) as b:
-        return b.open(path.resolve().as_uri(), probe, ready)
+        return b.open(path.resolve().as_uri(), probe, ready, clip=clip, scale=scale)

@@ -113,7 +113,7 @@ def tool_figure(d: ReportData) -> go.Figure | None:
     names = sorted(tools)
     f = _fig("per tool", yaxis={"title": "rate", "tickformat": ".0%"}, barmode="group",
              yaxis2={"title": "calls", "overlaying": "y", "side": "right", "showgrid": False,
-                     "rangemode": "tozero"})
+                     "rangemode": "tozero", "tickformat": ",d"})
     f.add_bar(x=names, y=[tools[n].call_rate or 0.0 for n in names], name="call rate where declared",
               offsetgroup=0)
     f.add_bar(x=names, y=[tools[n].invalid_rate for n in names], name="invalid-call rate", offsetgroup=1)

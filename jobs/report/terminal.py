@@ -76,19 +76,22 @@ def tools_table(d: ReportData) -> Table | None:
     a = d.answers
     if not a.by_source:
         return None
-    t = Table(title="tool semantics (answers persisted)", title_justify="left")
-    t.add_column("by")
-    t.add_column("name")
-    for col in ("answers", "declare tools", "call rate", "calls", "invalid rate", "leak rate"):
-        t.add_column(col, justify="right")
+    t = Table(title="tool semantics of the persisted answers", title_justify="left",
+              caption="call rate: answers that called a tool, of those whose prompt declared tools; invalid: "
+                      "of the calls; leaks: answers with leaked tool-call markers", caption_justify="left")
+    t.add_column("source / provider", no_wrap=True, max_width=28, overflow="ellipsis")
+    for col in ("answers", "declared", "call rate", "calls", "invalid", "leaks"):
+        t.add_column(col, justify="right", no_wrap=True)
     total = Tally()
     for name, tally in sorted(a.by_source.items()):
-        t.add_row("source", name, *_tally_row(tally))
+        t.add_row(name, *_tally_row(tally))
         for k in ("answers", "declared", "called", "calls", "invalid", "leaked"):
             setattr(total, k, getattr(total, k) + getattr(tally, k))
+    t.add_section()
     for name, tally in sorted(a.by_provider.items()):
-        t.add_row("provider", name, *_tally_row(tally))
-    t.add_row("all", "", *_tally_row(total), style="bold")
+        t.add_row(f"@{name}", *_tally_row(tally))
+    t.add_section()
+    t.add_row("all", *_tally_row(total), style="bold")
     return t
 
 

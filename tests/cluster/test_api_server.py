@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -72,7 +73,9 @@ def test_describe_shows_conditions_and_events(control_plane: ControlPlane, chart
     created = control_plane.create(DSG, ns, quickstart("described"))
     control_plane.patch(DSG, ns, "described", {"status": {"phase": "Pending", "conditions": [
         {"type": "Ready", "status": "False", "reason": "SecretMissing", "message": "Secret openrouter not found",
-         "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, sub="status")
+         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "outputManifest": "s3://eyrie/described/manifest.json",
+        "outputReport": "s3://eyrie/described/report.html"}}, sub="status")
     control_plane.create(("", "v1", "events"), ns, {
         "apiVersion": "v1", "kind": "Event", "metadata": {"name": "described.1"}, "type": "Warning",
         "reason": "SecretMissing", "message": "waiting for Secret openrouter",
@@ -82,6 +85,9 @@ def test_describe_shows_conditions_and_events(control_plane: ControlPlane, chart
         "source": {"component": "eyrie-operator"}})
     out = control_plane.kubectl("describe", "dsg", "described", namespace=ns, check=True).stdout
     assert "Conditions:" in out and "SecretMissing" in out and "Secret openrouter not found" in out, out
+    # where the dataset and its report are: kept by the status schema (not pruned), shown by describe
+    assert re.search(r"Output Manifest:\s+s3://eyrie/described/manifest\.json", out), out
+    assert re.search(r"Output Report:\s+s3://eyrie/described/report\.html", out), out
     events = out[out.index("Events:"):]
     assert "Warning" in events and "waiting for Secret openrouter" in events, out
 
