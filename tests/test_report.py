@@ -139,6 +139,7 @@ def _full_store(root: Path) -> FileStore:
     progress = {"attempt": "a1", "stage": "done", "outcome": "Done", "spentUSD": "0.44", "reservedUSD": "0",
                 "maxUSD": "1", "auditUSD": "0.02", "forecastUSD": "0.47", "requests": 66, "retries": 3,
                 "errors": {"429": 2}, "samples": {"total": 61, "done": 55, "dropped": 5, "failed": 1},
+                "failures": {"moderation": 1},
                 "tokens": {"input": 9000, "output": 12000}, "tools": {"callRate": 0.7}}
     store.put(layout.PROGRESS, orjson.dumps(progress))
     store.put(layout.AUDIT, orjson.dumps({
@@ -182,7 +183,7 @@ def test_terminal_report_shows_every_section_with_data(tmp_path):
     text = console.export_text()
     for expected in ("$0.44 (44.0% of $1)", "forecast", "$0.47", "glaive", "fireworks", "get_weather",
                      "tools as text vs structured", "policy_drop 5", "exact 50/55", "3.0 GiB",
-                     "top-1 agreement", "0.910", "turnsRegenerated"):
+                     "top-1 agreement", "0.910", "turnsRegenerated", "failed: moderation 1"):
         assert expected in text, expected
 
 

@@ -58,7 +58,10 @@ def run_table(d: ReportData) -> Table:
 
 def samples_table(d: ReportData) -> Table:
     s = (d.progress or {}).get("samples") or (d.manifest or {}).get("samples") or {}
-    t = Table(title="samples by outcome", title_justify="left")
+    failures = (d.progress or {}).get("failures") or (d.manifest or {}).get("failures") or {}
+    why = ", ".join(f"{k} {v}" for k, v in sorted(failures.items()) if v)
+    t = Table(title="samples by outcome", title_justify="left", caption=f"failed: {why}" if why else None,
+              caption_justify="left")
     for col in ("total", "done", "dropped", "failed", "not yet sent"):
         t.add_column(col, justify="right")
     total = s.get("total", 0)
