@@ -588,3 +588,21 @@ def test_cli_extract_and_export(tmp_path, tiny, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("spec: {}\n")
     assert extract_main([str(bad)]) == 2
+
+
+async def test_an_unusable_specforge_draft_config_fails_the_preflight_before_anything_is_paid(
+        tmp_path, tiny, start_sim):
+    from eyrie.jobs.generate.preflight import PreflightError, preflight
+
+    sim = await start_sim()
+    store = open_store(f"file://{tmp_path}/out")
+    two = tmp_path / "two.json"
+    two.write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}))
+    for layers, match in ((f"specforge:{tmp_path}/missing.json", "cannot read the SpecForge draft config"),
+                          (f"specforge:{two}", "must be 3 non-negative integers")):
+        spec = make_spec(store.uri, tiny, layers=layers)
+        with pytest.raises(PreflightError, match=match):
+            await preflight(spec, sim.base_url, store, "key")
+    spec = make_spec(store.uri, tiny, layers="auto")
+    spec.target.tokenizer, spec.target.chat_format = "bundled:deepseek-v4", "deepseek-v4"  # tiny has none
+    await preflight(spec, sim.base_url, store, "key")  # the same spec with auto passes

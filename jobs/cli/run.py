@@ -86,7 +86,11 @@ def run_main(argv: list[str]) -> int:
     if message:
         print(f"why: {message}", file=sys.stderr)
     if prog:
-        _report(store)
+        try:
+            _report(store)
+        except Exception as e:  # a by-product: its failure must not change the run's exit code
+            print(f"report not written: {type(e).__name__}: {e} (retry with `eyrie report {store.uri} --html "
+                  "FILE`)", file=sys.stderr)
     return EXIT_CODES.get(outcome, 1)
 
 
