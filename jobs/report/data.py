@@ -56,6 +56,8 @@ def _bounded(d: dict[str, Any], key: str, factory: Any) -> Any:
 
 @dataclass
 class Money:
+    """A running sum of dollars (a mutable value for `_bounded`)."""
+
     usd: Decimal = Decimal(0)
 
 

@@ -50,6 +50,8 @@ def run_table(d: ReportData) -> Table:
         ("requests (this attempt)", p.get("requests")), ("retries", p.get("retries")),
         ("errors", ", ".join(f"{k} {v}" for k, v in (p.get("errors") or {}).items()) or None),
         ("tokens in / out", f"{tokens.get('input', 0):,} / {tokens.get('output', 0):,}" if tokens else None),
+        ("paid per provider", ", ".join(f"{k} ${v.usd}" for k, v in sorted(d.answers.cost_by_provider.items()))
+         or None),
     ]
     if p.get("message"):
         rows.append(("why", p["message"]))
