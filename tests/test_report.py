@@ -183,7 +183,8 @@ def test_terminal_report_shows_every_section_with_data(tmp_path):
     text = console.export_text()
     for expected in ("$0.44 (44.0% of $1)", "forecast", "$0.47", "glaive", "fireworks", "get_weather",
                      "tools as text vs structured", "policy_drop 5", "exact 50/55", "3.0 GiB",
-                     "top-1 agreement", "0.910", "turnsRegenerated", "failed: moderation 1",
+                     "the answers scored by the target model", "provider moonshotai", "0.910",
+                     "turnsRegenerated", "failed: moderation 1",
                      "fireworks $0.030", "moonshotai $0.030"):
         assert expected in text, expected
 

@@ -100,7 +100,8 @@ def _report(store: Store) -> None:
     from eyrie.jobs.report.terminal import print_report
 
     data = collect(store)
-    print_report(data, err, full=False)
+    # a log file gets whole tables, not ones squeezed into 80 columns
+    print_report(data, err if err.is_terminal else Console(stderr=True, width=160), full=False)
     # plain print: a wrapped URL cannot be clicked or copied
     print(f"report: {publish(store, data)}  (tables again: eyrie report {store.uri})", file=sys.stderr)
 

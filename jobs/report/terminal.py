@@ -166,26 +166,35 @@ def extraction_table(d: ReportData) -> Table | None:
     return _kv("extraction", rows)
 
 
-def _num(v: Any, digits: int = 3) -> str:
-    return f"{v:.{digits}f}" if isinstance(v, int | float) and not isinstance(v, bool) else "n/a"
+def _num(x: Any, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
 def fidelity_table(d: ReportData) -> Table | None:
-    f = d.fidelity
-    if not f:
+    """The manifest's fidelity per provider and source: target-model scores beside the tool and gap
+    figures of the same answers."""
+    fid = d.fidelity
+    if not fid:
         return None
-    t = Table(title="fidelity: answers scored by the target model", title_justify="left")
-    t.add_column("by")
-    t.add_column("name")
-    for col in ("samples", "top-1 agreement", "mean NLL"):
-        t.add_column(col, justify="right")
-    groups = [("all", {"": f.get("overall") or {}}), ("provider", f.get("byProvider") or {}),
-              ("source", f.get("bySource") or {})]
-    for by, entries in groups:
-        for name, row in sorted(entries.items()):
-            if row:
-                t.add_row(by, name, str(row.get("samples", "")), _num(row.get("top1Agreement")),
-                          _num(row.get("meanNLL")))
+    floor = fid.get("minTop1Agreement")
+    t = Table(title="fidelity: the answers scored by the target model"
+                    + (f" (floor {floor}, on low: {fid.get('onLow')})" if floor is not None else ""),
+              title_justify="left")
+    for col in ("answers of", "samples", "top-1", "mean NLL", "low", "tool calls", "invalid", "leaks",
+                "prompt gap", "completion gap"):
+        t.add_column(col, justify="left" if col == "answers of" else "right")
+
+    def row(label: str, g: dict[str, Any]) -> None:
+        t.add_row(label, str(g.get("samples", 0)), _num(g.get("top1Agreement")), _num(g.get("meanNLL")),
+                  str(g.get("lowSamples", 0)), _num(g.get("toolCallRate")), _num(g.get("invalidCallRate")),
+                  _num(g.get("leakRate")), _num((g.get("promptTokenGap") or {}).get("mean"), 1),
+                  _num((g.get("completionTokenGap") or {}).get("mean"), 1))
+
+    row("all", fid.get("overall") or {})
+    for name, g in sorted((fid.get("byProvider") or {}).items()):
+        row(f"provider {name}" + (" (below floor)" if name in fid.get("belowFloor", ()) else ""), g)
+    for name, g in sorted((fid.get("bySource") or {}).items()):
+        row(f"source {name}", g)
     return t
 
 
