@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     AliasGenerator,
     BaseModel,
     ConfigDict,
@@ -68,6 +70,21 @@ USD = Annotated[
     PlainSerializer(lambda d: str(d), return_type=str),
     WithJsonSchema({"type": "string", "pattern": MONEY_PATTERN}),
 ]
+
+
+# A Kubernetes resource quantity (apimachinery's resource.Quantity, as KubeRay's CRD spells it), not
+# negative: "4Gi", "512Mi", "1.5", "500m"; "4GB" is not one and the API server would refuse the child.
+_DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
+
+
+def _quantity(value: str) -> str:
+    if not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 4Gi, 512Mi or 2 (GB is spelled G or Gi)")
+    return value
+
+
+Quantity = Annotated[str, AfterValidator(_quantity), WithJsonSchema({"type": "string", "pattern": QUANTITY_PATTERN})]
 
 
 class Model(BaseModel):
@@ -349,7 +366,9 @@ class RaySpec(Model):
     """Shard workers (Ray actors); concurrency and rate limits are split among them."""
     cpus_per_worker: float = Field(default=1, gt=0)
     """CPUs per worker pod (RayJob) or actor."""
-    memory_per_worker: str | None = Field(default=None, description="Kubernetes quantity, e.g. 4Gi.")
+    memory_per_worker: Quantity | None = Field(default=None, description="Kubernetes quantity, e.g. 4Gi.")
+    pre_running_deadline_seconds: int = Field(default=1800, ge=1)
+    """RayJob: a cluster not running after this many seconds fails the run (KubeRay >= 1.6)."""
 
 
 class GenerationSpec(Model):
@@ -411,8 +430,8 @@ class ExtractionSpec(Model):
     """Storage dtype; float8 stores e4m3 with a per-token scale."""
     gpus_per_pod: int = Field(default=1, ge=0)
     """GPUs per extraction pod (tensor parallel size)."""
-    pods: int = Field(default=1, ge=1)
-    """Extraction pods running at once."""
+    pods: int = Field(default=1, ge=1, le=100_000)
+    """Extraction pods running at once (an Indexed Job's bound with per-index retries)."""
     max_tokens_per_batch: int = Field(default=16384, ge=1)
     """Token budget of one forward batch."""
     shard_bytes: int = Field(default=1 << 30, ge=1 << 16, description="Target bytes per hidden shard.")

@@ -1,14 +1,18 @@
 """Pure manifest builders for the children of a DatasetGeneration: ConfigMap, RayJob, extraction Job.
 
 Names are deterministic functions of the parent (and the generation attempt), so a restarted
-operator finds what it created instead of creating it twice. Secrets are never copied into a
-manifest: the jobs receive them as env from `secretKeyRef`.
+operator finds what it created instead of creating it twice, and they fit every limit for any valid
+DatasetGeneration name (a DNS-1123 subdomain: up to 253 characters, dots, a leading digit): a name
+that would not fit is cut and given a short hash of the full name, so two parents never share one.
+Secrets are never copied into a manifest: the jobs receive them as env from `secretKeyRef`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 from typing import Any
 
 import yaml
@@ -19,7 +23,9 @@ from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
 ATTEMPT_ANNOTATION = "eyrie.dev/attempt"
 STOP_ANNOTATION = "eyrie.dev/stop-requested-at"
-DATASET_LABEL = "eyrie.dev/dataset"
+SUSPENDED_ANNOTATION = "eyrie.dev/suspended"  # on the Job: eyrie set spec.suspend, so eyrie may clear it
+DATASET_LABEL = "eyrie.dev/dataset"  # the name, or its cut-and-hashed form when not a label value
+DATASET_ANNOTATION = "eyrie.dev/dataset-name"  # the full name, where the label is not
 ROLE_LABEL = "eyrie.dev/role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "eyrie"}
 KUEUE_PREFIX = "kueue.x-k8s.io/"
@@ -28,6 +34,25 @@ SPEC_KEY = "spec.yaml"
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
 RAYJOB_API = ("ray.io", "v1", "rayjobs")
 GENERATION_ENTRYPOINT = f"eyrie run {SPEC_PATH} --until samples"
+# KubeRay: a RayJob name is a DNS-1035 label of at most 47 characters (it derives RayCluster, pod and
+# Service names from it; utils/constant.go MaxRayJobNameLength).
+RAYJOB_NAME_MAX = 47
+# A Job's name is its pods' `batch.kubernetes.io/job-name` label (<= 63) and an Indexed Job's pod
+# hostname is `<job>-<index>`, a DNS-1123 label (<= 63): room is kept for an index up to 99999
+# (the API server's bound on Indexed completions with backoffLimitPerIndex is 100000).
+JOB_NAME_MAX = 63 - len("-99999")
+LABEL_VALUE_MAX = 63
+SUBDOMAIN_MAX = 253
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+HASH_CHARS = 8
+# The extraction Job's failure budget, per index (one pod's share): a non-zero exit of the extractor
+# fails the Job at once (its errors repeat on a retry: a bad model path, a store refusing writes,
+# out of memory); a disruption (preemption, eviction, a drained node) is not counted at all; other
+# pod failures get this many retries per index instead of one backoffLimit shared by every pod.
+EXTRACT_RETRIES_PER_INDEX = 2
 # The operator cannot read the model, so /dev/shm is sized for the widest supported hidden size
 # (Llama-3.1-405B); a sizeLimit reserves nothing, and the backend checks the real need at start-up.
 SHM_HIDDEN_BOUND = 16384
@@ -42,16 +67,39 @@ class ChildSpecError(EyrieError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
+def name_hash(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()[:HASH_CHARS]
+
+
+def fit(name: str, suffix: str, limit: int, valid: re.Pattern[str], letter_first: bool = False) -> str:
+    """`<name><suffix>` when that is valid within `limit`; else the name with dots made dashes (and
+    `dg-` before a leading digit where a letter must lead), cut to fit, then `-<hash of name><suffix>`."""
+    plain = name + suffix
+    if len(plain) <= limit and valid.fullmatch(plain):
+        return plain
+    base = re.sub(r"[^a-z0-9-]", "-", name.lower())
+    if letter_first and not base[:1].isalpha():
+        base = "dg-" + base
+    tail = f"-{name_hash(name)}{suffix}"
+    return base[: limit - len(tail)].rstrip("-") + tail
+
+
 def configmap_name(name: str) -> str:
-    return f"{name}-spec"
+    return fit(name, "-spec", SUBDOMAIN_MAX, DNS1123_SUBDOMAIN)
 
 
 def generation_name(name: str, attempt: str) -> str:
-    return f"{name}-gen-{attempt}"
+    return fit(name, f"-gen-{attempt}", RAYJOB_NAME_MAX, DNS1035_LABEL, letter_first=True)
 
 
 def extraction_name(name: str) -> str:
-    return f"{name}-extract"
+    return fit(name, "-extract", JOB_NAME_MAX, DNS1123_LABEL)
+
+
+def dataset_label(name: str) -> str:
+    """The parent's name as a label value (<= 63 characters); when it had to be cut, the full name is
+    in the `eyrie.dev/dataset-name` annotation."""
+    return fit(name, "", LABEL_VALUE_MAX, LABEL_VALUE)
 
 
 def submission_id(namespace: str, name: str, attempt: str) -> str:
@@ -84,7 +132,19 @@ def kueue_labels(labels: dict[str, str] | None) -> dict[str, str]:
 
 
 def _labels(name: str, role: str, parent_labels: dict[str, str] | None) -> dict[str, str]:
-    return {**MANAGED_BY, DATASET_LABEL: name, ROLE_LABEL: role, **kueue_labels(parent_labels)}
+    """eyrie's labels and the parent's Kueue labels: no other label of the parent reaches a child."""
+    return {**MANAGED_BY, DATASET_LABEL: dataset_label(name), ROLE_LABEL: role, **kueue_labels(parent_labels)}
+
+
+def _metadata(child: str, name: str, namespace: str, role: str, parent_labels: dict[str, str] | None,
+              **annotations: str) -> dict[str, Any]:
+    """Name, labels and annotations; the full parent name is annotated where the label had to cut it."""
+    meta: dict[str, Any] = {"name": child, "namespace": namespace, "labels": _labels(name, role, parent_labels)}
+    if dataset_label(name) != name:
+        annotations = {DATASET_ANNOTATION: name, **annotations}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
 
 
 def resolved_spec_yaml(name: str, namespace: str, spec: DatasetGenerationSpec) -> str:
@@ -98,8 +158,7 @@ def configmap(name: str, namespace: str, spec: DatasetGenerationSpec) -> dict[st
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": configmap_name(name), "namespace": namespace,
-                     "labels": _labels(name, "spec", None)},
+        "metadata": _metadata(configmap_name(name), name, namespace, "spec", None),
         "data": {SPEC_KEY: resolved_spec_yaml(name, namespace, spec)},
     }
 
@@ -147,7 +206,6 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
     worker_resources: dict[str, Any] = {"cpu": str(ray.cpus_per_worker)}
     if ray.memory_per_worker:
         worker_resources["memory"] = ray.memory_per_worker
-    labels = _labels(name, "generation", parent_labels)
 
     def pod(container: str, resources: dict[str, Any]) -> dict[str, Any]:
         return {"spec": {
@@ -159,10 +217,13 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
     body: dict[str, Any] = {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
-        "metadata": {"name": generation_name(name, attempt), "namespace": namespace, "labels": labels,
-                     "annotations": {ATTEMPT_ANNOTATION: attempt}},
+        "metadata": _metadata(generation_name(name, attempt), name, namespace, "generation", parent_labels,
+                              **{ATTEMPT_ANNOTATION: attempt}),
         "spec": {
             "entrypoint": GENERATION_ENTRYPOINT,
+            # a cluster that never comes up (an image that cannot be pulled, pods that never schedule)
+            # fails with reason PreRunningDeadlineExceeded instead of staying Pending (KubeRay >= 1.6)
+            "preRunningDeadlineSeconds": ray.pre_running_deadline_seconds,
             # JSON is YAML; no secret in here, only how long a stop may drain
             "runtimeEnvYAML": json.dumps({"env_vars": stop_env(spec)}),
             "shutdownAfterJobFinishes": True,
@@ -230,17 +291,22 @@ def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": extraction_name(name), "namespace": namespace, "labels": labels},
+        "metadata": _metadata(extraction_name(name), name, namespace, "extraction", parent_labels),
         "spec": {
             "completionMode": "Indexed",
             "completions": count,
             "parallelism": ext.pods,
-            "backoffLimit": 3 * count,
+            "backoffLimitPerIndex": EXTRACT_RETRIES_PER_INDEX,
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                # onPodConditions: [] because Kubernetes <= 1.28's schema requires the key
+                {"action": "FailJob", "onPodConditions": [],
+                 "onExitCodes": {"containerName": "extract", "operator": "NotIn", "values": [0]}},
+            ]},
             "suspend": bool(kueue_labels(parent_labels)),
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
-
 
 
 def check_cluster_spec(spec: DatasetGenerationSpec) -> None:

@@ -29,7 +29,8 @@ from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError
 
 from . import children, conditions, metrics
 from .config import OperatorConfig
-from .kube import Kind, Kube
+from .kube import Kind, Kube, KubeError
+from .observed import job_child, neighbour_attempts, rayjob_child, submission_child
 from .reconcile import (
     ApplyConfigMap,
     CreateExtraction,
@@ -38,13 +39,13 @@ from .reconcile import (
     DeleteExtraction,
     DeleteGeneration,
     Event,
-    ExtractionChild,
     FinalizeManifest,
     GenerationChild,
     Observation,
     SetExtractionSuspend,
     StopGeneration,
     SuspendSpec,
+    child_rejected,
     invalid_spec,
     reconcile,
 )
@@ -54,6 +55,21 @@ RAY_TIMEOUT = 10.0
 
 class SecretMissing(EyrieError, LookupError):
     """A referenced Secret or key is absent; the message names the spec field, never a value."""
+
+
+class ChildRejected(EyrieError):
+    """The API server refused to create a child (schema, CEL, an admission webhook such as KubeRay's)."""
+
+
+async def _create(kube: Kube, kind: Kind, namespace: str, body: dict[str, Any]) -> bool:
+    """Create a child; a refusal of the object itself becomes ChildRejected (retrying cannot help)."""
+    try:
+        return await kube.create(kind, namespace, body)
+    except KubeError as e:
+        if e.rejected:
+            raise ChildRejected(f"the API server refused {body.get('kind', kind.value)} "
+                                f"{body['metadata']['name']}: {e.detail}") from e
+        raise
 
 
 def now_rfc3339() -> str:
@@ -76,10 +92,6 @@ def _ray_status(address: str, submission_id: str) -> str | None:
         if "does not exist" in str(e) or "404" in str(e):
             return None
         raise
-
-
-RAY_STATES = {"PENDING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeeded", "FAILED": "Failed",
-              "STOPPED": "Stopped"}
 
 
 # --------------------------------------------------------------------------------------- observe
@@ -108,45 +120,6 @@ async def _credentials(kube: Kube, namespace: str, spec: DatasetGenerationSpec) 
         ("spec.output.credentialsSecretRef.accessKeyKey", ref.access_key_key),
         ("spec.output.credentialsSecretRef.secretKeyKey", ref.secret_key_key)])
     return S3Credentials(vals[ref.access_key_key], vals[ref.secret_key_key])
-
-
-def _rayjob_child(doc: dict[str, Any]) -> GenerationChild:
-    meta = doc.get("metadata") or {}
-    ann = meta.get("annotations") or {}
-    st = doc.get("status") or {}
-    deploy = st.get("jobDeploymentStatus", "")
-    job = st.get("jobStatus", "")
-    state: str
-    if (doc.get("spec") or {}).get("suspend") and deploy in ("", "New", "Suspended", "Suspending"):
-        state = "Queued"
-    elif deploy == "Failed" or job == "FAILED":
-        state = "Failed"
-    elif job == "STOPPED":
-        state = "Stopped"
-    elif deploy == "Complete" or job == "SUCCEEDED":
-        state = "Succeeded"
-    elif job == "RUNNING":
-        state = "Running"
-    else:
-        state = "Pending"
-    stop = ann.get(children.STOP_ANNOTATION)
-    return GenerationChild(attempt=ann.get(children.ATTEMPT_ANNOTATION, "0"), name=meta.get("name", ""),
-                           state=state,  # type: ignore[arg-type]
-                           reason=st.get("reason", ""), message=st.get("message", ""),
-                           stop_requested_at=float(stop) if stop else None)
-
-
-def _job_child(doc: dict[str, Any]) -> ExtractionChild:
-    spec = doc.get("spec") or {}
-    st = doc.get("status") or {}
-    labels = (doc.get("metadata") or {}).get("labels") or {}
-    failed = next((c for c in st.get("conditions") or []
-                   if c.get("type") == "Failed" and c.get("status") == "True"), None)
-    return ExtractionChild(
-        name=doc["metadata"]["name"], suspended=bool(spec.get("suspend")),
-        kueue=bool(children.kueue_labels(labels)), succeeded=int(st.get("succeeded") or 0),
-        completions=int(spec.get("completions") or 0), failed=failed is not None,
-        reason=(failed or {}).get("reason", ""), message=(failed or {}).get("message", ""))
 
 
 @dataclass(frozen=True)
@@ -183,13 +156,6 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
     return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url)
 
 
-def _neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
-    """Attempts whose child may exist: the current one, the one before it (its deletion may still be
-    pending) and, while a resume is in flight, the next (created just before a crash)."""
-    n = int(attempt)
-    return [str(a) for a in (n - 1, n, n + 1) if a >= 1 and (a <= n or resuming)]
-
-
 async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
     meta = body["metadata"]
     name, ns = meta["name"], meta["namespace"]
@@ -217,21 +183,20 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     ray = spec.generation.ray
     if ray.mode == "RayJob":
         # deterministic names: the previous, current and a possibly-unrecorded next attempt
-        for a in _neighbour_attempts(attempt, resuming):
+        for a in neighbour_attempts(attempt, resuming):
             doc = await kube.get(Kind.RAYJOB, ns, children.generation_name(name, a))
             if doc is not None:
-                gens.append(_rayjob_child(doc))
+                gens.append(rayjob_child(doc))
     elif ray.mode == "Submit" and ray.address:
-        for a in _neighbour_attempts(attempt, resuming):
+        for a in neighbour_attempts(attempt, resuming):
             sid = children.submission_id(ns, name, a)
             st = await asyncio.wait_for(asyncio.to_thread(_ray_status, ray.address, sid), RAY_TIMEOUT)
             if st is not None:
-                gens.append(GenerationChild(a, sid, RAY_STATES.get(st, "Pending"),  # type: ignore[arg-type]
-                                            stop_requested_at=memo.stops.get(sid)))
+                gens.append(submission_child(a, sid, st, memo.stops.get(sid)))
     ext = None
     if spec.extraction.enabled:
         doc = await kube.get(Kind.JOB, ns, children.extraction_name(name))
-        ext = _job_child(doc) if doc else None
+        ext = job_child(doc) if doc else None
 
     # progress after the children: what it says is at least as fresh as their status
     prog = error = manifest = fidelity = report = None
@@ -304,13 +269,13 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
         if isinstance(action, ApplyConfigMap):
             cm = action.body
             _own(cm, body)
-            if not await kube.create(Kind.CONFIGMAP, ns, cm):
+            if not await _create(kube, Kind.CONFIGMAP, ns, cm):
                 await kube.patch(Kind.CONFIGMAP, ns, cm["metadata"]["name"], {"data": cm["data"]})
             memo.configmaps[(ns, name, meta.get("uid"))] = cm["data"]
         elif isinstance(action, CreateGeneration):
             if action.body is not None:
                 _own(action.body, body)
-                if await kube.create(Kind.RAYJOB, ns, action.body):
+                if await _create(kube, Kind.RAYJOB, ns, action.body):
                     logger.info(f"created RayJob {action.body['metadata']['name']} "
                                 f"(attempt {action.attempt})")
             else:
@@ -328,9 +293,12 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
                 logger.info(f"deleted RayJob {action.name}")
         elif isinstance(action, CreateExtraction):
             _own(action.body, body)
-            await kube.create(Kind.JOB, ns, action.body)
+            await _create(kube, Kind.JOB, ns, action.body)
         elif isinstance(action, SetExtractionSuspend):
-            await kube.patch(Kind.JOB, ns, action.name, {"spec": {"suspend": action.suspend}})
+            # marked, so that only a suspension eyrie made is one eyrie lifts (Kueue keeps its own)
+            await kube.patch(Kind.JOB, ns, action.name, {
+                "metadata": {"annotations": {children.SUSPENDED_ANNOTATION: "true" if action.suspend else None}},
+                "spec": {"suspend": action.suspend}})
         elif isinstance(action, DeleteExtraction):
             await kube.delete(Kind.JOB, ns, action.name)
         elif isinstance(action, SuspendSpec):
@@ -426,7 +394,14 @@ async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: loggi
         return
     obs = await observe(kube, memo, body, spec)
     decision = reconcile(obs)
-    await act(kube, memo, body, spec, decision, logger)
+    try:
+        await act(kube, memo, body, spec, decision, logger)
+    except ChildRejected as e:  # Failed is terminal: one event, no retry loop
+        await _patch_status(kube, meta, status, child_rejected(str(e), status, meta.get("generation"),
+                                                                now_rfc3339()))
+        kopf.event(body, type="Warning", reason="ChildRejected", message=str(e))
+        logger.error(str(e))
+        return
     await _patch_status(kube, meta, status, decision.status)
     if decision.suspended_reason:
         metrics.SUSPENSIONS.labels(decision.suspended_reason).inc()

@@ -57,6 +57,7 @@ class ExtractionChild:
     failed: bool = False
     reason: str = ""
     message: str = ""
+    suspended_by_other: bool = False  # suspended by Kueue (or another controller), not by eyrie
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,17 @@ def invalid_spec(error: SpecError | children.ChildSpecError, status: dict[str, A
         message = "; ".join(f"{path}: {msg}" for path, msg in error.problems)
     else:
         message = str(error)
-    cond = conditions.make(FAILED, "True", "PermanentError", message, now, generation)
-    return {"phase": "Failed", "observedGeneration": generation,
+    return _failed_status(conditions.make(FAILED, "True", "PermanentError", message, now, generation), status)
+
+
+def child_rejected(message: str, status: dict[str, Any], generation: int | None, now: str) -> dict[str, Any]:
+    """The API server (schema, CEL, an admission webhook) refused to create a child: the same body
+    would be refused again, so the run fails (`Failed=True` reason ChildRejected) instead of retrying."""
+    return _failed_status(conditions.make(FAILED, "True", "ChildRejected", message, now, generation), status)
+
+
+def _failed_status(cond: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return {"phase": "Failed", "observedGeneration": cond.get("observedGeneration"),
             "conditions": conditions.merge(list(status.get("conditions") or []), [cond])}
 
 
@@ -239,23 +249,60 @@ def invalid_spec(error: SpecError | children.ChildSpecError, status: dict[str, A
 
 
 def reconcile(obs: Observation) -> Decision:
-    """Decide what to do for one DatasetGeneration; idempotent, so every pass may repeat it."""
+    """Decide what to do for one DatasetGeneration; idempotent, so every pass may repeat it.
+
+    One concern per step: a run that cannot start at all; the ConfigMap and readiness conditions;
+    which attempt is current (older ones are stopped); generation Done -> extraction; a stop (user,
+    budget, drift, credits); a resume; the generation child's state -> phase.
+    """
     p = _Pass(obs)
-    spec = obs.spec
     st = obs.status
     phase = st.get("phase")
     if phase in TERMINAL_PHASES:
         return Decision([], p.status(phase, st.get("attempt") or "1"))
     try:
-        children.check_cluster_spec(spec)
+        children.check_cluster_spec(obs.spec)
     except children.ChildSpecError as e:
         return Decision([Event("Warning", "PermanentError", str(e))],
                         invalid_spec(e, st, obs.generation, obs.now))
 
-    desired_cm = children.configmap(obs.name, obs.namespace, spec)
-    if obs.configmap_data != desired_cm["data"]:
-        p.actions.append(ApplyConfigMap(desired_cm))
+    _apply_configmap(p)
+    can_start = _readiness(p)
+    attempt, current = _current_attempt(p)
+    prog = _progress_of(obs, attempt)
+    was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
 
+    if prog is not None and prog.outcome == Outcome.DONE:
+        phase = _after_generation(p, obs, was_suspended)
+        return Decision(p.actions, p.status(phase, attempt), p.suspended_reason)
+
+    stop = _stop_reason(obs, prog)
+    if obs.spec.suspend or (stop and (not was_suspended or stop.over_budget)):
+        # Suspended (or about to be). A resume with the budget still spent lands here again and
+        # re-suspends at once.
+        return _suspend(p, current, attempt, stop, was_suspended)
+    if was_suspended:
+        resumed = _resume(p, current, attempt)
+        if resumed is None:
+            return Decision(p.actions, p.status("Suspended", attempt))
+        attempt, current, prog = resumed, [], None
+    else:
+        _not_suspended(p)
+    if prog is not None and prog.outcome == Outcome.FAILED:
+        return _fail(p, attempt, "GenerationFailed", prog.message)
+    return _generation(p, attempt, current[0] if current else None, prog, can_start)
+
+
+def _apply_configmap(p: _Pass) -> None:
+    """The resolved spec the jobs mount: (re)applied whenever it differs from what was applied."""
+    desired = children.configmap(p.obs.name, p.obs.namespace, p.obs.spec)
+    if p.obs.configmap_data != desired["data"]:
+        p.actions.append(ApplyConfigMap(desired))
+
+
+def _readiness(p: _Pass) -> bool:
+    """SecretsReady and OutputReachable; True when an attempt may be started."""
+    obs = p.obs
     if obs.missing_secrets:
         p.cond(SECRETS_READY, False, "SecretNotFound", "; ".join(obs.missing_secrets))
     else:
@@ -268,82 +315,99 @@ def reconcile(obs: Observation) -> Decision:
             "spec.output.credentialsSecretRef: the Secret is needed to read the output", obs.now, obs.generation)
     else:
         p.cond(OUTPUT_REACHABLE, True, "OutputReadable")
-    can_start = not obs.missing_secrets and not obs.progress_error
+    return not obs.missing_secrets and not obs.progress_error
 
-    # The current attempt: the recorded one, or a newer child created just before a restart.
-    attempt = st.get("attempt") or "1"
-    for child in obs.generation_children:
+
+def _current_attempt(p: _Pass) -> tuple[str, list[GenerationChild]]:
+    """The recorded attempt, or a newer child's (created just before a restart); children of any
+    other attempt are stopped."""
+    attempt = p.obs.status.get("attempt") or "1"
+    for child in p.obs.generation_children:
         if int(child.attempt) > int(attempt):
             attempt = child.attempt
-    current = [c for c in obs.generation_children if c.attempt == attempt]
-    stale = [c for c in obs.generation_children if c.attempt != attempt]
-    for child in stale:
-        _stop(p, child)
+    for child in p.obs.generation_children:
+        if child.attempt != attempt:
+            _stop(p, child)
+    return attempt, [c for c in p.obs.generation_children if c.attempt == attempt]
 
-    # an outcome counts only for this attempt of this object: a deleted and recreated object with
-    # the same output.uri starts again at attempt 1 and must not act on its predecessor's outcome
-    prog = obs.progress if (obs.progress and obs.progress.attempt == attempt
-                            and obs.progress.run_id in ("", obs.uid)) else None
+
+def _progress_of(obs: Observation, attempt: str) -> Progress | None:
+    """progress.json when it is this attempt's of this object: a deleted and recreated object with the
+    same output.uri starts again at attempt 1 and must not act on its predecessor's outcome."""
+    prog = obs.progress
+    if prog is not None and prog.attempt == attempt and prog.run_id in ("", obs.uid):
+        return prog
+    return None
+
+
+@dataclass(frozen=True)
+class _Stop:
+    reason: str
+    message: str
+    over_budget: bool
+
+
+def _stop_reason(obs: Observation, prog: Progress | None) -> _Stop | None:
+    """Why the run must stop, if it must: spend at the budget (any attempt's spend counts), or the
+    job's own stop outcome (budget, drift, credits)."""
+    spent = obs.progress.spent if obs.progress else Decimal(str(obs.status.get("spentUSD") or "0"))
+    budget = obs.spec.budget.max_usd
+    if spent >= budget:
+        return _Stop("BudgetExceeded", _budget_message(spent, budget), True)
     outcome = prog.outcome if prog else None
-    spent = obs.progress.spent if obs.progress else Decimal(str(st.get("spentUSD") or "0"))
-    was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
+    reason = STOP_REASONS.get(outcome or "")
+    if reason == "BudgetExceeded":
+        return _Stop(reason, _budget_message(spent, budget), False)
+    if reason:
+        return _Stop(reason, prog.message if prog and prog.message else f"the generation job stopped: {outcome}",
+                     False)
+    return None
 
-    if outcome == Outcome.DONE:
-        phase = _after_generation(p, obs, was_suspended)
-        return Decision(p.actions, p.status(phase, attempt), p.suspended_reason)
 
-    stop_reason = STOP_REASONS.get(outcome or "")
-    over_budget = spent >= spec.budget.max_usd
-    if over_budget:
-        stop_reason, stop_message = "BudgetExceeded", _budget_message(spent, spec.budget.max_usd)
-    elif stop_reason == "BudgetExceeded":
-        stop_message = _budget_message(spent, spec.budget.max_usd)
-    elif stop_reason:
-        stop_message = prog.message if prog and prog.message else f"the generation job stopped: {outcome}"
+def _suspend(p: _Pass, current: list[GenerationChild], attempt: str, stop: _Stop | None,
+             was_suspended: bool) -> Decision:
+    """Stop the attempt and record why; the operator's own stops also set spec.suspend."""
+    spec = p.obs.spec
+    if not spec.suspend:
+        p.actions.append(SuspendSpec())
+    if not was_suspended or not spec.suspend:
+        reason = stop.reason if stop else USER_SUSPENDED
+        message = stop.message if stop else "spec.suspend is true"
+        p.cond(SUSPENDED, True, reason, message)
+        p.actions.append(Event("Warning" if stop else "Normal", reason, message))
+        p.suspended_reason = reason
+    for child in current:
+        _stop(p, child)
+    p.cond(QUEUED, False, "NotQueued")
+    return Decision(p.actions, p.status("Suspended", attempt), p.suspended_reason)
 
-    if spec.suspend or (stop_reason and not was_suspended) or (stop_reason and over_budget):
-        # Suspended (or about to be): stop the attempt, record why. A resume with the budget still
-        # spent lands here again and re-suspends at once.
-        if not spec.suspend:
-            p.actions.append(SuspendSpec())
-        if not was_suspended or not spec.suspend:
-            reason = stop_reason or USER_SUSPENDED
-            message = stop_message if stop_reason else "spec.suspend is true"
-            p.cond(SUSPENDED, True, reason, message)
-            p.actions.append(Event("Warning" if stop_reason else "Normal", reason, message))
-            p.suspended_reason = reason
+
+def _resume(p: _Pass, current: list[GenerationChild], attempt: str) -> str | None:
+    """Resumed by the user: once the stopped attempt is gone, the next attempt (None while waiting)."""
+    if any(c.running for c in current):
         for child in current:
             _stop(p, child)
-        p.cond(QUEUED, False, "NotQueued")
-        return Decision(p.actions, p.status("Suspended", attempt), p.suspended_reason)
+        p.cond(SUSPENDED, True, "Stopping", f"waiting for generation attempt {attempt} to stop")
+        return None
+    for child in current:
+        p.actions.append(DeleteGeneration(child.attempt, child.name))
+    attempt = next_attempt(attempt)
+    p.cond(SUSPENDED, False, "Resumed", f"resumed as generation attempt {attempt}")
+    p.actions.append(Event("Normal", "Resumed", f"resumed as generation attempt {attempt}"))
+    return attempt
 
-    if was_suspended:
-        # Resumed by the user. Wait until the stopped attempt is gone, then start a fresh one.
-        if any(c.running for c in current):
-            for child in current:
-                _stop(p, child)
-            p.cond(SUSPENDED, True, "Stopping", f"waiting for generation attempt {attempt} to stop")
-            return Decision(p.actions, p.status("Suspended", attempt))
-        for child in current:
-            p.actions.append(DeleteGeneration(child.attempt, child.name))
-        attempt = next_attempt(attempt)
-        current, prog, outcome = [], None, None
-        p.cond(SUSPENDED, False, "Resumed", f"resumed as generation attempt {attempt}")
-        p.actions.append(Event("Normal", "Resumed", f"resumed as generation attempt {attempt}"))
-    else:
-        _not_suspended(p)
 
-    if outcome == "Failed":
-        return _fail(p, attempt, "GenerationFailed", prog.message if prog else "")
-
-    child = current[0] if current else None
+def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Progress | None,
+                can_start: bool) -> Decision:
+    """The generation child of the current attempt: create it, or read its state into the phase."""
+    obs = p.obs
     if child is None:
         p.cond(QUEUED, False, "NotQueued")
         if not can_start:
             return Decision(p.actions, p.status("Pending", attempt))
         body = None
-        if spec.generation.ray.mode == "RayJob":
-            body = children.rayjob(obs.name, obs.namespace, spec, attempt, obs.labels, obs.uid)
+        if obs.spec.generation.ray.mode == "RayJob":
+            body = children.rayjob(obs.name, obs.namespace, obs.spec, attempt, obs.labels, obs.uid)
         p.actions.append(CreateGeneration(attempt, body))
         return Decision(p.actions, p.status("Pending", attempt))
     if child.state == "Failed":
@@ -352,12 +416,12 @@ def reconcile(obs: Observation) -> Decision:
     if child.state in ("Succeeded", "Stopped"):
         return _fail(p, attempt, "GenerationEnded",
                      f"generation child {child.name} ended without reporting Done in progress.json "
-                     f"(outcome for attempt {attempt}: {outcome or 'none'})")
+                     f"(outcome for attempt {attempt}: {prog.outcome if prog else 'none'})")
     if child.state == "Queued":
         p.cond(QUEUED, True, "WaitingForAdmission", f"{child.name} waits for Kueue admission")
         return Decision(p.actions, p.status("Pending", attempt))
     p.cond(QUEUED, False, "Admitted")
-    gate = spec.tools.gate
+    gate = obs.spec.tools.gate
     in_canary = (prog is not None and prog.stage == "generate" and gate.enabled
                  and prog.samples.get("done", 0) < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
@@ -457,6 +521,11 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
         return "Failed"
     if job.suspended and job.kueue:
         p.cond(QUEUED, True, "WaitingForAdmission", f"{job.name} waits for Kueue admission")
+    elif job.suspended and job.suspended_by_other:
+        # Kueue's manageJobsWithoutQueueName (or another controller) holds it: lifting that
+        # suspension would only have it suspended again, forever
+        p.cond(QUEUED, True, "WaitingForAdmission",
+               f"{job.name} was suspended by Kueue or another controller, not by eyrie; it runs once admitted")
     elif job.suspended:
         p.actions.append(SetExtractionSuspend(job.name, False))
     return "Extracting"

@@ -58,4 +58,10 @@ BAD_SPECS: tuple[BadSpec, ...] = (
     BadSpec("unknown-ray-mode", "spec.generation.ray.mode", _set("generation.ray.mode", "Cloud")),
     BadSpec("shards-not-a-number", "spec.generation.shards", _set("generation.shards", "four")),
     BadSpec("zero-shards", "spec.generation.shards", _set("generation.shards", 0)),
+    BadSpec("memory-not-a-quantity", "spec.generation.ray.memoryPerWorker",
+            _set("generation.ray.memoryPerWorker", "4GB")),
+    BadSpec("memory-with-a-space", "spec.generation.ray.memoryPerWorker",
+            _set("generation.ray.memoryPerWorker", "4 Gi")),
+    BadSpec("zero-pre-running-deadline", "spec.generation.ray.preRunningDeadlineSeconds",
+            _set("generation.ray.preRunningDeadlineSeconds", 0)),
 )

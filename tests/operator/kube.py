@@ -101,6 +101,8 @@ class Emulator(kmock.KubernetesEmulator):
     _inflight: set[int] = attrs.field(factory=set, init=False)
     # (user agent, group, resource[/subresource], verb) of every Kubernetes request, for RBAC checks
     calls: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
+    # (plural, name) -> message: creates an admission webhook would deny (400, as the API server answers)
+    refuse: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
 
     def declare(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
                 subresources: list[str] | None = None, shortnames: list[str] | None = None,
@@ -144,6 +146,10 @@ class Emulator(kmock.KubernetesEmulator):
             data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(next(self._rv))})
         if request.resource is not None and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
+            denied = self.refuse.get((str(request.resource.plural), str(meta.get("name"))))
+            if request.action == enums.action.CREATE and denied:
+                raise kmock.KubernetesError(status=400, reason="BadRequest",
+                                            message=f'admission webhook "test.webhook" denied the request: {denied}')
             if request.action == enums.action.CREATE:
                 if not meta.get("name") and meta.get("generateName"):
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]

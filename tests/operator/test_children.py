@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
 import yaml
 
 from eyrie.jobs.spec import parse_spec
@@ -118,7 +125,9 @@ def test_manifests_validate_against_the_kubernetes_schemas() -> None:
     import kubernetes_validate
 
     sp = spec(extraction__enabled=True)
-    kubernetes_validate.validate(children.configmap("dg", "ns", sp), "1.33", strict=True)
+    for name in ("dg", "x" * 253):
+        kubernetes_validate.validate(children.configmap(name, "ns", sp), "1.33", strict=True)
+        kubernetes_validate.validate(children.extraction_job(name, "ns", sp), "1.33", strict=True)
     kubernetes_validate.validate(children.extraction_job("dg", "ns", sp, {"kueue.x-k8s.io/queue-name": "q"}),
                                  "1.33", strict=True)
     kubernetes_validate.validate(children.extraction_job("dg", "ns", spec(extraction__enabled=True,
@@ -127,3 +136,133 @@ def test_manifests_validate_against_the_kubernetes_schemas() -> None:
     rj = children.rayjob("dg", "ns", sp, "1")["spec"]["rayClusterSpec"]
     for tpl in (rj["headGroupSpec"]["template"], rj["workerGroupSpecs"][0]["template"]):
         kubernetes_validate.validate(_pod_template(tpl), "1.33", strict=True)
+
+
+# --------------------------------------------------------------------------- names real clusters accept
+
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+HOSTILE = [
+    "dg",
+    "llama3.1-70b-run",  # dots: not a DNS label
+    "2026-08-kimi",  # a leading digit: not a DNS-1035 label
+    "a" * 41,  # "-gen-1" makes 47: fits exactly
+    "a" * 42,  # one over KubeRay's 47
+    "b" * 60,  # over 63 with "-extract"
+    "c" * 63,  # a label value at most
+    "x" * 253,  # the longest DatasetGeneration name
+    ".".join(["9a"] * 84)[:253].rstrip("."),  # 253 characters of dotted, digit-led segments
+    "0",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_child_names_fit_every_limit(name: str) -> None:
+    assert SUBDOMAIN.fullmatch(name) and len(name) <= 253  # a valid DatasetGeneration name
+    for attempt in ("1", "12", "999"):
+        rj = children.generation_name(name, attempt)
+        assert len(rj) <= 47 and DNS1035_LABEL.fullmatch(rj), rj
+    job = children.extraction_name(name)
+    assert len(job) <= 63 and DNS1123_LABEL.fullmatch(job)
+    for index in (0, 99_999):  # the Indexed Job's pod hostnames
+        assert len(f"{job}-{index}") <= 63 and DNS1123_LABEL.fullmatch(f"{job}-{index}")
+    cm = children.configmap_name(name)
+    assert len(cm) <= 253 and SUBDOMAIN.fullmatch(cm)
+    label = children.dataset_label(name)
+    assert len(label) <= 63 and LABEL_VALUE.fullmatch(label)
+
+
+def test_names_that_fit_are_kept_as_they_are() -> None:
+    assert children.generation_name("a" * 41, "1") == "a" * 41 + "-gen-1"
+    assert children.extraction_name("dg") == "dg-extract"
+    assert children.configmap_name("llama3.1-70b-run") == "llama3.1-70b-run-spec"  # dots are fine there
+    assert children.dataset_label("llama3.1-70b-run") == "llama3.1-70b-run"
+
+
+def test_cut_names_carry_a_hash_of_the_full_name() -> None:
+    h = children.name_hash("2026-08-kimi")
+    assert children.generation_name("2026-08-kimi", "2") == f"dg-2026-08-kimi-{h}-gen-2"
+    assert children.generation_name("llama3.1-70b-run", "1") == \
+        f"llama3-1-70b-run-{children.name_hash('llama3.1-70b-run')}-gen-1"
+    # two names that differ only past the cut, or only in a dot, get different children
+    for a, b in (("x" * 252 + "a", "x" * 252 + "b"), ("llama3.1-70b", "llama3-1-70b")):
+        assert children.generation_name(a, "1") != children.generation_name(b, "1")
+        assert children.extraction_name(a) != children.extraction_name(b)
+        assert children.dataset_label(a) != children.dataset_label(b) or len(a) <= 63
+    # unique per attempt, stable across calls (a restarted operator finds its children)
+    long = "x" * 253
+    assert children.generation_name(long, "1") != children.generation_name(long, "2")
+    assert children.generation_name(long, "1") == children.generation_name(long, "1")
+
+
+def test_a_long_name_is_a_hashed_label_and_a_full_annotation() -> None:
+    name = "d" * 200
+    for body in (children.configmap(name, "ns", spec()), children.rayjob(name, "ns", spec(), "1"),
+                 children.extraction_job(name, "ns", spec(extraction__enabled=True))):
+        meta = body["metadata"]
+        assert meta["labels"]["eyrie.dev/dataset"] == children.dataset_label(name) != name
+        assert meta["annotations"]["eyrie.dev/dataset-name"] == name
+
+
+def test_only_eyries_and_kueues_labels_reach_a_child() -> None:
+    parent = {"team": "a", "app.kubernetes.io/name": "x", "kueue.x-k8s.io/queue-name": "q",
+              "kueue.x-k8s.io/priority-class": "p"}
+    want = {"app.kubernetes.io/managed-by", "eyrie.dev/dataset", "eyrie.dev/role", "kueue.x-k8s.io/queue-name",
+            "kueue.x-k8s.io/priority-class"}
+    assert set(children.rayjob("dg", "ns", spec(), "1", parent)["metadata"]["labels"]) == want
+    job = children.extraction_job("dg", "ns", spec(extraction__enabled=True), parent)
+    assert set(job["metadata"]["labels"]) == set(job["spec"]["template"]["metadata"]["labels"]) == want
+
+
+def test_extraction_failure_budget_is_per_index_and_ignores_disruptions() -> None:
+    s = children.extraction_job("dg", "ns", spec(extraction__enabled=True))["spec"]
+    assert s["backoffLimitPerIndex"] == 2 and "backoffLimit" not in s
+    ignore, fail = s["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert fail["action"] == "FailJob"
+    assert fail["onExitCodes"] == {"containerName": "extract", "operator": "NotIn", "values": [0]}
+    assert fail["onExitCodes"]["containerName"] == s["template"]["spec"]["containers"][0]["name"]
+
+
+def test_rayjob_has_a_pre_running_deadline_from_the_spec() -> None:
+    assert children.rayjob("dg", "ns", spec(), "1")["spec"]["preRunningDeadlineSeconds"] == 1800
+    sp = spec(generation__ray__preRunningDeadlineSeconds=300)
+    assert children.rayjob("dg", "ns", sp, "1")["spec"]["preRunningDeadlineSeconds"] == 300
+
+
+KUBERAY_CRD = Path("/work/shared/reference/kuberay/ray.io_rayjobs.yaml")
+
+
+@functools.cache
+def _kuberay_validator() -> jsonschema.protocols.Validator:
+    crd = yaml.load(KUBERAY_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = v1["schema"]["openAPIV3Schema"]
+
+    def strict(node: Any) -> None:  # the API server prunes unknown fields; here they are an error
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                node.setdefault("additionalProperties", False)
+            for v in node.values():
+                strict(v)
+        elif isinstance(node, list):
+            for v in node:
+                strict(v)
+
+    strict(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.mark.skipif(not KUBERAY_CRD.exists(), reason="KubeRay's CRD is read from /work/shared/reference")
+@pytest.mark.parametrize("name", ["dg", "x" * 253, "2026-08-kimi"])
+def test_rayjob_validates_against_kuberays_crd(name: str) -> None:
+    sp = spec(generation__ray__memoryPerWorker="512Mi")
+    body = children.rayjob(name, "ns", sp, "1", {"kueue.x-k8s.io/queue-name": "q"}, uid="u-1")
+    _kuberay_validator().validate({k: v for k, v in body.items() if k != "metadata"})
+    bad = children.rayjob("dg", "ns", sp, "1")
+    bad["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"][
+        "limits"]["memory"] = "4GB"
+    with pytest.raises(jsonschema.ValidationError):  # the check can fail: KubeRay's CRD refuses 4GB
+        _kuberay_validator().validate(bad)

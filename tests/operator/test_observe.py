@@ -1,4 +1,4 @@
-"""How the handlers read children's status into the pure reconcile inputs."""
+"""How children's status becomes the pure reconcile inputs (`operator/observed.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from eyrie.jobs.contract.layout import summary_key
-from eyrie.operator.handlers import _job_child, _neighbour_attempts, _rayjob_child
+from eyrie.operator.observed import job_child, neighbour_attempts, rayjob_child
 
 
 def rayjob(status: dict[str, Any], suspend: bool = False, stop: str | None = None) -> dict[str, Any]:
@@ -27,35 +27,65 @@ def rayjob(status: dict[str, Any], suspend: bool = False, stop: str | None = Non
     ({"jobDeploymentStatus": "Complete", "jobStatus": "FAILED"}, False, "Failed"),
     ({"jobDeploymentStatus": "Failed"}, False, "Failed"),
     ({"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED"}, False, "Stopped"),
+    ({"jobDeploymentStatus": "ValidationFailed"}, False, "Failed"),
+    ({"jobDeploymentStatus": "Failed", "reason": "PreRunningDeadlineExceeded"}, False, "Failed"),
 ])
 def test_rayjob_states(status: dict[str, Any], suspend: bool, state: str) -> None:
-    child = _rayjob_child(rayjob(status, suspend))
+    child = rayjob_child(rayjob(status, suspend))
     assert (child.attempt, child.name, child.state) == ("2", "dg-gen-2", state)
 
 
 def test_rayjob_stop_request_and_reason() -> None:
-    child = _rayjob_child(rayjob({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded",
+    child = rayjob_child(rayjob({"jobDeploymentStatus": "Failed", "reason": "DeadlineExceeded",
                                   "message": "too slow"}, stop="1000.5"))
     assert (child.reason, child.message, child.stop_requested_at) == ("DeadlineExceeded", "too slow", 1000.5)
 
 
-def test_job_child() -> None:
+def testjob_child() -> None:
     job = {"metadata": {"name": "dg-extract", "labels": {"kueue.x-k8s.io/queue-name": "q"}},
            "spec": {"suspend": True, "completions": 4},
            "status": {"succeeded": 3, "conditions": [
                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "12 failures"}]}}
-    c = _job_child(job)
+    c = job_child(job)
     assert (c.name, c.suspended, c.kueue, c.succeeded, c.completions) == ("dg-extract", True, True, 3, 4)
     assert (c.failed, c.reason, c.message) == (True, "BackoffLimitExceeded", "12 failures")
-    plain = _job_child({"metadata": {"name": "j"}, "spec": {}, "status": {}})
+    plain = job_child({"metadata": {"name": "j"}, "spec": {}, "status": {}})
     assert (plain.suspended, plain.kueue, plain.failed, plain.succeeded) == (False, False, False, 0)
 
 
-def test_neighbour_attempts() -> None:
-    assert _neighbour_attempts("1", resuming=False) == ["1"]
-    assert _neighbour_attempts("1", resuming=True) == ["1", "2"]
-    assert _neighbour_attempts("4", resuming=False) == ["3", "4"]
+def testneighbour_attempts() -> None:
+    assert neighbour_attempts("1", resuming=False) == ["1"]
+    assert neighbour_attempts("1", resuming=True) == ["1", "2"]
+    assert neighbour_attempts("4", resuming=False) == ["3", "4"]
 
 
 def test_summary_key_matches_the_extraction_stage() -> None:
     assert summary_key(1, 4) == "hidden/summary-00001-of-00004.json"
+
+
+def test_kuberays_refusal_is_child_rejected_with_its_message() -> None:
+    msg = "The RayJob metadata is invalid: RayJob name should be no more than 47 characters"
+    child = rayjob_child(rayjob({"jobDeploymentStatus": "ValidationFailed", "reason": "ValidationFailed",
+                                 "message": msg}))
+    assert (child.state, child.reason) == ("Failed", "ChildRejected")
+    assert child.message == f"KubeRay rejected RayJob dg-gen-2: {msg}"
+
+
+def test_a_pre_running_deadline_keeps_kuberays_reason() -> None:
+    child = rayjob_child(rayjob({"jobDeploymentStatus": "Failed", "reason": "PreRunningDeadlineExceeded",
+                                 "message": "RayJob did not reach Running within 1800 seconds"}))
+    assert (child.state, child.reason) == ("Failed", "PreRunningDeadlineExceeded")
+    assert "1800 seconds" in child.message
+
+
+@pytest.mark.parametrize(("labels", "annotations", "by_other"), [
+    ({}, {}, True),  # Kueue's manageJobsWithoutQueueName suspended it: not eyrie's to lift
+    ({}, {"eyrie.dev/suspended": "true"}, False),  # eyrie suspended it (spec.suspend)
+    ({"kueue.x-k8s.io/queue-name": "q"}, {}, False),  # queue-labelled: `kueue` says it already
+])
+def test_who_suspended_the_job(labels: dict[str, str], annotations: dict[str, str], by_other: bool) -> None:
+    doc = {"metadata": {"name": "j", "labels": labels, "annotations": annotations},
+           "spec": {"suspend": True}, "status": {}}
+    assert job_child(doc).suspended_by_other is by_other
+    doc["spec"]["suspend"] = False
+    assert job_child(doc).suspended_by_other is False
