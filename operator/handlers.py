@@ -206,7 +206,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         try:
             store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
             if isinstance(store, S3Store):
-                store.RETRIES = 1  # the next poll is the retry; a dead endpoint must not stall the pass
+                store.RETRY_SECONDS = 0.0  # one try: the next poll retries; a dead endpoint must not stall a pass
             out = await asyncio.to_thread(_read_output, store, spec)
             prog = parse_progress(out.progress) if out.progress is not None else None
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
