@@ -26,7 +26,8 @@ HOSTILE = ["2026-08.kimi-k2.5-" + "long" * 15, "x" * 253, "llama3.1-70b-run"]
 def spec(**extraction: Any) -> DatasetGenerationSpec:
     return parse_spec({"spec": {
         "sources": [{"name": "s", "uri": "s3://prompts/s.jsonl"}], "target": {"model": "m", "tokenizer": "t"},
-        "api": {"baseUrl": "simulated", "apiKeySecretRef": {"name": "openrouter"}}, "budget": {"maxUSD": "10"},
+        "api": {"baseUrl": "https://openrouter.ai/api/v1", "apiKeySecretRef": {"name": "openrouter"}},
+        "budget": {"maxUSD": "10", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
         "generation": {"ray": {"mode": "RayJob", "image": "ray:1", "workers": 2, "memoryPerWorker": "512Mi"}},
         "extraction": {"enabled": True, "image": "sgl:1", "gpusPerPod": 0, **extraction},
         "output": {"uri": "s3://out/run", "endpoint": "http://minio:9000", "credentialsSecretRef": {"name": "minio"}},
