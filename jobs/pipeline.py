@@ -34,7 +34,7 @@ def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
         return
     from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
-    cfg = SimulatorConfig.from_spec(spec.api.simulator)
+    cfg = SimulatorConfig.from_spec(spec.api.simulator, spec.target)
     if spec.budget.pricing is not None:
         cfg.input_per_million = spec.budget.pricing.input_per_million
         cfg.output_per_million = spec.budget.pricing.output_per_million

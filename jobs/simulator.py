@@ -29,14 +29,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any, get_args
 
 import orjson
 from aiohttp import web
 
-from eyrie.jobs.spec import SimulatorSpec
+from eyrie.jobs.spec import SimulatorSpec, TargetSpec
 from eyrie.jobs.tools.declarations import DeclarationError, parse_text_declarations
 
 # One source of truth for the fault names: the spec's Literal.
@@ -83,6 +83,12 @@ class SimulatorConfig:
     retry_after_s: int = 1  # the Retry-After header of the "429" fault
     hang_s: float = 3600.0  # how long the "timeout" fault holds a request (until the client leaves)
     api_key: str | None = None  # when set, requests must carry `Authorization: Bearer <api_key>`
+    # With a tokenizer, usage.prompt_tokens is the length of the prompt `chat_format` renders with
+    # `template_variant` (None: the format's default; "unknown": one eyrie does not know), as a real
+    # provider counts it; without one, a quarter of the prompt's characters.
+    tokenizer: str | None = None
+    chat_format: str = "auto"
+    template_variant: str | None = None
 
     def __post_init__(self) -> None:
         self.input_per_million = Decimal(str(self.input_per_million))
@@ -98,11 +104,14 @@ class SimulatorConfig:
             raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
 
     @classmethod
-    def from_spec(cls, sim: SimulatorSpec | None) -> SimulatorConfig:
+    def from_spec(cls, sim: SimulatorSpec | None, target: TargetSpec | None = None) -> SimulatorConfig:
+        counts = {} if target is None or not target.tokenizer else {
+            "tokenizer": target.tokenizer, "chat_format": target.chat_format,
+            "template_variant": sim.template_variant if sim is not None else None}
         if sim is None:
-            return cls()
+            return cls(**counts)
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
-                   seed=sim.seed, divergence_rate=sim.divergence_rate)
+                   seed=sim.seed, divergence_rate=sim.divergence_rate, **counts)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -307,6 +316,32 @@ def _prompt_chars(messages: list[Any], tools: Any) -> int:
     return n
 
 
+UNKNOWN_VARIANT = "unknown"
+UNKNOWN_EXTRA_TOKENS = 5  # what the unknown variant adds to every prompt (a line no known variant writes)
+
+
+class PromptCounter:
+    """usage.prompt_tokens as a provider rendering one template variant counts it."""
+
+    def __init__(self, cfg: SimulatorConfig):
+        from eyrie.jobs.reconstruct.formats import resolve_format
+        from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+
+        unknown = cfg.template_variant == UNKNOWN_VARIANT
+        self.tok = load_tokenizer(TargetSpec(model=MODEL_ID, tokenizer=cfg.tokenizer, chat_format=cfg.chat_format))
+        self.fmt = resolve_format(cfg.chat_format, self.tok, None if unknown else cfg.template_variant)
+        self.extra = UNKNOWN_EXTRA_TOKENS if unknown else 0
+
+    def __call__(self, body: dict[str, Any], ans: Answer) -> int | None:
+        from eyrie.jobs.reconstruct.variants import prompt_lengths
+
+        response = {"reasoning": ans.reasoning, "content": ans.content, "tool_calls": ans.tool_calls,
+                    "finish_reason": ans.finish_reason}
+        usage = {"completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
+        n = prompt_lengths({"served": self.fmt}, self.tok, body, response, usage).get("served")
+        return None if n is None else n + self.extra
+
+
 def _tool_call(rng: random.Random, fn: dict[str, Any]) -> dict[str, Any]:
     args = _schema_value(fn.get("parameters") or {"type": "object", "properties": {}}, rng)
     return {"id": f"call_{rng.getrandbits(96):024x}", "type": "function",
@@ -463,6 +498,7 @@ class _Sim:
     def __init__(self, cfg: SimulatorConfig):
         self.cfg = cfg
         self.faults = tuple(cfg.faults) or DEFAULT_FAULTS
+        self.prompt_counter = PromptCounter(cfg) if cfg.tokenizer else None
         self.reset()
 
     def reset(self) -> None:
@@ -571,6 +607,9 @@ class _Sim:
             return web.Response(status=504, body=_error_body(504, "simulated hang ended"),
                                 content_type="application/json")
         ans = make_answer(body, self.cfg)
+        if self.prompt_counter is not None:
+            counted = await asyncio.to_thread(self.prompt_counter, body, ans)
+            ans = replace(ans, prompt_tokens=ans.prompt_tokens if counted is None else counted)
         if fault in ("leak", "length-empty"):
             ans = apply_content_fault(ans, fault, body, completion_limit(body, self.cfg))
         if body.get("stream"):

@@ -130,6 +130,9 @@ class TargetSpec(Model):
     chat_format: Literal["auto", "kimi-k2.5", "deepseek-v3", "deepseek-v4", "qwen3"] = Field(
         default="auto", description="auto = the tokenizer's chat template; or a named family."
     )
+    template_variant: str | None = Field(default=None, min_length=1, max_length=64)
+    """Pin the chat format's template variant (kimi-k2.5: current | release; deepseek-v3: vllm | card;
+    qwen3: release | later). Unset: chosen per provider over the canary from its usage.prompt_tokens."""
     trust_remote_code: bool = Field(default=False, description="Allow the tokenizer's remote code.")
 
 
@@ -270,6 +273,9 @@ class SimulatorSpec(Model):
     divergence_rate: float = Field(default=0, ge=0, le=1)
     """Share of tool-calling turns where the simulated model calls another tool, with other
     arguments or not at all (agentic sources, `generation.turns: all`)."""
+    template_variant: str | None = Field(default=None, min_length=1, max_length=64)
+    """The template variant whose prompt length the simulator reports as usage.prompt_tokens (with
+    target.tokenizer; default: the format's first); `unknown` serves one eyrie does not know."""
 
 
 class ApiSpec(Model):

@@ -23,7 +23,7 @@ from .conditions import FAILED, OUTPUT_REACHABLE, QUEUED, SECRETS_READY, SUCCEED
 
 # outcome -> the Suspended condition's reason
 STOP_REASONS = {Outcome.BUDGET_EXHAUSTED: "BudgetExceeded", Outcome.TOOL_SEMANTICS_DRIFT: "ToolSemanticsDrift",
-                Outcome.INSUFFICIENT_CREDITS: "InsufficientCredits"}
+                Outcome.INSUFFICIENT_CREDITS: "InsufficientCredits", Outcome.TEMPLATE_MISMATCH: "TemplateMismatch"}
 USER_SUSPENDED = "SuspendedByUser"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

@@ -29,6 +29,11 @@ def test_quickstart_runs_end_to_end(tmp_path):
     done = progress["samples"]["done"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["reconstruction"]["samples"]["kept"] == done
+    # the simulated provider counts prompts as the format renders them: detected, and every prompt exact
+    chosen = manifest["templateVariants"]["byProvider"]["eyrie-simulator"]
+    assert (chosen["variant"], chosen["how"]) == ("deepseek-v4", "detected")
+    assert manifest["reconstruction"]["samples"]["promptTokenGap"]["exact"] == done
+    assert "template variant of deepseek-v4 per provider: eyrie-simulator: deepseek-v4 (detected" in r.stderr
     rows = [r for f in sorted((out / "samples").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert len(rows) == done and len({r["sample_id"] for r in rows}) == done
     assert manifest["extraction"]["samples"] == done

@@ -75,7 +75,8 @@ def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, 
 
     m = summary.to_manifest()
     assert m["tokenizer"] == {"name": str(KIMI), "sha256": tok.sha256, "files": dict(tok.files)}
-    assert m["chatTemplate"] == {"format": "kimi-k2.5", "sha256": resolve_format("kimi-k2.5", tok).sha256}
+    assert m["chatTemplate"] == {"format": "kimi-k2.5", "sha256": resolve_format("kimi-k2.5", tok).sha256,
+                                 "variant": "current", "byProvider": {}}
     got = m["samples"]
     assert got["records"] == 7 and got["kept"] == 3 and got["shards"] == 2
     assert got["excluded"] == {"duplicate": 1, "policy_drop": 1, "status_failed": 1, "template_error": 1}
@@ -189,8 +190,33 @@ def test_segments_of_a_vocabulary_whose_tokens_do_not_add_up_to_the_text():
     by_bytes = token_starts(text, [t.encode() for t in toks], decode, ids, (11, 16))
     by_decode = token_starts(text, [b"?"] * len(toks), decode, ids, (11, 16))
     assert by_bytes == by_decode == [3, 5]
+
+
 def test_gap_histogram_is_bounded_and_counts_every_sample() -> None:
     values = [0, 0, 3, -2, 10_000, -10_000, 5]
     hist = _distribution(values)["histogram"]
     assert sum(hist.values()) == len(values)
     assert hist == {str(-GAP_CLIP): 1, "-2": 1, "0": 2, "3": 1, "5": 1, str(GAP_CLIP): 1}
+
+
+def test_each_providers_records_are_rebuilt_with_the_variant_found_for_it(spec, tmp_path):
+    import orjson
+
+    from eyrie.jobs.contract.progress import write_progress
+
+    store = FileStore(tmp_path / "out")
+    old, new = record("r1"), record("r2")
+    old["response"]["provider"], new["response"]["provider"] = "OldHost", "NewHost"
+    store.put(layout.part_key(0, 0), records.encode_part([old, new, record("r3")]))
+    write_progress(store, {"outcome": "Done", "templateVariants": {"byProvider": {
+        "OldHost": {"variant": "release", "how": "detected"}, "NewHost": {"variant": "current", "how": "detected"}}}},
+        "a1", "generate")
+    summary = build_samples(spec, store)
+    tok = load_tokenizer(spec.target)
+    texts = {r["sample_id"]: tok.decode(r["input_ids"]) for r in read_samples(store, 0).to_pylist()}
+    default_system = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
+    assert [default_system in texts[s] for s in ("r1", "r2", "r3")] == [True, False, False]
+    by = summary.to_manifest()["chatTemplate"]["byProvider"]
+    assert {p: v["variant"] for p, v in by.items()} == {"NewHost": "current", "OldHost": "release"}
+    assert by["OldHost"]["sha256"] == resolve_format("kimi-k2.5", tok, "release").sha256 != by["NewHost"]["sha256"]
+    assert orjson.loads(store.get(layout.PROGRESS))["templateVariants"]  # read, never rewritten here

@@ -19,7 +19,8 @@ from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import Store, open_output
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
-              Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6}
+              Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6,
+              Outcome.TEMPLATE_MISMATCH: 7}
 
 err = Console(stderr=True)
 
@@ -83,6 +84,11 @@ def run_main(argv: list[str]) -> int:
     print(f"outcome: {outcome}  samples done {s.get('done')}/{s.get('total')} "
           f"(dropped {s.get('dropped')}, failed {s.get('failed')})  spent ${prog.get('spentUSD')} "
           f"of ${prog.get('maxUSD')}  output {store.uri}", file=sys.stderr)
+    variants = prog.get("templateVariants")
+    if variants and variants.get("byProvider"):
+        chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted)"
+                           for p, c in variants["byProvider"].items())
+        print(f"template variant of {variants['format']} per provider: {chosen}", file=sys.stderr)
     if message:
         print(f"why: {message}", file=sys.stderr)
     if prog:

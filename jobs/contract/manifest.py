@@ -51,6 +51,7 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "failures": progress.get("failures"),  # failed samples by error type (moderation, timeout, ...)
         "tokens": progress.get("tokens"),
         "tools": progress.get("tools"),
+        "templateVariants": progress.get("templateVariants"),
         "reconstruction": reconstruction,
         "extraction": {**extraction.to_manifest(), "pods": pods} if extraction else None,
         # per provider and source: target-model scores beside the tool and gap figures (contract/fidelity.py)

@@ -27,6 +27,7 @@ class Outcome(StrEnum):
     BUDGET_EXHAUSTED = "BudgetExhausted"
     TOOL_SEMANTICS_DRIFT = "ToolSemanticsDrift"
     INSUFFICIENT_CREDITS = "InsufficientCredits"
+    TEMPLATE_MISMATCH = "TemplateMismatch"  # no template variant gives the provider's prompt_tokens
     FAILED = "Failed"
     STOPPED = "Stopped"  # a signal (Ray stop_job, Ctrl-C) asked the run to stop; resumable
 

@@ -32,6 +32,9 @@ class Observation:
     retries: int = 0
     error_kind: str | None = None
     check: Any = None  # eyrie.jobs.tools.ResponseCheck of an answer (per-tool counts, gate)
+    provider: str | None = None  # who answered (OpenRouter's `provider`)
+    prompt_tokens: int | None = None  # the provider's usage.prompt_tokens, when reported
+    prompt_lengths: dict[str, int] | None = None  # canary answers: our prompt length per template variant
 
 
 @dataclass
@@ -69,7 +72,8 @@ class RunCoordinator:
 
     def __init__(self, max_usd: Decimal, spent: Decimal, counts: Counts, total: int,
                  shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0),
-                 commit: Callable[[Decimal], None] | None = None, workers: int = 1):
+                 commit: Callable[[Decimal], None] | None = None, workers: int = 1,
+                 variants: Any = None):
         self.book = LeaseBook(max_usd=max_usd, workers=workers, spent=spent)
         self._commit = commit
         self.committed = spent
@@ -78,6 +82,7 @@ class RunCoordinator:
         self.counts = counts
         self.total = total
         self.gate = gate  # eyrie.jobs.tools.gate.ToolGate or None
+        self.variants = variants  # eyrie.jobs.reconstruct.variants.VariantDetector or None
         self.audit_usd = audit_usd  # part of the spend, paid by `eyrie audit`
         self.outcome = Outcome.RUNNING
         self.message = ""
@@ -197,6 +202,10 @@ class RunCoordinator:
             drift = self.gate.observe_check(obs.check)
             if drift is not None:
                 self._stop(Outcome.TOOL_SEMANTICS_DRIFT, drift.message)
+        if self.variants is not None and obs.prompt_lengths is not None:
+            mismatch = self.variants.observe(obs.provider, obs.prompt_tokens, obs.prompt_lengths)
+            if mismatch is not None:
+                self._stop(Outcome.TEMPLATE_MISMATCH, mismatch.message)
         return self.outcome != Outcome.RUNNING
 
     async def stop(self, outcome: str, message: str) -> None:
@@ -213,6 +222,7 @@ class RunCoordinator:
     def snapshot(self) -> dict[str, Any]:
         c = self.counts
         tools = self.gate.metrics() if self.gate is not None else {}
+        variants = {"templateVariants": self.variants.summary()} if self.variants is not None else {}
         return {
             "outcome": self.outcome,
             "message": self.message,
@@ -230,4 +240,5 @@ class RunCoordinator:
             "errors": dict(self.errors),
             "inFlight": sum(self.book.in_flight.values()),
             "coordinatorCalls": self.calls,
+            **variants,
         }

@@ -26,6 +26,7 @@ from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import RunCoordinator
 from eyrie.jobs.generate.preflight import preflight
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
+from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import ToolGate
@@ -125,7 +126,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
                        "shards": sorted(shard_prompts), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
-                       "workers": spec.generation.ray.workers}
+                       "workers": spec.generation.ray.workers, "variants": detector_for(spec)}
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None))
         plan = _Plan(spec, ctx, base_url, coordinator, shard_prompts, store, stopper, monitor)
         snapshot = _run_inline(plan) if inline else _run_ray(plan)

@@ -112,7 +112,11 @@ class ShardWorker:
         self.mode = "text" if self.spec.tools.mode == "text" else "structured"  # audit runs structured
         self.budget = LeaseHolder(self._call, self.worker_id, self.concurrency)
         self.persisted = 0
-        self._counter: Callable[[str], int] | bool | None = False  # False: not loaded yet
+        self._tok: Any = False  # the target tokenizer; False: not loaded yet, None: none set
+        self._counter: Callable[[str], int] | None = None
+        from eyrie.jobs.reconstruct.variants import CanaryProbe
+
+        self.probe = CanaryProbe(self.spec, self._tokenizer)
 
     @property
     def stopping(self) -> bool:
@@ -135,15 +139,21 @@ class ShardWorker:
         res = fn(*args)
         return await res if asyncio.iscoroutine(res) else res
 
-    def _count_tokens(self) -> Callable[[str], int] | None:
-        """The target tokenizer's counter, loaded once per worker (None without target.tokenizer)."""
-        if self._counter is False:
-            self._counter = None
+    def _tokenizer(self) -> Any:
+        """The target tokenizer, loaded once per worker (None without target.tokenizer)."""
+        if self._tok is False:
+            self._tok = None
             if self.spec.target.tokenizer:
                 from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
 
-                tok = load_tokenizer(self.spec.target, self.spec.output.endpoint)
-                self._counter = lambda text: len(tok.encode(text))
+                self._tok = load_tokenizer(self.spec.target, self.spec.output.endpoint)
+        return self._tok
+
+    def _count_tokens(self) -> Callable[[str], int] | None:
+        """The target tokenizer's counter (None without target.tokenizer)."""
+        tok = self._tokenizer()
+        if tok is not None and self._counter is None:
+            self._counter = lambda text: len(tok.encode(text))
         return self._counter
 
     def _store(self) -> Store:
@@ -276,6 +286,8 @@ class ShardWorker:
                 self.budget.settle(rid, cost, obs)
             return rec
         cost, obs = self._record_answer(rec, prepared, sent, amount)
+        if self.probe.wants(sent.response):  # each provider's canary: our prompt length per template variant
+            obs.prompt_lengths = await asyncio.to_thread(self.probe.lengths, body, sent.response, sent.usage or {})
         self.budget.settle(rid, cost, obs)
         return rec
 
@@ -328,9 +340,11 @@ class ShardWorker:
         rec.update(status="ok", response=done.response, usage=done.usage, attempts=done.attempts,
                    costUSD=usd(cost if cost is not None else amount), checks=check.to_record(),
                    policy=verdict)
-        obs = Observation("ok", policy=verdict, input_tokens=int(usage.get("prompt_tokens") or 0),
+        reported = usage.get("prompt_tokens")
+        obs = Observation("ok", policy=verdict, input_tokens=int(reported or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),
-                          retries=done.attempts - 1, check=check)
+                          retries=done.attempts - 1, check=check, provider=done.response.get("provider"),
+                          prompt_tokens=reported if isinstance(reported, int) else None)
         return cost, obs
 
 

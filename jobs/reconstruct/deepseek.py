@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from eyrie.jobs.reconstruct.base import (
     THINK,
@@ -41,24 +42,34 @@ class DeepSeekV3(ChatFormat):
     `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>...
     <｜tool▁calls▁end｜>`; tool results as `<｜tool▁output▁begin｜>...<｜tool▁output▁end｜>` after
     which the answer follows directly (no header, no reasoning); every assistant turn ends in
-    `<｜end▁of▁sentence｜>`. Earlier turns' reasoning is dropped."""
+    `<｜end▁of▁sentence｜>`. Earlier turns' reasoning is dropped.
+
+    The official template ignores `tools`; providers declare them in the system prompt in one of two
+    ways, the variants: `vllm` (vLLM's DeepSeek-V3.1 tool template: the block joined to the system
+    prompt by a blank line, `Where:` followed by a blank line, parameters through `tojson`) and
+    `card` (the model card's tool-description block, appended directly, parameters through Python's
+    `json.dumps`)."""
 
     name = "deepseek-v3"
     history_rewritten = "its template drops the reasoning of earlier assistant turns"
     markers = (DS_BOS, DS_EOS, DS_USER, DS_ASSISTANT, THINK, THINK_END, DS_CALLS_BEGIN, DS_CALLS_END,
                DS_CALL_BEGIN, DS_CALL_END, DS_SEP, DS_OUT_BEGIN, DS_OUT_END)
+    variants: ClassVar[Mapping[str, str]] = {
+        "vllm": "vLLM's tool template: the tool block after a blank line",
+        "card": "the model card's tool-description block, appended directly"}
 
-    @staticmethod
-    def _tools_text(tools: list[dict[str, Any]]) -> str:
+    def _tools_text(self, tools: list[dict[str, Any]]) -> str:
+        card = self.variant == "card"
         text = "## Tools\nYou have access to the following tools:\n"
         for t in tools:
             fn = t.get("function") or {}
+            params = fn.get("parameters") or {}
             text += (f"\n### {fn.get('name', '')}\nDescription: {fn.get('description') or ''}\n\n"
-                     f"Parameters: {_dump(fn.get('parameters') or {})}\n")
+                     f"Parameters: {json.dumps(params) if card else _dump(params)}\n")
         return text + (
             "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
             f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}tool_call_name{DS_SEP}tool_call_arguments{DS_CALL_END}"
-            "{{additional_tool_calls}}" f"{DS_CALLS_END}\n\nWhere:\n\n"
+            "{{additional_tool_calls}}" f"{DS_CALLS_END}\n\nWhere:\n" + ("" if card else "\n") +
             "- `tool_call_name` must be an exact match to one of the available tools\n"
             "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
             "- For multiple tool calls, chain them directly without separators or spaces\n")
@@ -75,7 +86,7 @@ class DeepSeekV3(ChatFormat):
         system = "\n\n".join(text_of(m.get("content"), f"request.messages[{i}]")
                              for i, m in enumerate(messages) if m.get("role") == "system")
         if tools:
-            system += "\n\n" + self._tools_text(tools)
+            system += ("" if self.variant == "card" else "\n\n") + self._tools_text(tools)
         out = [DS_BOS, system]
         last_user = is_tool = False
         for i, m in enumerate(messages):

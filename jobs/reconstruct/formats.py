@@ -49,11 +49,19 @@ def resolve_format(name: str, tokenizer: LoadedTokenizer, variant: str | None = 
     return fmt
 
 
+def variant_names(chat_format: str) -> tuple[str, ...]:
+    """The template variants of `target.chatFormat`, default first; a format without variants
+    (auto, deepseek-v4) is its own single one."""
+    cls = NAMED.get(chat_format)
+    return tuple(cls.variants) if cls is not None and cls.variants else (chat_format,)
+
+
 def check_tokenizer(target: TargetSpec, endpoint: str | None = None) -> LoadedTokenizer:
-    """Preflight (before any paid request): load the tokenizer and resolve `target.chatFormat`
-    against it, so a missing template or a marker that is not one token fails the run now."""
+    """Preflight (before any paid request): load the tokenizer and resolve `target.chatFormat` (and
+    a pinned `target.templateVariant`) against it, so a missing template, an unknown variant or a
+    marker that is not one token fails the run now."""
     tok = load_tokenizer(target, endpoint)
-    resolve_format(target.chat_format, tok)
+    resolve_format(target.chat_format, tok, target.template_variant)
     return tok
 
 

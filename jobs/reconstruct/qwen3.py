@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from eyrie.jobs.reconstruct.base import (
     THINK,
@@ -26,11 +27,17 @@ class Qwen3(ChatFormat):
     system turn inside `<tools></tools>`; calls as `<tool_call>\\n{"name": ..., "arguments": ARGS}\\n
     </tool_call>`; tool results as `<tool_response>` blocks in a user turn; the answer after the last
     real user query carries `<think>\\nREASONING\\n</think>\\n\\n` (reasoning stripped of newlines at
-    its ends, content of leading newlines, as the template does)."""
+    its ends, content of leading newlines, as the template does).
+
+    Variants: `release` (the template published with the models) and `later` (the Hub's later
+    revision, which adds `is string` guards). They render the same text for OpenAI requests, whose
+    content reaches the template as text: detection reports both as fitting and keeps the first."""
 
     name = "qwen3"
     history_rewritten = ("its template drops the reasoning of assistant turns before the last user query, "
                          "so a packed sequence is not what the model saw")
+    variants: ClassVar[Mapping[str, str]] = {"release": "the template published with the models",
+                                             "later": "the later revision with `is string` guards"}
     markers = ("<|im_start|>", "<|im_end|>", THINK, THINK_END, "<tool_call>", "</tool_call>",
                "<tool_response>", "</tool_response>")
     default_thinking = True

@@ -20,9 +20,12 @@ import pyarrow.parquet as pq
 
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
+from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.reconstruct.base import ChatFormat
 from eyrie.jobs.reconstruct.formats import PackingRefused, packing_refused, resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
+from eyrie.jobs.reconstruct.variants import OTHER_PROVIDERS, chosen_variants
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import Tally
@@ -99,6 +102,8 @@ class SamplesSummary:
     tokenizer_files: dict[str, str]
     chat_format: str
     template_sha256: str
+    variant: str | None = None  # the format's variant for providers without a choice of their own
+    by_provider: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> variant, sha256
     shards: int = 0
     records: int = 0
     samples: int = 0
@@ -145,7 +150,8 @@ class SamplesSummary:
     def to_manifest(self) -> dict[str, Any]:
         return {
             "tokenizer": {"name": self.tokenizer, "sha256": self.tokenizer_sha256, "files": self.tokenizer_files},
-            "chatTemplate": {"format": self.chat_format, "sha256": self.template_sha256},
+            "chatTemplate": {"format": self.chat_format, "sha256": self.template_sha256, "variant": self.variant,
+                             "byProvider": self.by_provider},
             "samples": {
                 "shards": self.shards, "files": self.files, "records": self.records, "kept": self.samples,
                 "tokens": self.tokens, "responseTokens": self.response_tokens,
@@ -199,7 +205,27 @@ def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded],
     summary.files.append(key)
 
 
-def _shard_results(rebuild: Reconstructor, store: Store, shard: int, summary: SamplesSummary
+class ProviderRebuild:
+    """Each record rebuilt with the template variant its provider was found to render over the
+    canary (progress.json `templateVariants`); providers without a choice get the default."""
+
+    def __init__(self, fmt: ChatFormat, tok: LoadedTokenizer, chosen: dict[str, str]):
+        self.default = Reconstructor(fmt, tok)
+        by_variant = {fmt.variant: self.default}
+        self.providers: dict[str, Reconstructor] = {}
+        for provider, variant in chosen.items():
+            if variant in fmt.variants:
+                if variant not in by_variant:
+                    by_variant[variant] = Reconstructor(fmt.with_variant(variant), tok)
+                self.providers[provider] = by_variant[variant]
+
+    def __call__(self, record: records.Record) -> Sample | Excluded:
+        provider = provider_of(record)
+        rebuild = self.providers.get(provider) or self.providers.get(OTHER_PROVIDERS) or self.default
+        return rebuild(record)
+
+
+def _shard_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: SamplesSummary
                    ) -> Iterator[Sample | Excluded]:
     seen: set[tuple[str, int]] = set()
     for record in records.iter_records(store, shard):
@@ -239,7 +265,7 @@ def pack(turns: list[Sample | Excluded]) -> Sample | Excluded:
                   provider=last.provider)  # segments are per answer: a packed sample has several, none given
 
 
-def _packed_results(rebuild: Reconstructor, store: Store, shard: int, summary: SamplesSummary
+def _packed_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: SamplesSummary
                     ) -> Iterator[Sample | Excluded]:
     """Per conversation: its turns rebuilt one by one, then packed. A conversation's records may lie in
     several parts, so the shard's results are grouped first (per-turn samples held until packed)."""
@@ -258,10 +284,12 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
                   tokenizer: LoadedTokenizer | None = None) -> SamplesSummary:
     """Rebuild every `samples/shard-*.parquet` from the generation records in `store`."""
     tok = tokenizer or load_tokenizer(spec.target, spec.output.endpoint)
-    fmt = resolve_format(spec.target.chat_format, tok)
-    rebuild = Reconstructor(fmt, tok)
+    fmt = resolve_format(spec.target.chat_format, tok, spec.target.template_variant)
+    rebuild = ProviderRebuild(fmt, tok, chosen_variants((read_progress(store) or {}).get("templateVariants")))
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
-                             chat_format=fmt.name, template_sha256=fmt.sha256)
+                             chat_format=fmt.name, template_sha256=fmt.sha256, variant=fmt.variant,
+                             by_provider={p: {"variant": r.fmt.variant or "", "sha256": r.fmt.sha256}
+                                          for p, r in sorted(rebuild.providers.items())})
     if spec.generation.turns == "all" and spec.samples.multi_turn == "packed":
         refused = packing_refused(fmt)
         if refused:

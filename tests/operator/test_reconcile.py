@@ -243,6 +243,14 @@ CASES = [
         conds={"Suspended": ("True", "InsufficientCredits")},
     ),
     Case(
+        "a template no variant fits suspends",
+        obs(generation_children=(gen(state="Succeeded"),),
+            progress=prog("TemplateMismatch", message="provider X: no template variant of kimi-k2.5 ...")),
+        ["SuspendSpec", "Event:Warning:TemplateMismatch", "DeleteGeneration"],
+        "Suspended",
+        conds={"Suspended": ("True", "TemplateMismatch")},
+    ),
+    Case(
         "an old attempt's outcome is never acted on",
         obs(
             status={"attempt": "2"},

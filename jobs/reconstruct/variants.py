@@ -1,0 +1,215 @@
+"""Which template variant each provider renders, told by its own prompt-token counts. Pure.
+
+A chat format declares its variants (template revisions, tool-declaration styles); only the
+provider knows which it serves. For the canary's answers the worker renders the prompt with every
+variant (`prompt_lengths`) and reports the lengths with the provider's `usage.prompt_tokens`; this
+module decides, per provider, once that provider has `canary` answers: the variant whose length
+equals the provider's count on at least `FIT_SHARE` of them (the format's default first when
+several do), or a `TemplateStop` naming the gap distribution of every variant when none does. A
+pinned variant (`target.templateVariant`) is used whatever the counts say (they are still
+reported); a provider that reports no `prompt_tokens` keeps the pinned or default variant, flagged
+`unreported`. After its decision a provider's answers are not rendered again: the cost is the
+canary's.
+
+Limits: per provider at most `canary` gaps per variant are kept; providers beyond `MAX_PROVIDERS`
+share one entry (a router naming a new provider per answer cannot grow this without bound).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
+from eyrie.jobs.reconstruct.base import ChatFormat, FormatError, Message
+from eyrie.jobs.reconstruct.formats import resolve_format, variant_names
+from eyrie.jobs.reconstruct.reconstructor import turn_of, wants_thinking
+from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer
+from eyrie.jobs.spec import DatasetGenerationSpec
+
+FIT_SHARE = 0.95  # a variant fits a provider when its prompt length is exact on this share of answers
+MAX_PROVIDERS = 64
+OTHER_PROVIDERS = "(other)"
+
+
+def candidates(fmt: ChatFormat) -> dict[str, ChatFormat]:
+    """The format rendering each of its variants; a format without variants is its own one."""
+    if not fmt.variants:
+        return {fmt.name: fmt}
+    return {v: fmt if v == fmt.variant else fmt.with_variant(v) for v in fmt.variants}
+
+
+def prompt_lengths(formats: Mapping[str, ChatFormat], tok: LoadedTokenizer, request: dict[str, Any],
+                   response: dict[str, Any], usage: dict[str, Any]) -> dict[str, int]:
+    """Token count of the prompt each variant renders for this request (a variant that cannot render
+    it is left out: it cannot be what the provider rendered)."""
+    messages: list[Message] = request.get("messages") or []
+    tools = request.get("tools") or None
+    out: dict[str, int] = {}
+    try:
+        turn = turn_of(response)
+    except FormatError:
+        return out
+    for name, fmt in formats.items():
+        thinking = wants_thinking(request, usage, turn)
+        try:
+            prompt = fmt.render(messages, tools, turn, fmt.default_thinking if thinking is None else thinking).prompt
+        except FormatError:
+            continue
+        out[name] = len(tok.encode(prompt))
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The variant used for one provider's answers and how it was chosen."""
+
+    variant: str
+    how: str  # detected | pinned | unreported (no prompt_tokens) | mismatch | undecided (still in the canary)
+    answers: int  # answers with prompt_tokens that were judged
+    fits: tuple[str, ...]  # variants exact on at least FIT_SHARE of them
+
+    def to_json(self) -> dict[str, Any]:
+        return {"variant": self.variant, "how": self.how, "answers": self.answers, "fits": list(self.fits)}
+
+
+@dataclass(frozen=True)
+class TemplateStop:
+    """No variant fits a provider; `message` names the gap distribution of each variant."""
+
+    provider: str
+    message: str
+
+
+def _gap_summary(gaps: Sequence[int]) -> str:
+    s = sorted(gaps)
+    exact = sum(g == 0 for g in s)
+    return (f"exact {exact}/{len(s)}, gap (ours - provider's) min {s[0]} p50 {s[len(s) // 2]} max {s[-1]}"
+            if s else "never rendered")
+
+
+@dataclass
+class _Provider:
+    answers: int = 0  # every answer seen while undecided
+    gaps: dict[str, list[int]] = field(default_factory=dict)  # per variant, answers with prompt_tokens
+    reported: int = 0
+
+
+class VariantDetector:
+    """Accumulates (provider, prompt_tokens, lengths per variant) over the canary and decides."""
+
+    def __init__(self, format_name: str, variants: Sequence[str], canary: int, pinned: str | None = None):
+        self.format_name = format_name
+        self.variants = tuple(variants)
+        self.default = pinned or self.variants[0]
+        self.pinned = pinned
+        self.canary = max(1, canary)
+        self._open: dict[str, _Provider] = {}
+        self.chosen: dict[str, Choice] = {}
+        self.stopped: TemplateStop | None = None
+
+    def _key(self, provider: str | None) -> str:
+        p = provider or UNKNOWN_PROVIDER
+        if p in self.chosen or p in self._open or len(self.chosen) + len(self._open) < MAX_PROVIDERS:
+            return p
+        return OTHER_PROVIDERS
+
+    def wants(self, provider: str | None) -> bool:
+        """Should this provider's next answer be rendered (is it still undecided)?"""
+        return self._key(provider) not in self.chosen
+
+    def observe(self, provider: str | None, prompt_tokens: int | None,
+                lengths: Mapping[str, int]) -> TemplateStop | None:
+        """Count one answer; returns a TemplateStop the first time a provider fits no variant."""
+        key = self._key(provider)
+        if key in self.chosen:
+            return None
+        p = self._open.setdefault(key, _Provider())
+        p.answers += 1
+        if prompt_tokens is not None:
+            p.reported += 1
+            for v in self.variants:
+                if v in lengths:
+                    g = p.gaps.setdefault(v, [])
+                    g.append(lengths[v] - prompt_tokens)
+        if p.answers < self.canary:
+            return None
+        return self._decide(key)
+
+    def _judge(self, key: str, p: _Provider) -> tuple[Choice, str | None]:
+        """The choice for a provider on what it gave, and the stop message when nothing fits."""
+        n = p.reported
+        fits = tuple(v for v in self.variants if n and sum(g == 0 for g in p.gaps.get(v, ())) >= FIT_SHARE * n)
+        if self.pinned:
+            return Choice(self.pinned, "pinned", n, fits), None
+        if not n:
+            return Choice(self.default, "unreported", 0, ()), None
+        if fits:
+            return Choice(self.default if self.default in fits else fits[0], "detected", n, fits), None
+        detail = "; ".join(f"{v}: {_gap_summary(p.gaps.get(v, ()))}" for v in self.variants)
+        return Choice(self.default, "mismatch", n, ()), (
+            f"provider {key}: no template variant of {self.format_name} gives the prompt length it counted "
+            f"(usage.prompt_tokens) on {FIT_SHARE:.0%} of {n} answers: {detail}. It renders a template eyrie "
+            "does not know; route to another provider, set target.chatFormat to the model's family, or pin "
+            "target.templateVariant knowingly")
+
+    def _decide(self, key: str) -> TemplateStop | None:
+        choice, message = self._judge(key, self._open.pop(key))
+        self.chosen[key] = choice
+        if message is None:
+            return None
+        stop = TemplateStop(key, message)
+        self.stopped = self.stopped or stop
+        return stop
+
+    def summary(self) -> dict[str, Any]:
+        """For progress.json and the manifest: the format, the pin, the choice per provider (a provider
+        that has not reached the canary is judged on what it gave so far, marked `final: false`)."""
+        by = {k: {**c.to_json(), "final": True} for k, c in self.chosen.items()}
+        by.update({k: {**self._judge(k, p)[0].to_json(), "final": False} for k, p in self._open.items()})
+        return {"format": self.format_name, "variants": list(self.variants), "pinned": self.pinned,
+                "canary": self.canary, "byProvider": dict(sorted(by.items()))}
+
+
+def detector_for(spec: DatasetGenerationSpec) -> VariantDetector | None:
+    """The run's detector (None without target.tokenizer: nothing can be rendered then)."""
+    if not spec.target.tokenizer:
+        return None
+    return VariantDetector(spec.target.chat_format, variant_names(spec.target.chat_format),
+                           spec.tools.gate.canary_samples, spec.target.template_variant)
+
+
+class CanaryProbe:
+    """A worker's side of detection: the prompt length under every variant for the first `canary`
+    answers of each provider it sees, then nothing (None), so the cost stays the canary's."""
+
+    def __init__(self, spec: DatasetGenerationSpec, tokenizer: Callable[[], LoadedTokenizer | None]):
+        self.spec = spec
+        self.canary = max(1, spec.tools.gate.canary_samples)
+        self._tokenizer = tokenizer
+        self._formats: dict[str, ChatFormat] | None = None
+        self._seen: Counter[str] = Counter()
+
+    def lengths(self, request: dict[str, Any], response: dict[str, Any],
+                usage: dict[str, Any]) -> dict[str, int] | None:
+        provider = str(response.get("provider") or UNKNOWN_PROVIDER)
+        if provider not in self._seen and len(self._seen) >= MAX_PROVIDERS:
+            provider = OTHER_PROVIDERS
+        if self._seen[provider] >= self.canary or not self.spec.target.tokenizer:
+            return None
+        tok = self._tokenizer()
+        if tok is None:
+            return None
+        if self._formats is None:
+            t = self.spec.target
+            self._formats = candidates(resolve_format(t.chat_format, tok, t.template_variant))
+        self._seen[provider] += 1
+        return prompt_lengths(self._formats, tok, request, response, usage)
+
+
+def chosen_variants(summary: Mapping[str, Any] | None) -> dict[str, str]:
+    """provider -> variant from a `summary()` (as stored in progress.json)."""
+    by = (summary or {}).get("byProvider") or {}
+    return {p: c["variant"] for p, c in by.items() if isinstance(c, dict) and isinstance(c.get("variant"), str)}

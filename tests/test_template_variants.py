@@ -1,0 +1,203 @@
+"""Template variants chosen by the provider's own prompt-token counts: the pure decision, each
+family's variants rendering differently where they differ, and real runs where the simulated
+provider serves each variant (or one eyrie does not know) and eyrie picks it (or stops)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from eyrie.jobs.contract import layout
+from eyrie.jobs.reconstruct.formats import resolve_format, variant_names
+from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+from eyrie.jobs.reconstruct.variants import FIT_SHARE, MAX_PROVIDERS, VariantDetector, candidates, prompt_lengths
+from eyrie.jobs.simulator import UNKNOWN_EXTRA_TOKENS
+from eyrie.jobs.spec import TargetSpec
+from eyrie.jobs.store import open_store
+
+KIMI = Path(__file__).parent / "data" / "kimi_synthetic"
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Get weather ☀",
+                                            "parameters": {"type": "object", "required": ["city"],
+                                                           "properties": {"city": {"type": "string"}}}}}
+
+
+# ------------------------------------------------------------------------------ the pure decision
+
+
+def feed(d: VariantDetector, provider: str | None, n: int, tokens: int | None, lengths: dict[str, int]) -> Any:
+    stops = [d.observe(provider, tokens, lengths) for _ in range(n)]
+    return next((s for s in stops if s is not None), None)
+
+
+def test_the_variant_whose_length_is_the_providers_count_is_picked_per_provider():
+    d = VariantDetector("kimi-k2.5", ["current", "release"], canary=10)
+    assert feed(d, "a", 9, 100, {"current": 100, "release": 112}) is None
+    assert d.summary()["byProvider"]["a"] == {"variant": "current", "how": "detected", "answers": 9,
+                                              "fits": ["current"], "final": False}
+    assert feed(d, "a", 1, 100, {"current": 100, "release": 112}) is None
+    assert feed(d, "b", 10, 112, {"current": 100, "release": 112}) is None
+    by = d.summary()["byProvider"]
+    assert (by["a"]["variant"], by["b"]["variant"], by["b"]["how"], by["b"]["final"]) == (
+        "current", "release", "detected", True)
+    assert not d.wants("a") and d.wants("c")
+
+
+def test_nearly_every_answer_is_enough_and_fewer_is_a_mismatch_naming_the_gaps():
+    misses = int(10 * (1 - FIT_SHARE))  # 0 of 10 at 95%: every answer must fit
+    d = VariantDetector("kimi-k2.5", ["current", "release"], canary=20)
+    feed(d, "a", 20 - 1, 50, {"current": 50, "release": 62})
+    assert feed(d, "a", 1, 50, {"current": 51, "release": 62}) is None  # 19/20 = 95%
+    assert d.chosen["a"].variant == "current" and misses == 0
+    d = VariantDetector("kimi-k2.5", ["current", "release"], canary=10)
+    feed(d, "p", 8, 50, {"current": 50, "release": 62})
+    stop = feed(d, "p", 2, 50, {"current": 47, "release": 59})
+    assert stop is not None and d.stopped == stop and stop.provider == "p"
+    assert ("provider p: no template variant of kimi-k2.5" in stop.message
+            and "current: exact 8/10, gap (ours - provider's) min -3 p50 0 max 0" in stop.message
+            and "release: exact 0/10, gap (ours - provider's) min 9 p50 12 max 12" in stop.message)
+    assert d.chosen["p"].how == "mismatch"
+
+
+def test_ties_keep_the_default_a_pin_wins_and_silence_is_flagged():
+    d = VariantDetector("qwen3", ["release", "later"], canary=3)
+    feed(d, "a", 3, 7, {"release": 7, "later": 7})
+    assert (d.chosen["a"].variant, d.chosen["a"].fits) == ("release", ("release", "later"))
+    pinned = VariantDetector("kimi-k2.5", ["current", "release"], canary=3, pinned="release")
+    assert feed(pinned, "a", 3, 10, {"current": 10, "release": 22}) is None  # no stop: the user knows
+    assert (pinned.chosen["a"].variant, pinned.chosen["a"].how, pinned.chosen["a"].fits) == (
+        "release", "pinned", ("current",))
+    silent = VariantDetector("kimi-k2.5", ["current", "release"], canary=3)
+    assert feed(silent, None, 3, None, {"current": 10, "release": 22}) is None
+    assert silent.summary()["byProvider"]["(unknown)"]["how"] == "unreported"
+    assert silent.summary()["byProvider"]["(unknown)"]["variant"] == "current"
+
+
+def test_a_router_naming_a_new_provider_per_answer_cannot_grow_the_detector():
+    d = VariantDetector("kimi-k2.5", ["current", "release"], canary=2)
+    for i in range(MAX_PROVIDERS * 3):
+        d.observe(f"p{i}", 5, {"current": 5})
+    assert len(d.summary()["byProvider"]) == MAX_PROVIDERS + 1
+    assert d.summary()["byProvider"]["(other)"]["variant"] == "current"
+
+
+# ------------------------------------------------------------------- each family's variants render
+
+
+@pytest.fixture(scope="module")
+def kimi_tok():
+    return load_tokenizer(TargetSpec(model="m", tokenizer=str(KIMI)))
+
+
+@pytest.fixture(scope="module")
+def ds_tok():
+    return load_tokenizer(TargetSpec(model="m", tokenizer="bundled:deepseek-v4"))
+
+
+def lengths(fmt_name: str, tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict:
+    request = {"messages": messages, **({"tools": tools} if tools else {})}
+    return prompt_lengths(candidates(resolve_format(fmt_name, tok)), tok, request,
+                          {"content": "ok", "finish_reason": "stop"}, {})
+
+
+def test_every_family_declares_its_variants():
+    assert variant_names("kimi-k2.5") == ("current", "release")
+    assert variant_names("deepseek-v3") == ("vllm", "card")
+    assert variant_names("qwen3") == ("release", "later")
+    assert variant_names("deepseek-v4") == ("deepseek-v4",) and variant_names("auto") == ("auto",)
+
+
+def test_kimi_variants_differ_by_the_default_system_prompt(kimi_tok):
+    without = lengths("kimi-k2.5", kimi_tok, [{"role": "user", "content": "Hi"}], None)
+    block = len(kimi_tok.encode("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by "
+                                "Moonshot AI.<|im_end|>"))
+    assert without["release"] - without["current"] == block
+    with_system = lengths("kimi-k2.5", kimi_tok, [{"role": "system", "content": "S"},
+                                                  {"role": "user", "content": "Hi"}], None)
+    assert with_system["release"] == with_system["current"]
+
+
+def test_deepseek_variants_differ_in_the_tool_block(ds_tok):
+    plain = lengths("deepseek-v3", ds_tok, [{"role": "user", "content": "Hi"}], None)
+    assert plain["vllm"] == plain["card"]
+    tooled = lengths("deepseek-v3", ds_tok, [{"role": "user", "content": "Weather?"}], [WEATHER])
+    assert tooled["vllm"] != tooled["card"]
+
+
+def test_a_pinned_variant_the_format_lacks_fails_before_anything_is_paid(kimi_tok):
+    from eyrie.jobs.reconstruct.tokenizers import TokenizerError
+
+    with pytest.raises(TokenizerError, match=r"target\.templateVariant: chat format kimi-k2\.5 has no template "
+                                             r"variant 'v9' \(it has: current, release\)"):
+        resolve_format("kimi-k2.5", kimi_tok, "v9")
+    with pytest.raises(TokenizerError, match="chatFormat auto renders the tokenizer's own template"):
+        resolve_format("auto", kimi_tok, "release")
+
+
+# --------------------------------------------------------------- real runs against the simulator
+
+
+def prompts(path: Path, n: int) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            msgs = [{"role": "user", "content": f"Weather in city {i}? 🌧️"}]
+            if i % 3 == 0:
+                msgs.insert(0, {"role": "system", "content": "Be brief."})
+            f.write(json.dumps({"messages": msgs, "tools": [WEATHER]}) + "\n")
+    return path
+
+
+def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int = 24) -> tuple[Any, Any]:
+    out = f"file://{tmp_path}/out"
+    target = {"model": "sim/kimi", "tokenizer": str(KIMI), "chatFormat": "kimi-k2.5",
+              **({"templateVariant": pinned} if pinned else {})}
+    spec = {"sources": [{"name": "p", "uri": str(prompts(tmp_path / "p.jsonl", n)), "format": "openai"}],
+            "target": target,
+            "api": {"baseUrl": "simulated", "maxConcurrency": 4, "sampling": {"reasoning": {"effort": "low"}},
+                    **({"simulator": {"templateVariant": served}} if served else {})},
+            "tools": {"gate": {"canarySamples": 8, "minToolCallRate": 0.1}},
+            "budget": {"maxUSD": "5", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
+            "generation": {"shards": 2}, "output": {"uri": out}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress", "--until",
+                        "samples"], capture_output=True, text=True, env={**os.environ, "EYRIE_NO_RAY": "1"},
+                       timeout=300)
+    return r, open_store(out)
+
+
+@pytest.mark.parametrize("served", ["current", "release"])
+def test_eyrie_picks_the_variant_the_provider_serves_and_rebuilds_with_it(tmp_path, served):
+    r, store = run(tmp_path, served)
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads(store.get(layout.MANIFEST))
+    chosen = manifest["templateVariants"]["byProvider"]["eyrie-simulator"]
+    assert (chosen["variant"], chosen["how"], chosen["final"]) == (served, "detected", True)
+    assert chosen["fits"] == [served] and chosen["answers"] >= 8
+    rec = manifest["reconstruction"]
+    assert rec["chatTemplate"]["byProvider"]["eyrie-simulator"]["variant"] == served
+    gaps = rec["samples"]["promptTokenGap"]
+    assert gaps["count"] == rec["samples"]["kept"] == 24 and gaps["exact"] == 24  # every prompt is the provider's
+
+
+def test_a_variant_eyrie_does_not_know_stops_the_run_after_the_canary(tmp_path):
+    r, store = run(tmp_path, "unknown", n=40)
+    assert r.returncode == 7, r.stderr[-3000:]
+    prog = json.loads(store.get(layout.PROGRESS))
+    assert prog["outcome"] == "TemplateMismatch"
+    assert "provider eyrie-simulator: no template variant of kimi-k2.5" in prog["message"]
+    assert f"current: exact 0/8, gap (ours - provider's) min -{UNKNOWN_EXTRA_TOKENS}" in prog["message"]
+    assert prog["samples"]["done"] < 40  # stopped after the canary, not after the budget
+
+
+def test_a_pinned_variant_is_used_and_the_counts_still_reported(tmp_path):
+    r, store = run(tmp_path, "release", pinned="current", n=10)
+    assert r.returncode == 0, r.stderr[-3000:]
+    chosen = json.loads(store.get(layout.MANIFEST))["templateVariants"]["byProvider"]["eyrie-simulator"]
+    assert (chosen["variant"], chosen["how"], chosen["fits"]) == ("current", "pinned", ["release"])
