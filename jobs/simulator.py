@@ -316,6 +316,14 @@ def _prompt_chars(messages: list[Any], tools: Any) -> int:
     return n
 
 
+def kimi_call_ids(body: dict[str, Any], calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ids Moonshot's API returns: the model's own `functions.NAME:IDX`, IDX counting the calls
+    of the whole conversation."""
+    earlier = sum(len(m.get("tool_calls") or ()) for m in body.get("messages") or ()
+                  if isinstance(m, dict) and m.get("role") == "assistant")
+    return [{**c, "id": f"functions.{c['function']['name']}:{earlier + j}"} for j, c in enumerate(calls)]
+
+
 UNKNOWN_VARIANT = "unknown"
 UNKNOWN_EXTRA_TOKENS = 5  # what the unknown variant adds to every prompt (a line no known variant writes)
 
@@ -607,6 +615,8 @@ class _Sim:
             return web.Response(status=504, body=_error_body(504, "simulated hang ended"),
                                 content_type="application/json")
         ans = make_answer(body, self.cfg)
+        if self.cfg.chat_format == "kimi-k2.5" and ans.tool_calls:
+            ans = replace(ans, tool_calls=kimi_call_ids(body, ans.tool_calls))
         if self.prompt_counter is not None:
             counted = await asyncio.to_thread(self.prompt_counter, body, ans)
             ans = replace(ans, prompt_tokens=ans.prompt_tokens if counted is None else counted)

@@ -184,6 +184,7 @@ def test_eyrie_picks_the_variant_the_provider_serves_and_rebuilds_with_it(tmp_pa
     assert rec["chatTemplate"]["byProvider"]["eyrie-simulator"]["variant"] == served
     gaps = rec["samples"]["promptTokenGap"]
     assert gaps["count"] == rec["samples"]["kept"] == 24 and gaps["exact"] == 24  # every prompt is the provider's
+    assert "call_id_inferred" not in rec["samples"]["flags"]  # the simulated Kimi API returns native ids
 
 
 def test_a_variant_eyrie_does_not_know_stops_the_run_after_the_canary(tmp_path):

@@ -192,12 +192,18 @@ class CanaryProbe:
         self._formats: dict[str, ChatFormat] | None = None
         self._seen: Counter[str] = Counter()
 
+    def _provider(self, response: dict[str, Any]) -> str:
+        provider = str(response.get("provider") or UNKNOWN_PROVIDER)
+        return provider if provider in self._seen or len(self._seen) < MAX_PROVIDERS else OTHER_PROVIDERS
+
+    def wants(self, response: dict[str, Any]) -> bool:
+        """Is this answer one of its provider's canary (cheap: checked for every answer)?"""
+        return bool(self.spec.target.tokenizer) and self._seen[self._provider(response)] < self.canary
+
     def lengths(self, request: dict[str, Any], response: dict[str, Any],
                 usage: dict[str, Any]) -> dict[str, int] | None:
-        provider = str(response.get("provider") or UNKNOWN_PROVIDER)
-        if provider not in self._seen and len(self._seen) >= MAX_PROVIDERS:
-            provider = OTHER_PROVIDERS
-        if self._seen[provider] >= self.canary or not self.spec.target.tokenizer:
+        """The prompt length per variant for a canary answer, None past the canary."""
+        if not self.wants(response):
             return None
         tok = self._tokenizer()
         if tok is None:
@@ -205,7 +211,7 @@ class CanaryProbe:
         if self._formats is None:
             t = self.spec.target
             self._formats = candidates(resolve_format(t.chat_format, tok, t.template_variant))
-        self._seen[provider] += 1
+        self._seen[self._provider(response)] += 1
         return prompt_lengths(self._formats, tok, request, response, usage)
 
 
