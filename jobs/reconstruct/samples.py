@@ -103,7 +103,7 @@ class SamplesSummary:
     chat_format: str
     template_sha256: str
     variant: str | None = None  # the format's variant for providers without a choice of their own
-    by_provider: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> variant, sha256
+    variant_by_provider: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> variant, sha256
     shards: int = 0
     records: int = 0
     samples: int = 0
@@ -151,7 +151,7 @@ class SamplesSummary:
         return {
             "tokenizer": {"name": self.tokenizer, "sha256": self.tokenizer_sha256, "files": self.tokenizer_files},
             "chatTemplate": {"format": self.chat_format, "sha256": self.template_sha256, "variant": self.variant,
-                             "byProvider": self.by_provider},
+                             "byProvider": self.variant_by_provider},
             "samples": {
                 "shards": self.shards, "files": self.files, "records": self.records, "kept": self.samples,
                 "tokens": self.tokens, "responseTokens": self.response_tokens,
@@ -288,7 +288,7 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     rebuild = ProviderRebuild(fmt, tok, chosen_variants((read_progress(store) or {}).get("templateVariants")))
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
                              chat_format=fmt.name, template_sha256=fmt.sha256, variant=fmt.variant,
-                             by_provider={p: {"variant": r.fmt.variant or "", "sha256": r.fmt.sha256}
+                             variant_by_provider={p: {"variant": r.fmt.variant or "", "sha256": r.fmt.sha256}
                                           for p, r in sorted(rebuild.providers.items())})
     if spec.generation.turns == "all" and spec.samples.multi_turn == "packed":
         refused = packing_refused(fmt)
