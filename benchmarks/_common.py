@@ -9,9 +9,12 @@ import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
-from eyrie.jobs.contract import layout
+import orjson
+
 from eyrie.jobs.generate.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.plan import plan_shards
 from eyrie.jobs.generate.requests import build_body
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.sources import Prompt
@@ -26,9 +29,9 @@ def prompts(n: int) -> list[Prompt]:
             for i in range(n)]
 
 
-def spec_for(base_url: str, concurrency: int, stream: bool, shards: int = 8):
+def spec_for(base_url: str, concurrency: int, stream: bool, shards: int = 8, uri: str = "unused.jsonl"):
     return parse_spec({
-        "sources": [{"name": "bench", "uri": "unused.jsonl"}], "target": {"model": "bench/model"},
+        "sources": [{"name": "bench", "uri": uri}], "target": {"model": "bench/model"},
         "api": {"baseUrl": base_url, "maxConcurrency": concurrency, "stream": stream, "maxRetries": 2,
                 "requestTimeoutSeconds": 60, "sampling": {"maxTokens": 64}},
         "tools": {"gate": {"enabled": False}},
@@ -39,19 +42,18 @@ def spec_for(base_url: str, concurrency: int, stream: bool, shards: int = 8):
 
 
 async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tuple[float, float]:
-    """Requests/s of eyrie's whole path (reserve, send, parse, check, settle, persist) and the CPU
-    seconds this process spent per request (robust to a busy machine, unlike wall time)."""
-    spec = spec_for(base_url, concurrency, stream)
-    shard_prompts: dict[int, list] = {s: [] for s in range(spec.generation.shards)}
-    for p in prompts(n):
-        sid = p.sample_id()
-        shard_prompts[layout.shard_of(sid, spec.generation.shards)].append((sid, p))
+    """Requests/s of eyrie's whole path (read the shard, reserve, send, parse, check, settle,
+    persist) and the CPU seconds this process spent per request (robust to a busy machine)."""
     with tempfile.TemporaryDirectory() as d:
-        store = FileStore(Path(d))
-        coord = RunCoordinator(Decimal(1000), Decimal(0), Counts(), n, sorted(shard_prompts),
+        src = Path(d) / "prompts.jsonl"
+        src.write_bytes(b"".join(orjson.dumps({"messages": p.messages}) + b"\n" for p in prompts(n)))
+        spec = spec_for(base_url, concurrency, stream, uri=str(src))
+        store = FileStore(Path(d) / "out")
+        plan = plan_shards(spec, store)
+        coord = RunCoordinator(Decimal(1000), Decimal(0), Counts(), n, sorted(plan.shards),
                                ToolGate(spec.tools.gate))
         config = WorkerConfig(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, concurrency)
-        worker = ShardWorker(config, coord, shard_prompts, store)
+        worker = ShardWorker(config, coord, plan, store)
         t0, c0 = time.perf_counter(), time.process_time()
         persisted = await worker.run()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -108,3 +110,129 @@ async def bare_aiohttp(base_url: str, n: int, concurrency: int) -> tuple[float, 
         t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(b) for b in bodies))
         return n / (time.perf_counter() - t0), (time.process_time() - c0) / n
+
+
+# ------------------------------------------------------------- `eyrie run` as a user runs it
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def eyrie_python() -> str:
+    """eyrie's own Python (peer_curator runs from curator's venv): $EYRIE_PYTHON, else .venv."""
+    import os
+    import sys
+
+    own = ROOT / ".venv" / "bin" / "python"
+    return os.environ.get("EYRIE_PYTHON") or (str(own) if own.exists() else sys.executable)
+
+
+def write_prompt_file(path: Path, n: int, text: str = "Benchmark prompt {i}: say something short.") -> Path:
+    path.write_bytes(b"".join(orjson.dumps({"messages": [{"role": "user", "content": text.format(i=i)}]}) + b"\n"
+                              for i in range(n)))
+    return path
+
+
+def cli_spec(path: Path, prompts: Path, out: Path, base_url: str, concurrency: int, *, max_tokens: int = 64,
+             model: str = "bench/model", price_in: str = "0.60", price_out: str = "2.50", shards: int = 8,
+             workers: int = 1, max_usd: str = "1000") -> Path:
+    """A spec file for `eyrie run`: defaults everywhere else (local Ray, the file store)."""
+    import yaml
+
+    doc = {"apiVersion": "eyrie.dev/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "bench"},
+           "spec": {"sources": [{"name": "bench", "uri": str(prompts)}], "target": {"model": model},
+                    "api": {"baseUrl": base_url, "maxConcurrency": concurrency, "stream": False, "maxRetries": 2,
+                            "requestTimeoutSeconds": 60, "sampling": {"maxTokens": max_tokens}},
+                    "tools": {"gate": {"enabled": False}},
+                    "budget": {"maxUSD": max_usd, "pricing": {"inputPerMillion": price_in,
+                                                              "outputPerMillion": price_out}},
+                    "generation": {"shards": shards, "ray": {"workers": workers}},
+                    "output": {"uri": f"file://{out}"}}}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def start_eyrie(spec: Path, *, ray: bool = True, ray_tmp: str | None = None) -> Any:
+    """`eyrie run SPEC` in a new session (so the whole tree can be killed at once)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "EYRIE_API_KEY": "sk-bench", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    if ray:
+        env.pop("EYRIE_NO_RAY", None)
+        if ray_tmp:
+            env["RAY_TMPDIR"] = ray_tmp
+    else:
+        env["EYRIE_NO_RAY"] = "1"
+    return subprocess.Popen([eyrie_python(), "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def run_eyrie(spec: Path, *, ray: bool = True, timeout: float = 900) -> tuple[float, dict]:
+    """(wall seconds of the whole process, its progress.json) for `eyrie run SPEC`."""
+    import shutil
+
+    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+    try:
+        t0 = time.perf_counter()
+        proc = start_eyrie(spec, ray=ray, ray_tmp=ray_tmp)
+        _, err = proc.communicate(timeout=timeout)
+        dt = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"eyrie run exited {proc.returncode}: {err[-2000:]}")
+    import yaml
+
+    out = yaml.safe_load(spec.read_text())["spec"]["output"]["uri"].removeprefix("file://")
+    return dt, json.loads((Path(out) / "progress.json").read_text())
+
+
+def steady_rate(out: Path) -> float:
+    """Requests/s between the 10th and 90th percentile of the records' start times: the rate once
+    running, without start-up (Ray, preflight) or the tail."""
+    from datetime import datetime
+
+    from eyrie.jobs.contract import records
+
+    times = sorted(datetime.fromisoformat(r["createdAt"].replace("Z", "+00:00")).timestamp()
+                   for r in records.iter_records(FileStore(out)))
+    lo, hi = len(times) // 10, len(times) * 9 // 10
+    return (hi - lo) / max(1e-9, times[hi] - times[lo])
+
+
+def children_of(pid: int) -> list[int]:
+    """Descendants of `pid`, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        found += kids
+        frontier += kids
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def peak_rss_of(pid: int) -> float:
+    """VmHWM (peak resident set) of a live process, MB; 0 when gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0

@@ -1,7 +1,8 @@
 """Peer: the same N chat requests to the same simulator at the same concurrency, through
-bespokelabs-curator's online OpenAI processor and through eyrie's generation stage (inline workers,
-file store). Figures: requests/s end to end, ratio eyrie/curator (target >= 1.5), and each tool's
-spend accuracy against what the simulator billed (`/sim/stats`, reset between runs).
+bespokelabs-curator's online OpenAI processor and through eyrie: as a user runs it (`eyrie run`, a
+process of its own with local Ray, the default path: the headline ratio) and its generation stage
+inline in this process. Figures: requests/s end to end, ratio eyrie/curator (target >= 1.5), and
+each tool's spend accuracy against what the simulator billed (`/sim/stats`, reset between runs).
 
 curator pins older pydantic/rich/tiktoken/huggingface-hub than eyrie's environment, so it runs in its
 own venv (see benchmarks/README.md):
@@ -116,13 +117,29 @@ def eyrie_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdir:
     return n / dt, Decimal(result.snapshot["spentUSD"]), sum(1 for _ in records.iter_records(store))
 
 
+def eyrie_cli(base_url: str, n: int, concurrency: int, max_tokens: int, workdir: Path) -> tuple[float, Decimal, int]:
+    """(requests/s, spentUSD, records) of `eyrie run` with its defaults (local Ray), whole process:
+    start-up, preflight, planning, Ray, generation, the final recount, exit."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import cli_spec, run_eyrie
+
+    prompts = workdir / "prompts.jsonl"  # the same prompts curator gets
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n"
+                               for t in prompt_texts(n)))
+    spec = cli_spec(workdir / "spec.yaml", prompts, workdir / "out", base_url, concurrency, max_tokens=max_tokens,
+                    model=MODEL, price_in=str(PRICE_IN), price_out=str(PRICE_OUT))
+    wall, prog = run_eyrie(spec)
+    assert prog["outcome"] == "Done", prog
+    return n / wall, Decimal(prog["spentUSD"]), prog["samples"]["done"]
+
+
 def accuracy(reported: Decimal, billed: Decimal) -> str:
     return f"{(reported - billed) / billed * 100:+.2f}%" if billed else "n/a"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=512, help="high enough that no answer ends in `length`")
     args = ap.parse_args()
@@ -146,8 +163,12 @@ def main() -> int:
         curator_run(sim.base_url, 100, c, args.max_tokens, f"{tmp}/cw")
         eyrie_run(sim.base_url, 100, c, args.max_tokens, Path(tempfile.mkdtemp(dir=tmp)))
         sim_post(sim.base_url, "/sim/reset")
+        d_rps, d_spent, d_n = eyrie_cli(sim.base_url, n, c, args.max_tokens, Path(tempfile.mkdtemp(dir=tmp)))
+        d_billed = Decimal(sim.stats()["billedUSD"])
+        sim_post(sim.base_url, "/sim/reset")
         e_rps, e_spent, e_n = eyrie_run(sim.base_url, n, c, args.max_tokens, Path(tempfile.mkdtemp(dir=tmp)))
-        e_billed = Decimal(sim.stats()["billedUSD"])
+        e_billed = Decimal(sim.stats()["billedUSD"]) - d_billed
+        sim_post(sim.base_url, "/sim/reset")
         c_rps, c_cost, c_n = curator_run(sim.base_url, n, c, args.max_tokens, f"{tmp}/cm")
         c_billed = Decimal(sim.stats()["billedUSD"])
     # A provider whose price is not the price map's (OpenRouter routes one model id to providers with
@@ -159,17 +180,20 @@ def main() -> int:
         e_billed2 = Decimal(sim.stats()["billedUSD"])
         _, c_cost2, _ = curator_run(sim.base_url, m, c, args.max_tokens, f"{tmp}/cm")
         c_billed2 = Decimal(sim.stats()["billedUSD"])
-    ratio = e_rps / c_rps
+    ratio, inline_ratio = d_rps / c_rps, e_rps / c_rps
     print(f"peer_curator: {n} requests at concurrency {c}, simulator at zero latency, {os.cpu_count()} cores")
     print(f"  curator (online OpenAI processor): {c_rps:8.1f} req/s  {c_n} responses  "
           f"cost ${c_cost:.7f} vs billed ${c_billed:.7f} ({accuracy(c_cost, c_billed)})")
+    print(f"  eyrie run (local Ray, whole process): {d_rps:8.1f} req/s  {d_n} records    "
+          f"spent ${d_spent} vs billed ${d_billed} ({accuracy(d_spent, d_billed)})")
     print(f"  eyrie (run_generation, inline):     {e_rps:8.1f} req/s  {e_n} records    "
           f"spent ${e_spent} vs billed ${e_billed} ({accuracy(e_spent, e_billed)})")
-    print(f"  ratio eyrie/curator {ratio:.2f} (target >= {TARGET})")
+    print(f"  ratio eyrie run/curator {ratio:.2f} (target >= {TARGET}); inline/curator {inline_ratio:.2f}")
     print(f"  provider priced off the map ($0.60/$2.50 per M), {m} requests: eyrie spend error "
           f"{accuracy(e_spent2, e_billed2)}, curator cost error {accuracy(c_cost2, c_billed2)}")
     ok = ratio >= TARGET
-    print(f"RESULT peer_curator ratio={ratio:.2f} eyrie_rps={e_rps:.0f} curator_rps={c_rps:.0f} "
+    print(f"RESULT peer_curator ratio={ratio:.2f} eyrie_run_rps={d_rps:.0f} inline_ratio={inline_ratio:.2f} "
+          f"eyrie_inline_rps={e_rps:.0f} curator_rps={c_rps:.0f} "
           f"eyrie_spend_error={accuracy(e_spent, e_billed)} curator_spend_error={accuracy(c_cost, c_billed)} "
           f"offmap_eyrie_error={accuracy(e_spent2, e_billed2)} offmap_curator_error={accuracy(c_cost2, c_billed2)} "
           f"target>={TARGET} {'PASS' if ok else 'MISS'}")

@@ -20,6 +20,7 @@ yield nothing), for Parquet the 0-based row index. They feed the sample id, so t
 from __future__ import annotations
 
 import ast
+import bisect
 import gzip
 import io
 import re
@@ -34,7 +35,7 @@ import orjson
 from eyrie.jobs.contract.layout import sample_id
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import SourceSpec
-from eyrie.jobs.store import NotFound, StoreError, open_store, read_uri, split_uri
+from eyrie.jobs.store import NotFound, StoreError, open_store, split_uri
 
 PARQUET_BATCH_ROWS = 1024
 
@@ -121,38 +122,150 @@ def check_source(source: SourceSpec, endpoint: str | None = None) -> None:
         raise SourceError(f"source {source.name!r}: cannot read {uri}: {e.strerror or e}") from None
 
 
+class _RangeReader(io.RawIOBase):
+    """A seekable read-only stream over a stored object, fetched range by range (buffered by the
+    caller): reading a slice of a large prompt file neither downloads nor holds the whole of it."""
+
+    def __init__(self, store: Any, key: str, size: int):
+        self._store, self._key, self._size, self._pos = store, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self._store.get_range(self._key, self._pos, n)
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+STREAM_BUFFER = 8 << 20  # bytes fetched per range request from S3
+
+
 def _open_binary(source: SourceSpec, endpoint: str | None) -> IO[bytes]:
-    """A binary stream over the file: local files stream from disk, S3 objects are fetched once."""
+    """A seekable binary stream over the file: local files from disk, S3 objects range by range."""
     check_source(source, endpoint)
     uri = source.uri
     try:
         if _is_local(uri):
             return _local_path(uri).open("rb")
-        # BytesIO shares the downloaded buffer (no copy), so the object is held once.
-        return io.BytesIO(read_uri(uri, endpoint))
+        folder, name = split_uri(uri)
+        store = open_store(folder, endpoint)
+        return io.BufferedReader(_RangeReader(store, name, store.size(name)), STREAM_BUFFER)
     except StoreError as e:
         raise SourceError(f"source {source.name!r}: cannot read {uri}: {e}") from None
     except OSError as e:
         raise SourceError(f"source {source.name!r}: cannot read {uri}: {e.strerror or e}") from None
 
 
-def _raw_rows(source: SourceSpec, endpoint: str | None) -> Iterator[tuple[int, Any]]:
-    """(row number, decoded row or _RowError) in file order."""
+MARK_ROWS = 4096  # a scan notes where every MARK_ROWS-th row starts; a shard's reader seeks there
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a source's row number `taken` (0-based among the rows that count: not blank lines)
+    starts: its row number, and its byte offset in a plain JSONL file or its row group in a Parquet
+    file; `pos` None in a .gz file, which is read from its start."""
+
+    taken: int
+    row: int
+    pos: int | None
+
+
+START = Mark(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class SourceIndex:
+    """A source's rows (its `limit` applied) and marks to start reading at; small: one mark per
+    MARK_ROWS rows (per row group for Parquet), whatever the file's size."""
+
+    name: str
+    rows: int
+    marks: tuple[Mark, ...] = (START,)
+
+    def mark_for(self, taken: int) -> Mark:
+        """The last mark at or before row `taken`."""
+        i = bisect.bisect_right([m.taken for m in self.marks], taken) - 1
+        return self.marks[max(0, i)]
+
+
+def scan_source(source: SourceSpec, endpoint: str | None = None) -> SourceIndex:
+    """Count a source's rows and mark where to seek, streaming (memory flat in the file's size;
+    Parquet reads only the footer). Raises SourceError when the file cannot be read at all."""
+    limit = source.limit
     f = _open_binary(source, endpoint)
     with f:
         if _is_parquet(source.uri):
-            yield from _parquet_rows(source, f)
+            pf = _parquet_file(source, f)
+            marks, first = [], 0
+            for g in range(pf.metadata.num_row_groups):
+                if limit is not None and first >= limit:
+                    break
+                marks.append(Mark(first, first, g))
+                first += pf.metadata.row_group(g).num_rows
+            rows = first if limit is None else min(first, limit)
+            return SourceIndex(source.name, rows, tuple(marks) or (START,))
+        stream, seekable = _text_stream(f)
+        marks, taken, offset, after = [START], 0, 0, 0  # after: the row number after the last line
+        for i, _line in _lines(stream):
+            if limit is not None and taken >= limit:
+                break
+            if seekable and taken and taken % MARK_ROWS == 0:
+                marks.append(Mark(taken, after, offset))  # blank lines before row i keep their numbers
+            taken += 1
+            after = i + 1
+            if seekable:
+                offset = stream.tell()
+        return SourceIndex(source.name, taken, tuple(marks))
+
+
+def _text_stream(f: IO[bytes]) -> tuple[IO[bytes], bool]:
+    """The lines' stream (gunzipped when the file is gzip) and whether it can seek to a mark."""
+    magic = f.read(2)
+    f.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=f), False  # type: ignore[return-value]
+    return f, True
+
+
+def _lines(stream: IO[bytes], first_row: int = 0) -> Iterator[tuple[int, bytes | _RowError]]:
+    """(row number, line) of every non-blank line; a corrupt .gz ends with one _RowError."""
+    i = first_row - 1
+    try:
+        while line := stream.readline():
+            i += 1
+            if line.strip():
+                yield i, line.rstrip(b"\r\n")
+    except (OSError, EOFError) as e:  # a truncated .gz: report it like a bad row, keep the rest
+        yield i + 1, _RowError(f"the file is corrupt from here on ({type(e).__name__}: {e})")
+
+
+def _raw_rows(source: SourceSpec, endpoint: str | None, mark: Mark = START) -> Iterator[tuple[int, Any]]:
+    """(row number, undecoded line, Parquet row or _RowError) in file order, from `mark`."""
+    f = _open_binary(source, endpoint)
+    with f:
+        if _is_parquet(source.uri):
+            yield from _parquet_rows(source, f, mark)
             return
-        magic = f.read(2)
-        f.seek(0)
-        stream: IO[bytes] = gzip.GzipFile(fileobj=f) if magic == b"\x1f\x8b" else f
-        i = -1
-        try:
-            for i, line in enumerate(stream):
-                if line.strip():
-                    yield i, _decode_line(line.rstrip(b"\r\n"))  # error positions within the line
-        except (OSError, EOFError) as e:  # a truncated .gz: report it like a bad row, keep the rest
-            yield i + 1, _RowError(f"the file is corrupt from here on ({type(e).__name__}: {e})")
+        stream, seekable = _text_stream(f)
+        if seekable and mark.pos:
+            stream.seek(mark.pos)
+        yield from _lines(stream, mark.row if seekable else 0)
 
 
 def _decode_line(line: bytes) -> Any:
@@ -166,17 +279,22 @@ def _decode_line(line: bytes) -> Any:
         return _RowError(f"invalid JSON: {e}")
 
 
-def _parquet_rows(source: SourceSpec, f: IO[bytes]) -> Iterator[tuple[int, Any]]:
+def _parquet_file(source: SourceSpec, f: IO[bytes]) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        pf = pq.ParquetFile(f)
+        return pq.ParquetFile(f)
     except (pa.ArrowException, OSError) as e:
         raise SourceError(f"source {source.name!r}: {source.uri} is not a readable Parquet file: {e}"
                           ) from None
-    i = 0
-    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+
+
+def _parquet_rows(source: SourceSpec, f: IO[bytes], mark: Mark = START) -> Iterator[tuple[int, Any]]:
+    pf = _parquet_file(source, f)
+    groups = list(range(mark.pos or 0, pf.metadata.num_row_groups))
+    i = mark.row
+    for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, row_groups=groups):
         for row in batch.to_pylist():
             yield i, row
             i += 1
@@ -518,8 +636,8 @@ def _glaive_whole(chat: str) -> list[dict[str, Any]]:
 _FORMATS = {"openai": _openai, "sharegpt": _sharegpt, "glaive": _glaive}
 
 
-def iter_source(source: SourceSpec, endpoint: str | None = None, *,
-                whole: bool = False) -> Iterator[Prompt | BadRow]:
+def iter_source(source: SourceSpec, endpoint: str | None = None, *, whole: bool = False, start: int = 0,
+                stop: int | None = None, index: SourceIndex | None = None) -> Iterator[Prompt | BadRow]:
     """Stream a source's prompts in file order; bad rows come out as BadRow, never as an exception.
 
     `whole`: each Prompt holds the whole normalized conversation (`generation.turns: all`), not the
@@ -527,16 +645,25 @@ def iter_source(source: SourceSpec, endpoint: str | None = None, *,
 
     `limit` counts rows taken, bad rows included (a row is taken once it yields a Prompt or a
     BadRow; blank lines are not rows), so a limit of N always means the first N rows of the file.
+    `start`/`stop` select rows by that count (a shard's slice); with the source's `index`
+    (`scan_source`) the reader seeks to the slice instead of reading up to it.
     The S3 endpoint defaults to EYRIE_S3_ENDPOINT (see `store.open_store`). Raises SourceError when
     the file cannot be opened or is corrupt as a whole.
     """
     parse = _FORMATS[source.format]
-    taken = 0
-    for i, raw in _raw_rows(source, endpoint):
-        if source.limit is not None and taken >= source.limit:
+    if source.limit is not None:
+        stop = source.limit if stop is None else min(stop, source.limit)
+    mark = index.mark_for(start) if index is not None else START
+    taken = mark.taken
+    for i, raw in _raw_rows(source, endpoint, mark):
+        if stop is not None and taken >= stop:
             return
         taken += 1
+        if taken <= start:
+            continue
         try:
+            if isinstance(raw, bytes):
+                raw = _decode_line(raw)  # error positions within the line
             if isinstance(raw, _RowError):
                 raise raw
             if not isinstance(raw, dict):

@@ -379,7 +379,7 @@ class RaySpec(Model):
 
 class GenerationSpec(Model):
     shards: int = Field(default=4, ge=1, le=100_000)
-    """Prompts are split into this many shards by sample id."""
+    """Prompts are split into this many shards: contiguous row ranges, kept by later attempts."""
     part_records: int = Field(default=256, ge=1, description="Records per part file (a shard is compacted into parts).")
     turns: Literal["last", "all"] = "last"
     """last: answer each conversation's last user turn; all: regenerate every assistant turn in order

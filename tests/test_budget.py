@@ -66,11 +66,12 @@ def test_the_canary_never_allows_more_requests_than_it_still_needs():
     for w in "defgh":
         book.report(Report(w, 0))
         book.renew(w, D("0.1"), D("1"), canary_left=10)
-    assert [book.quota(w) for w in "defgh"] == [1, 1, 1, 1, None]  # h waits: all 10 are out
+    assert [book.quota(w) for w in "defgh"] == [1, 1, 1, 1, 0]  # h waits: all 10 are out
     assert sum(book.quotas.values()) == 10
     # a reports its 3 requests in flight: they stay counted against the canary
     book.report(Report("a", 1, D("0"), D("0.3"), 3))
     assert book.renew("a", D("0.1"), D("1"), canary_left=10) is Verdict.WAIT
+    assert book.quota("a") == 0  # a wait during the canary lets no request start, whatever money is left
     assert book.renew("a", D("0.1"), D("1"), canary_left=None) is Verdict.GRANTED  # judged: no quota
     assert book.quota("a") is None
 

@@ -16,6 +16,7 @@ PROGRESS = "progress.json"
 AUDIT = "audit.json"
 BUDGET = "budget.json"  # the persisted upper bound of what may have been paid (see coordinator)
 GENERATIONS = "generations"
+PLAN = "generations/plan.json"  # the shards' row ranges, kept by every attempt (generate/plan.py)
 SAMPLES = "samples"
 HIDDEN = "hidden"
 FIDELITY = "fidelity"  # per-sample target-model scores of the answers, one Parquet per input shard
@@ -92,8 +93,3 @@ def turn_sample_key(sid: str, turn: int) -> str:
     """The key of one regenerated turn's sample in the hidden-state index and fidelity files
     (`generation.turns: all`, perTurn): the sample id for turn 0, `<id>.t<turn>` after it."""
     return sid if turn == 0 else f"{sid}.t{turn}"
-
-
-def shard_of(sid: str, shards: int) -> int:
-    """Shard assignment by id: stable across reruns whatever the order rows are read in."""
-    return int(sid[:8], 16) % shards

@@ -57,7 +57,7 @@ async def _send_all(dg: DatasetGeneration, base_url: str, api_key: str | None,
         spec.tools.mode = mode
         config = WorkerConfig(spec.model_dump_json(by_alias=True), f"audit-{mode}", "audit", base_url,
                               spec.api.max_concurrency, spec.api.requests_per_minute, spec.api.tokens_per_minute)
-        worker = ShardWorker(config, coord, {}, api_key=api_key)
+        worker = ShardWorker(config, coord, None, api_key=api_key)
         async with worker.open_client():
             recs = await asyncio.gather(*(worker.process(sid, p) for sid, p in prompts))
         await worker.budget.give_back()

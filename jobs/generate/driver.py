@@ -17,39 +17,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from eyrie.jobs import sources
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import timeseries
-from eyrie.jobs.contract.layout import TIMESERIES, shard_of
+from eyrie.jobs.contract.layout import TIMESERIES
 from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import RunCoordinator
-from eyrie.jobs.generate.preflight import preflight
+from eyrie.jobs.generate.plan import Plan, plan_shards
+from eyrie.jobs.generate.preflight import PreflightError, preflight
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
+from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import ToolGate
 
 PROGRESS_EVERY_S = 2.0
 MAX_WORKER_RESTARTS = 3
-
-
-# ----------------------------------------------------------------------------------- prompts
-
-ShardPrompts = dict[int, list[tuple[str, sources.Prompt | sources.BadRow]]]
-
-
-def load_prompts(spec: DatasetGenerationSpec) -> tuple[ShardPrompts, int]:
-    """Every prompt of every source, keyed by shard; bad rows travel too (they get a record)."""
-    shards: ShardPrompts = {i: [] for i in range(spec.generation.shards)}
-    total = 0
-    for src in spec.sources:
-        for item in sources.iter_source(src, spec.output.endpoint):
-            sid = item.sample_id()
-            shards[shard_of(sid, spec.generation.shards)].append((sid, item))
-            total += 1
-    return shards, total
 
 
 # ------------------------------------------------------------------------------------ run
@@ -92,14 +76,14 @@ class _Stopper:
 
 
 @dataclass
-class _Plan:
+class _Run:
     """Everything a way of running the workers (inline or on Ray) needs."""
 
     spec: DatasetGenerationSpec
     ctx: RunContext
     base_url: str
     coordinator: dict[str, Any]  # RunCoordinator's keyword arguments
-    shard_prompts: ShardPrompts
+    plan: Plan  # the shards' row ranges: each worker reads its own
     store: Store
     stopper: _Stopper
     monitor: _Monitor
@@ -120,16 +104,20 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
     spec = dg.spec
     with _Stopper() as stopper:
         asyncio.run(preflight(spec, base_url, store, ctx.api_key))
-        shard_prompts, total = load_prompts(spec)
+        try:
+            plan = plan_shards(spec, store)  # a scan of each source; the driver holds no prompt
+        except SourceError as e:
+            raise PreflightError(f"sources: {e}") from None
+        total = plan.total
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
-                       "shards": sorted(shard_prompts), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
+                       "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec)}
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None))
-        plan = _Plan(spec, ctx, base_url, coordinator, shard_prompts, store, stopper, monitor)
-        snapshot = _run_inline(plan) if inline else _run_ray(plan)
+        run = _Run(spec, ctx, base_url, coordinator, plan, store, stopper, monitor)
+        snapshot = _run_inline(run) if inline else _run_ray(run)
     # The store is the truth: a worker lost before flushing reported answers that were never
     # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
     final_gate = ToolGate(spec.tools.gate)
@@ -178,12 +166,12 @@ class _Monitor:
 STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"
 
 
-def _run_inline(plan: _Plan) -> dict:
+def _run_inline(plan: _Run) -> dict:
     """Workers as tasks in this process (`--inline`, `EYRIE_NO_RAY=1`, benchmarks)."""
 
     async def main() -> dict:
         coord = RunCoordinator(**plan.coordinator)
-        workers = [ShardWorker(plan.worker_config(f"w{i}"), coord, plan.shard_prompts, plan.store,
+        workers = [ShardWorker(plan.worker_config(f"w{i}"), coord, plan.plan, plan.store,
                                api_key=plan.ctx.api_key) for i in range(plan.spec.generation.ray.workers)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         while not all(t.done() for t in tasks):
@@ -200,7 +188,7 @@ def _run_inline(plan: _Plan) -> dict:
     return run_loop(main())
 
 
-def _run_ray(plan: _Plan) -> dict:
+def _run_ray(plan: _Run) -> dict:
     import ray
     from ray.exceptions import RayActorError
 
@@ -218,7 +206,6 @@ def _run_ray(plan: _Plan) -> dict:
     n = spec.generation.ray.workers
     coord = ray.remote(RunCoordinator).options(
         name=f"eyrie-coordinator-{plan.ctx.attempt}", num_cpus=0, max_concurrency=100_000).remote(**plan.coordinator)
-    refs = {s: ray.put(p) for s, p in plan.shard_prompts.items()}
     actor_cls = ray.remote(ShardWorker).options(
         num_cpus=spec.generation.ray.cpus_per_worker if spec.generation.ray.mode != "Local" else 0,
         max_concurrency=1, max_restarts=0)
@@ -226,7 +213,7 @@ def _run_ray(plan: _Plan) -> dict:
     def start(i: int, gen: int) -> tuple[str, Any, Any]:
         wid = f"w{i}.{gen}"
         # no api_key argument: Ray records arguments; the worker reads its own environment
-        w = actor_cls.remote(plan.worker_config(wid), coord, refs, None, is_actor=True)
+        w = actor_cls.remote(plan.worker_config(wid), coord, plan.plan, None, is_actor=True)
         return wid, w, w.run_blocking.remote()
 
     running = {}

@@ -123,7 +123,9 @@ class LeaseBook:
         if want < 0:
             raise UnpriceableRequest(f"invalid reservation {want!r}")
         quota = None
+        self.quotas.pop(worker, None)
         if canary_left is not None:
+            self.quotas[worker] = 0  # until granted: no request may start past the canary
             left = canary_left - sum(self.in_flight.values()) - sum(self.quotas.values())
             if left <= 0:
                 return Verdict.WAIT  # the canary's requests are all out: wait for its verdict

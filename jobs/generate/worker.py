@@ -14,8 +14,9 @@ coroutine with no knowledge of shards or persistence, so a caller can run it per
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -31,8 +32,9 @@ from eyrie.jobs.generate.budget import Pricing, UnpriceableRequest, actual_cost,
 from eyrie.jobs.generate.coordinator import Observation, Outcome
 from eyrie.jobs.generate.holder import LeaseHolder
 from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
+from eyrie.jobs.generate.plan import Plan
 from eyrie.jobs.generate.requests import build_body, estimate_prompt_tokens, max_output_tokens
-from eyrie.jobs.sources import BadRow, Prompt
+from eyrie.jobs.sources import BadRow, Prompt, iter_source
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools import checks, declarations
@@ -91,7 +93,7 @@ class _ShardRun:
 
 
 class ShardWorker:
-    def __init__(self, config: WorkerConfig, coordinator: Any, shard_prompts: dict[int, Any],
+    def __init__(self, config: WorkerConfig, coordinator: Any, plan: Plan | None,
                  store: Store | None = None, *, api_key: str | None = None, is_actor: bool = False):
         self.spec = DatasetGenerationSpec.model_validate_json(config.spec_json)
         self.worker_id = config.worker_id
@@ -103,7 +105,7 @@ class ShardWorker:
         self.rpm, self.tpm = config.rpm, config.tpm
         self._coord = coordinator
         self._is_actor = is_actor
-        self.shard_prompts = shard_prompts
+        self.plan = plan  # the shards' row ranges (None: `process` calls only, as the audit makes)
         self.store = store
         self.pricing = (Pricing(self.spec.budget.pricing.input_per_million,
                                 self.spec.budget.pricing.output_per_million)
@@ -215,11 +217,8 @@ class ShardWorker:
 
     async def _feed(self, tg: asyncio.TaskGroup, run: _ShardRun) -> None:
         """Start one task per prompt not yet persisted, each once a slot is free."""
-        prompts = self.shard_prompts[run.shard]
-        if not isinstance(prompts, list):  # a Ray object ref
-            prompts = await prompts
         done = run.state.done
-        for sid, prompt in prompts:
+        async for sid, prompt in self._prompts(run.shard):
             if self.stopping:
                 break
             if sid in done:
@@ -231,6 +230,24 @@ class ShardWorker:
         run.fed = True
         if run.open == 0:
             run.drained.set()
+
+    async def _prompts(self, shard: int) -> AsyncIterator[tuple[str, Prompt | BadRow]]:
+        """The shard's rows streamed from their sources, `concurrency` at a time and read off the
+        event loop: a worker holds O(concurrency) prompts, however large its shard."""
+        if self.plan is None:
+            raise ValueError("a worker without a plan only answers `process` calls")
+        by_name = {s.name: s for s in self.spec.sources}
+        whole = self.spec.generation.turns == "all"
+        for span in self.plan.shards[shard]:
+            rows = iter_source(by_name[span.source], self.spec.output.endpoint, whole=whole, start=span.start,
+                               stop=span.stop, index=self.plan.indexes[span.source])
+
+            def take(rows: Iterator[Prompt | BadRow] = rows) -> list[tuple[str, Prompt | BadRow]]:
+                return [(item.sample_id(), item) for item in itertools.islice(rows, self.concurrency)]
+
+            while batch := await asyncio.to_thread(take):
+                for item in batch:
+                    yield item
 
     async def _request(self, run: _ShardRun, sid: str, prompt: Prompt | BadRow) -> None:
         """One prompt under its slot: the slot is freed only once the record is durable."""

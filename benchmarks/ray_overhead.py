@@ -1,0 +1,53 @@
+"""The default path's cost: `eyrie run` with local Ray (the default) against the same spec inline
+(`EYRIE_NO_RAY=1`), same prompts, same simulator at zero latency, same concurrency. Figures: the
+steady rate of each (requests/s between the 10th and 90th percentile of the records' start times),
+the whole process's wall time, coordinator calls per request on the Ray path (from progress.json).
+Ratio: Ray steady rate / inline steady rate, target >= 0.8; calls per request, target <= 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cli_spec, run_eyrie, steady_rate, write_prompt_file
+
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+
+TARGET, CALLS_TARGET = 0.8, 0.05
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    args = ap.parse_args()
+    n, c = args.requests, args.concurrency
+    figures = {}
+    with SimulatorProcess(SimulatorConfig(latency_ms=0)) as sim, tempfile.TemporaryDirectory() as tmp:
+        prompts = write_prompt_file(Path(tmp) / "p.jsonl", n)
+        for path, ray in (("inline", False), ("ray", True)):
+            out = Path(tmp) / f"out-{path}"
+            wall, prog = run_eyrie(cli_spec(Path(tmp) / f"{path}.yaml", prompts, out, sim.base_url, c), ray=ray)
+            assert prog["outcome"] == "Done" and prog["samples"]["done"] == n, prog
+            figures[path] = (steady_rate(out), wall, prog.get("coordinatorCalls", 0) / max(1, prog["requests"]))
+    (i_rate, i_wall, _), (r_rate, r_wall, r_calls) = figures["inline"], figures["ray"]
+    ratio = r_rate / i_rate
+    print(f"ray_overhead: {n} requests at concurrency {c}, simulator at zero latency, {os.cpu_count()} cores")
+    print(f"  inline (EYRIE_NO_RAY=1):   {i_rate:8.0f} req/s steady, whole process {i_wall:6.1f} s")
+    print(f"  local Ray (eyrie run):     {r_rate:8.0f} req/s steady, whole process {r_wall:6.1f} s, "
+          f"{r_calls:.4f} coordinator calls per request (target <= {CALLS_TARGET})")
+    print(f"  ratio ray/inline {ratio:.2f} (target >= {TARGET}); whole process {i_wall / r_wall:.2f}")
+    ok = ratio >= TARGET and r_calls <= CALLS_TARGET
+    print(f"RESULT ray_overhead ratio={ratio:.2f} ray_rps={r_rate:.0f} inline_rps={i_rate:.0f} "
+          f"calls_per_request={r_calls:.4f} whole_process_ratio={i_wall / r_wall:.2f} "
+          f"target>={TARGET},calls<={CALLS_TARGET} {'PASS' if ok else 'MISS'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
