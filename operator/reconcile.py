@@ -488,22 +488,33 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
     if obs.summaries_done >= children.extraction_count(spec):
         p.actions.append(FinalizeManifest())
         return "Extracting"
-    job = obs.extraction
     if spec.suspend:
-        if not was_suspended:
-            p.cond(SUSPENDED, True, USER_SUSPENDED, "spec.suspend is true")
-            p.actions.append(Event("Normal", USER_SUSPENDED, "spec.suspend is true"))
-            p.suspended_reason = USER_SUSPENDED
-        if job is not None and job.kueue:
-            p.actions.append(DeleteExtraction(job.name))  # Kueue owns its suspend; remove it instead
-        elif job is not None and not job.suspended:
-            p.actions.append(SetExtractionSuspend(job.name, True))
-        return "Suspended"
+        return _suspend_extraction(p, obs.extraction, was_suspended)
     if was_suspended:
         p.cond(SUSPENDED, False, "Resumed", "extraction resumed")
         p.actions.append(Event("Normal", "Resumed", "extraction resumed"))
     else:
         _not_suspended(p)
+    return _extraction(p, obs.extraction)
+
+
+def _suspend_extraction(p: _Pass, job: ExtractionChild | None, was_suspended: bool) -> str:
+    """The user suspended the run during extraction: suspend the Job (a Kueue-managed one is deleted
+    instead, since Kueue owns its suspend)."""
+    if not was_suspended:
+        p.cond(SUSPENDED, True, USER_SUSPENDED, "spec.suspend is true")
+        p.actions.append(Event("Normal", USER_SUSPENDED, "spec.suspend is true"))
+        p.suspended_reason = USER_SUSPENDED
+    if job is not None and job.kueue:
+        p.actions.append(DeleteExtraction(job.name))
+    elif job is not None and not job.suspended:
+        p.actions.append(SetExtractionSuspend(job.name, True))
+    return "Suspended"
+
+
+def _extraction(p: _Pass, job: ExtractionChild | None) -> str:
+    """The extraction Job: create it, read its failure or completion, respect who suspended it."""
+    obs, spec = p.obs, p.obs.spec
     if job is None:
         p.actions.append(CreateExtraction(children.extraction_job(obs.name, obs.namespace, spec, obs.labels)))
         return "Extracting"

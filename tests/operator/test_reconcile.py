@@ -431,6 +431,32 @@ CASES = [
         "Extracting",
     ),
     Case(
+        "extraction suspended by Kueue without a queue label is left to Kueue (no ping-pong)",
+        obs(
+            spec(extraction__enabled=True),
+            progress=prog("Done"),
+            extraction=ExtractionChild("dg-extract", suspended=True, kueue=False, suspended_by_other=True),
+        ),
+        [],
+        "Extracting",
+        conds={"Queued": ("True", "WaitingForAdmission")},
+    ),
+    Case(
+        "a RayJob KubeRay rejected ends the run",
+        obs(generation_children=(gen(state="Failed", reason="ChildRejected",
+                                     message="KubeRay rejected RayJob dg-gen-1: name too long"),)),
+        ["Event:Warning:ChildRejected"],
+        "Failed",
+        conds={"Failed": ("True", "ChildRejected")},
+    ),
+    Case(
+        "a RayJob past its pre-running deadline ends the run with KubeRay's reason",
+        obs(generation_children=(gen(state="Failed", reason="PreRunningDeadlineExceeded"),)),
+        ["Event:Warning:PreRunningDeadlineExceeded"],
+        "Failed",
+        conds={"Failed": ("True", "PreRunningDeadlineExceeded")},
+    ),
+    Case(
         "user suspend during extraction suspends the Job",
         obs(
             spec(extraction__enabled=True, suspend=True),
@@ -644,3 +670,16 @@ def test_status_says_where_the_manifest_and_the_report_are() -> None:
     assert "report at s3://out/run/report.html" in succeeded["message"]
     # a run still generating has no report yet: no field rather than an empty one
     assert "outputReport" not in reconcile(obs(progress=prog("Running"))).status
+
+
+def test_a_refused_create_is_a_failed_status_naming_the_servers_message() -> None:
+    from eyrie.operator.reconcile import child_rejected
+
+    st = child_rejected("the API server refused RayJob dg-gen-1: denied", {"conditions": [
+        cond("SecretsReady", "True", "SecretsFound")]}, 4, NOW)
+    assert st["phase"] == "Failed" and st["observedGeneration"] == 4
+    failed = conditions.find(st["conditions"], "Failed")
+    assert failed is not None and (failed["reason"], failed["message"]) == (
+        "ChildRejected", "the API server refused RayJob dg-gen-1: denied")
+    assert conditions.find(st["conditions"], "SecretsReady") is not None  # the others are kept
+    assert reconcile(obs(status=st)).actions == []  # Failed is terminal: nothing is retried
