@@ -351,6 +351,10 @@ class BudgetSpec(Model):
     pricing: PricingSpec | None = Field(
         default=None, description="Prices for reservations; required unless the API is simulated."
     )
+    on_forecast_over: Literal["warn", "suspend"] = "warn"
+    """When the canary's projected total spend (mean cost per answer x prompts left, plus what is
+    spent) exceeds maxUSD: warn (show it in progress and status, go on) or suspend (stop before
+    spending past the canary, reason ForecastOverBudget)."""
 
     _money = field_validator("max_usd", mode="before")(lambda v: _usd(v))
 
@@ -597,6 +601,8 @@ class DatasetGenerationStatus(Model):
     conditions: list[Condition] = Field(default_factory=list)
     spent_usd: str | None = Field(default=None, alias="spentUSD")
     reserved_usd: str | None = Field(default=None, alias="reservedUSD")
+    forecast_usd: str | None = Field(default=None, alias="forecastUSD")
+    """Projected total spend once the canary is measured (mean cost per answer); see progress.json's forecast."""
     samples: SampleCounts | None = None
     tokens: TokenCounts | None = None
     tools: ToolMetrics | None = None

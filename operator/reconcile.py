@@ -23,7 +23,8 @@ from .conditions import FAILED, OUTPUT_REACHABLE, QUEUED, SECRETS_READY, SUCCEED
 
 # outcome -> the Suspended condition's reason
 STOP_REASONS = {Outcome.BUDGET_EXHAUSTED: "BudgetExceeded", Outcome.TOOL_SEMANTICS_DRIFT: "ToolSemanticsDrift",
-                Outcome.INSUFFICIENT_CREDITS: "InsufficientCredits", Outcome.TEMPLATE_MISMATCH: "TemplateMismatch"}
+                Outcome.INSUFFICIENT_CREDITS: "InsufficientCredits", Outcome.TEMPLATE_MISMATCH: "TemplateMismatch",
+                Outcome.FORECAST_OVER_BUDGET: "ForecastOverBudget"}
 USER_SUSPENDED = "SuspendedByUser"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -173,6 +174,10 @@ def _counts(obs: Observation) -> dict[str, Any]:
         "spentUSD": str(p.spent) if p else st.get("spentUSD", "0"),
         "reservedUSD": str(p.reserved) if p else st.get("reservedUSD", "0"),
     }
+    if p and p.forecast is not None:
+        out["forecastUSD"] = str(p.forecast)
+    elif "forecastUSD" in st:
+        out["forecastUSD"] = st["forecastUSD"]
     if p:
         out["samples"] = {k: p.samples.get(k, 0) for k in ("total", "done", "dropped", "failed")}
         out["tokens"] = {k: p.tokens.get(k, 0) for k in ("input", "output")}

@@ -20,7 +20,7 @@ from eyrie.jobs.store import Store, open_output
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
               Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6,
-              Outcome.TEMPLATE_MISMATCH: 7}
+              Outcome.TEMPLATE_MISMATCH: 7, Outcome.FORECAST_OVER_BUDGET: 8}
 
 err = Console(stderr=True)
 
@@ -33,11 +33,13 @@ class ProgressBar:
         self._p = Progress(
             TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(),
             TextColumn("${task.fields[spent]} / ${task.fields[budget]}"),
+            TextColumn("forecast ${task.fields[forecast]}"),
             TextColumn("{task.fields[rps]:.1f} req/s"),
             TextColumn("retries {task.fields[retries]}"), TextColumn("errors {task.fields[errors]}"),
             TimeElapsedColumn(), console=err, transient=False, disable=not enabled)
         self._t0: float | None = None  # the first update: sending starts after preflight
-        self._task = self._p.add_task("gen", total=None, spent="0", budget="?", rps=0.0, retries=0, errors=0)
+        self._task = self._p.add_task("gen", total=None, spent="0", budget="?", forecast="?", rps=0.0, retries=0,
+                                      errors=0)
 
     def __enter__(self) -> ProgressBar:
         self._p.__enter__()
@@ -53,8 +55,8 @@ class ProgressBar:
             self._t0 = time.monotonic()
         rps = snap.get("requests", 0) / max(1e-3, time.monotonic() - self._t0)  # this attempt's requests
         self._p.update(self._task, total=s["total"], completed=finished, spent=snap["spentUSD"],
-                       budget=snap["maxUSD"], rps=rps, retries=snap.get("retries", 0),
-                       errors=sum(snap.get("errors", {}).values()))
+                       budget=snap["maxUSD"], forecast=snap.get("forecastUSD", "?"), rps=rps,
+                       retries=snap.get("retries", 0), errors=sum(snap.get("errors", {}).values()))
 
 
 def run_main(argv: list[str]) -> int:

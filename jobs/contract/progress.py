@@ -30,6 +30,7 @@ class Outcome(StrEnum):
     TEMPLATE_MISMATCH = "TemplateMismatch"  # no template variant gives the provider's prompt_tokens
     FAILED = "Failed"
     STOPPED = "Stopped"  # a signal (Ray stop_job, Ctrl-C) asked the run to stop; resumable
+    FORECAST_OVER_BUDGET = "ForecastOverBudget"  # the canary's forecast exceeds maxUSD (onForecastOver: suspend)
 
 
 class Stage(StrEnum):
@@ -59,6 +60,7 @@ class Progress:
     tools: dict[str, Any] = field(default_factory=dict)
     stage: str = Stage.GENERATE
     run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
+    forecast: Decimal | None = None  # projected total spend, once the canary is measured
 
 
 def _money(doc: dict[str, Any], key: str) -> Decimal:
@@ -84,6 +86,7 @@ def parse_progress(doc: Any) -> Progress:
         tokens={k: int(v) for k, v in (doc.get("tokens") or {}).items()},
         tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", Stage.GENERATE)),
         run_id=str(doc.get("runId") or ""),
+        forecast=_money(doc, "forecastUSD") if doc.get("forecastUSD") is not None else None,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import orjson
@@ -23,14 +23,17 @@ class Checkpoint:
     spent: Decimal
     counts: Counts
     audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
+    costs: list[Decimal] = field(default_factory=list)  # what each persisted prompt cost, in store order
 
 
 def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
     """Scan every persisted record once; `gate` absorbs earlier answers into its cumulative metrics."""
     counts = Counts()
     spent = Decimal(0)
+    costs = []
     for rec in records.iter_records(store):
-        spent += Decimal(rec.get("costUSD") or "0")
+        costs.append(Decimal(rec.get("costUSD") or "0"))
+        spent += costs[-1]
         usage = rec.get("usage") or {}
         counts.add(Observation(str(rec.get("status")), policy=rec.get("policy", "keep"),
                                input_tokens=int(usage.get("prompt_tokens") or 0),
@@ -45,7 +48,7 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
         spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
     # ...and the committed bound covers even those paid after progress was last written
     spent = max(spent, read_committed(store) - audit)
-    return Checkpoint(spent=spent + audit, counts=counts, audit=audit)
+    return Checkpoint(spent=spent + audit, counts=counts, audit=audit, costs=costs)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.generate.budget import usd
+from eyrie.jobs.generate.forecast import Forecaster
 from eyrie.jobs.generate.lease import Grant, LeaseBook, Report, Verdict
 
 
@@ -35,6 +36,7 @@ class Observation:
     provider: str | None = None  # who answered (OpenRouter's `provider`)
     prompt_tokens: int | None = None  # the provider's usage.prompt_tokens, when reported
     prompt_lengths: dict[str, int] | None = None  # canary answers: our prompt length per template variant
+    cost: Decimal | None = None  # what the prompt cost (None: nothing billed), for the forecast
 
 
 @dataclass
@@ -73,7 +75,7 @@ class RunCoordinator:
     def __init__(self, max_usd: Decimal, spent: Decimal, counts: Counts, total: int,
                  shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0),
                  commit: Callable[[Decimal], None] | None = None, workers: int = 1,
-                 variants: Any = None):
+                 variants: Any = None, forecast: Forecaster | None = None):
         self.book = LeaseBook(max_usd=max_usd, workers=workers, spent=spent)
         self._commit = commit
         self.committed = spent
@@ -92,6 +94,8 @@ class RunCoordinator:
         self.calls = 0  # calls from workers (the benchmarks count them per request)
         self._pending_shards = list(shards)
         self._active: dict[int, str] = {}  # shard -> worker id
+        self.forecast = forecast  # seeded with earlier attempts' costs: may judge before any spend
+        self._judge_forecast()
 
     # -- shards ------------------------------------------------------------------------------
     def next_shard(self, worker: str) -> int | None:
@@ -152,10 +156,25 @@ class RunCoordinator:
                      self.book.price_factor, stop=self.outcome != Outcome.RUNNING)
 
     def _canary_left(self) -> int | None:
-        if self.gate is None or not self.gate.spec.enabled:
-            return None
-        left = self.gate.canary_left()
-        return left if left > 0 else None
+        """Answers still needed before the first judgment (the gate's, or the forecast's when it may
+        suspend): leases carry a request quota until then, so nothing is spent past the canary."""
+        lefts = []
+        if self.gate is not None and self.gate.spec.enabled:
+            lefts.append(self.gate.canary_left())
+        f = self.forecast
+        if f is not None and f.suspend and not f.judged:
+            lefts.append(f.canary - f.costs.count)
+        lefts = [n for n in lefts if n > 0]
+        return min(lefts) if lefts else None
+
+    def _prompts_left(self) -> int:
+        c = self.counts
+        return self.total - c.done - c.dropped - c.failed
+
+    def _judge_forecast(self) -> None:
+        if self.forecast is not None and (
+                why := self.forecast.judge(self.book.spent, self._prompts_left(), self.book.max_usd)):
+            self._stop(Outcome.FORECAST_OVER_BUDGET, why)
 
     async def give_back(self, report: Report) -> None:
         """A worker ended: its final spend and observations; nothing stays leased to it."""
@@ -169,6 +188,7 @@ class RunCoordinator:
             return False
         for obs in report.observations:
             self.observe(obs)
+        self._judge_forecast()  # after the whole report: its spend and its answers both counted
         return True
 
     async def _notify(self) -> None:
@@ -206,6 +226,8 @@ class RunCoordinator:
             mismatch = self.variants.observe(obs.provider, obs.prompt_tokens, obs.prompt_lengths)
             if mismatch is not None:
                 self._stop(Outcome.TEMPLATE_MISMATCH, mismatch.message)
+        if self.forecast is not None:
+            self.forecast.add(obs.cost or Decimal(0))
         return self.outcome != Outcome.RUNNING
 
     async def stop(self, outcome: str, message: str) -> None:
@@ -241,4 +263,5 @@ class RunCoordinator:
             "inFlight": sum(self.book.in_flight.values()),
             "coordinatorCalls": self.calls,
             **variants,
+            **(self.forecast.to_progress(self.book.spent, self._prompts_left()) if self.forecast else {}),
         }

@@ -23,6 +23,7 @@ from eyrie.jobs.contract.layout import TIMESERIES
 from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import RunCoordinator
+from eyrie.jobs.generate.forecast import forecaster
 from eyrie.jobs.generate.plan import Plan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, preflight
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
@@ -114,7 +115,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
-                       "workers": spec.generation.ray.workers, "variants": detector_for(spec)}
+                       "workers": spec.generation.ray.workers, "variants": detector_for(spec),
+                       "forecast": forecaster(spec, ckpt.costs)}
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None))
         run = _Run(spec, ctx, base_url, coordinator, plan, store, stopper, monitor)
         snapshot = _run_inline(run) if inline else _run_ray(run)

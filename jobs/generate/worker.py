@@ -344,7 +344,7 @@ class ShardWorker:
         used = e.usage or {}
         return cost, Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind,
                                  input_tokens=int(used.get("prompt_tokens") or 0),
-                                 output_tokens=int(used.get("completion_tokens") or 0))
+                                 output_tokens=int(used.get("completion_tokens") or 0), cost=cost)
 
     def _record_answer(self, rec: records.Record, prepared: declarations.Prepared, done: Completion,
                        amount: Decimal) -> tuple[Decimal | None, Observation]:
@@ -361,7 +361,8 @@ class ShardWorker:
         obs = Observation("ok", policy=verdict, input_tokens=int(reported or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),
                           retries=done.attempts - 1, check=check, provider=done.response.get("provider"),
-                          prompt_tokens=reported if isinstance(reported, int) else None)
+                          prompt_tokens=reported if isinstance(reported, int) else None,
+                          cost=cost if cost is not None else amount)
         return cost, obs
 
 

@@ -36,6 +36,18 @@ def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
     return t
 
 
+def _forecast(p: dict[str, Any]) -> str | None:
+    """Projected total spend (progress.json `forecastUSD`/`forecast`, issue 15), with its p90 and what
+    the canary projected."""
+    if p.get("forecastUSD") is None:
+        return None
+    fc = p.get("forecast") or {}
+    at = fc.get("atCanary") or {}
+    p90 = f" (p90 ${fc['p90USD']})" if fc.get("p90USD") else ""
+    canary = f"; at the canary ({at['answers']} answers) ${at['meanUSD']}" if at else ""
+    return f"${p['forecastUSD']}{p90}{canary}"
+
+
 def run_table(d: ReportData) -> Table:
     p = d.progress or {}
     budget = d.budget
@@ -46,7 +58,7 @@ def run_table(d: ReportData) -> Table:
         ("output", d.uri), ("outcome", p.get("outcome")), ("stage", p.get("stage")), ("attempt", p.get("attempt")),
         ("spent", f"${spent}{share}"),
         ("audit spend", f"${p['auditUSD']}" if Decimal(str(p.get("auditUSD") or 0)) else None),
-        ("forecast", f"${p['forecastUSD']}" if p.get("forecastUSD") is not None else None),
+        ("forecast", _forecast(p)),
         ("requests (this attempt)", p.get("requests")), ("retries", p.get("retries")),
         ("errors", ", ".join(f"{k} {v}" for k, v in (p.get("errors") or {}).items()) or None),
         ("tokens in / out", f"{tokens.get('input', 0):,} / {tokens.get('output', 0):,}" if tokens else None),

@@ -592,6 +592,20 @@ def test_drift_message_comes_from_the_job() -> None:
     assert c is not None and c["message"] == "callRate 0.01 below minToolCallRate 0.10"
 
 
+def test_a_forecast_over_budget_suspends_and_a_resume_goes_on() -> None:
+    msg = "forecast: the run would spend $31 (p90 $41) of the $10 budget (spec.budget.maxUSD)"
+    d = reconcile(obs(generation_children=(gen(),), progress=replace(prog("ForecastOverBudget", message=msg),
+                                                                       forecast=Decimal("31"))))
+    assert names(d.actions) == ["SuspendSpec", "Event:Warning:ForecastOverBudget", "StopGeneration"]
+    c = conditions.find(d.status["conditions"], "Suspended")
+    assert c is not None and (c["reason"], c["message"]) == ("ForecastOverBudget", msg)
+    assert d.status["phase"] == "Suspended" and d.status["forecastUSD"] == "31"
+    # raised budget, unsuspended, the stopped attempt gone: a fresh attempt starts
+    resumed = reconcile(obs(sp=spec(budget__maxUSD="40"), status=d.status,
+                            progress=prog("ForecastOverBudget", message=msg)))
+    assert names(resumed.actions)[-1] == "CreateGeneration" and resumed.status["attempt"] == "2"
+
+
 def test_resume_creates_rayjob_for_the_new_attempt() -> None:
     d = reconcile(obs(spec(budget__maxUSD="20"), status=SUSPENDED_BUDGET, progress=prog("BudgetExhausted")))
     create = next(a for a in d.actions if isinstance(a, CreateGeneration))

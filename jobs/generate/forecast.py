@@ -1,0 +1,140 @@
+"""The cost forecast: what the whole run will have spent, projected from what answers cost so far.
+
+Pure. Once the canary (`tools.gate.canarySamples` answers) is measured, the projection is
+`spent + prompts left x turns per prompt x cost per answer`, with the mean cost per answer (the
+expected total) and its 90th percentile (a pessimistic total: every remaining answer as dear as
+the dearest tenth so far). Costs are kept in a bounded, evenly thinned sample so a long run's
+percentile costs O(1) memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from eyrie.jobs.generate.budget import usd
+from eyrie.jobs.spec import DatasetGenerationSpec
+
+MAX_KEPT = 4096  # costs kept for the percentile; beyond it every other one is dropped, evenly
+
+
+@dataclass
+class CostStats:
+    """Running count and sum of per-answer costs, and an evenly thinned sample for percentiles."""
+
+    count: int = 0
+    total: Decimal = Decimal(0)
+    kept: list[Decimal] = field(default_factory=list)
+    stride: int = 1  # every stride-th cost is kept
+
+    def add(self, cost: Decimal) -> None:
+        if self.count % self.stride == 0:
+            self.kept.append(cost)
+            if len(self.kept) > MAX_KEPT:
+                self.kept = self.kept[::2]
+                self.stride *= 2
+        self.count += 1
+        self.total += cost
+
+    @property
+    def mean(self) -> Decimal:
+        return self.total / self.count if self.count else Decimal(0)
+
+    def percentile(self, q: float) -> Decimal:
+        if not self.kept:
+            return Decimal(0)
+        s = sorted(self.kept)
+        return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    mean_usd: Decimal  # projected total spend at the mean cost per answer
+    p90_usd: Decimal  # ... at the 90th-percentile cost per answer
+    per_answer_mean: Decimal
+    per_answer_p90: Decimal
+    answers: int  # answers the costs were measured on
+    prompts_left: int
+
+    def over(self, max_usd: Decimal) -> bool:
+        """The expected total exceeds the budget (the p90 figure is shown, not judged)."""
+        return self.mean_usd > max_usd
+
+    def to_progress(self) -> dict[str, object]:
+        return {"meanUSD": usd(self.mean_usd), "p90USD": usd(self.p90_usd),
+                "perAnswerMeanUSD": usd(self.per_answer_mean), "perAnswerP90USD": usd(self.per_answer_p90),
+                "answers": self.answers, "promptsLeft": self.prompts_left}
+
+
+CENT = Decimal("0.000001")
+
+
+def project(spent: Decimal, stats: CostStats, prompts_left: int, turns_per_prompt: float = 1.0) -> Forecast:
+    """Projected total spend: what is spent plus the prompts left, each costing the mean (and the p90)."""
+    answers_left = Decimal(max(0, prompts_left)) * Decimal(str(turns_per_prompt))
+    mean, p90 = stats.mean, stats.percentile(0.9)
+    return Forecast((spent + answers_left * mean).quantize(CENT), (spent + answers_left * p90).quantize(CENT),
+                    mean.quantize(CENT), p90.quantize(CENT), stats.count, max(0, prompts_left))
+
+
+def over_message(f: Forecast, max_usd: Decimal) -> str:
+    """Why a run stopped on its forecast, and how to go on."""
+    return (f"forecast: the run would spend ${usd(f.mean_usd)} (p90 ${usd(f.p90_usd)}) of the ${usd(max_usd)} budget "
+            f"(spec.budget.maxUSD): ${usd(f.per_answer_mean)} per answer on average over {f.answers} answers, "
+            f"{f.prompts_left} prompts left; raise spec.budget.maxUSD or set spec.budget.onForecastOver: warn, "
+            "then resume (spec.suspend: false)")
+
+
+@dataclass
+class Forecaster:
+    """The coordinator's forecast: costs of paid answers (earlier attempts' seeded first), the
+    projection once `canary` answers are measured, and one judgment per attempt at that point.
+
+    A resumed attempt whose seeded answers already cover the canary is judged before it spends
+    anything, so raising the budget (or `warn`) is what lets it go on.
+    """
+
+    canary: int
+    suspend: bool  # budget.onForecastOver: suspend
+    turns_per_prompt: float = 1.0
+    costs: CostStats = field(default_factory=CostStats)
+    judged: bool = False
+    at_canary: Forecast | None = None  # the projection when the canary was first measured
+
+    def add(self, cost: Decimal) -> None:
+        self.costs.add(cost)
+
+    def current(self, spent: Decimal, prompts_left: int) -> Forecast | None:
+        if self.costs.count < self.canary:
+            return None
+        return project(spent, self.costs, prompts_left, self.turns_per_prompt)
+
+    def judge(self, spent: Decimal, prompts_left: int, max_usd: Decimal) -> str | None:
+        """Once, when the canary is measured: the stop message when suspending on a forecast over
+        `max_usd`; None to go on (and on every later call)."""
+        if self.judged or (f := self.current(spent, prompts_left)) is None:
+            return None
+        self.judged, self.at_canary = True, f
+        return over_message(f, max_usd) if self.suspend and f.over(max_usd) else None
+
+    def to_progress(self, spent: Decimal, prompts_left: int) -> dict[str, object]:
+        """`forecastUSD` and `forecast` for progress.json (empty before the canary is measured)."""
+        f = self.current(spent, prompts_left)
+        if f is None:
+            return {}
+        doc = f.to_progress()
+        if self.at_canary is not None:
+            doc["atCanary"] = {"meanUSD": usd(self.at_canary.mean_usd), "p90USD": usd(self.at_canary.p90_usd),
+                               "answers": self.at_canary.answers}
+        return {"forecastUSD": usd(f.mean_usd), "forecast": doc}
+
+
+def forecaster(spec: DatasetGenerationSpec, seed: Iterable[Decimal]) -> Forecaster:
+    """The run's forecaster: the canary is `tools.gate.canarySamples` prompts (gate on or off), seeded
+    with what earlier attempts' prompts cost. Turns per prompt stay 1: each prompt is one answer
+    until the worker regenerates conversations turn by turn (generation.turns: all is refused)."""
+    f = Forecaster(canary=spec.tools.gate.canary_samples, suspend=spec.budget.on_forecast_over == "suspend")
+    for cost in seed:
+        f.add(cost)
+    return f
