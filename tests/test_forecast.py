@@ -114,7 +114,7 @@ def test_the_canary_forecast_lands_within_10_percent_of_the_final_spend(tmp_path
     assert f"${prog['forecastUSD']} (p90 ${prog['forecast']['p90USD']}); at the canary" in r.stderr
 
 
-def test_suspend_stops_at_the_canary_and_a_raised_budget_goes_on(tmp_path):
+def test_suspend_stops_at_the_canary_and_warn_or_a_raised_budget_goes_on(tmp_path):
     out, run = _sim_run(tmp_path, 200, 20, **{"budget.onForecastOver": "suspend", "api.maxConcurrency": 4})
     r, prog = run(**{"budget.maxUSD": "0.05"})
     assert r.returncode == 8, r.stderr[-2000:]
@@ -128,6 +128,11 @@ def test_suspend_stops_at_the_canary_and_a_raised_budget_goes_on(tmp_path):
     # the same budget again: judged from the answers already paid, before spending anything
     r, prog = run(**{"budget.maxUSD": "0.05"})
     assert r.returncode == 8 and len(persisted(out)) == paid and Decimal(prog["spentUSD"]) == spent
+
+    # warn: the same budget, and the run goes on (to the hard cap, which still holds)
+    r, prog = run(**{"budget.maxUSD": "0.05", "budget.onForecastOver": "warn"})
+    assert r.returncode == 3 and prog["outcome"] == "BudgetExhausted", r.stderr[-2000:]
+    assert len(persisted(out)) > paid and Decimal(prog["spentUSD"]) <= Decimal("0.05")
 
     # a budget over the forecast: the run goes on to the end
     r, prog = run(**{"budget.maxUSD": "1.00"})
