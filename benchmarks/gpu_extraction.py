@@ -6,11 +6,14 @@ Runs, in this order, and stops at the first failure:
  3. llama     a random-weight Llama (L=8) in SGLang with `auto` and with explicit non-default layers:
               each aux block against HF `output_hidden_states[i]`, last against the final hidden
               state (cosine >= 0.999 per sample in bf16, rows == T);
- 4. chunked   `chunked_prefill_size: 64` on ~300-token prompts, two sharing a prefix, equal to the
+ 4. fidelity  the answers' scores from SGLang's input log-probs and top-1 in the same prefill against
+              the transformers backend's LM head over the same rows (issue 15): |logprob| difference
+              mean <= 0.02, top-1 verdicts equal on >= 98% of the tokens;
+ 5. chunked   `chunked_prefill_size: 64` on ~300-token prompts, two sharing a prefix, equal to the
               unchunked run (cosine >= 0.9999, rows == T);
- 5. moe       a tiny random-weight Qwen3-MoE (`load_format: dummy`) with explicit layers: the start-up
+ 6. moe       a tiny random-weight Qwen3-MoE (`load_format: dummy`) with explicit layers: the start-up
               handshake checks its `_is_layer_to_capture` flags are the manifest's layers; rows == T;
- 6. throughput an 8B-class Llama (`load_format: dummy`) on one GPU: tokens/s and MFU, against the
+ 7. throughput an 8B-class Llama (`load_format: dummy`) on one GPU: tokens/s and MFU, against the
               reference below.
 Writes one JSON document (--out, default $OUT/gpu_extraction.json or ./gpu_extraction.json) and
 exits 1 on the first failed check. Without CUDA it writes `notRun` and exits 0 (the CPU import check).
@@ -42,6 +45,8 @@ from eyrie.jobs.extract.layers import resolve_layers, spool_bytes
 COSINE_MIN = 0.999
 CHUNKED_COSINE_MIN = 0.9999
 CHUNK = 64
+FIDELITY_LOGPROB_MEAN = 0.02  # bf16 both sides: mean |logprob difference| per scored token
+FIDELITY_TOP1_SHARE = 0.98  # share of tokens whose top-1 verdict both backends give alike (near-ties flip)
 SMALL_LAYERS = 8
 EXPLICIT_LAYERS = [1, 3, 6]  # not the auto 2, 4, 5 (L=8)
 MOE_LAYERS = [1, 4, 6]
@@ -198,6 +203,42 @@ def check_llama(ctx: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def check_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The second half of each sample scored by SGLang (input log-probs, top-1) and by the transformers
+    backend (LM head over the last hidden state), one sample at a time on the HF side (no padding)."""
+    from eyrie.jobs.extract.hf_backend import HFBackend
+
+    path = ctx["llama"]
+    g = torch.Generator().manual_seed(3)
+    samples = [torch.randint(0, 32000, (int(n),), generator=g).tolist() for n in (64, 300, 700)]
+    starts = [len(x) // 2 for x in samples]
+    layers = list(resolve_layers("auto", SMALL_LAYERS).ids)
+    hf = HFBackend(str(path), device="cuda", storage_dtype="bfloat16")
+    try:
+        want = [hf.forward([x], layers, [s])[0].scores for x, s in zip(samples, starts, strict=True)]
+    finally:
+        hf.close()
+        free_gpu()
+    be = sb.SGLangBackend(str(path), storage_dtype="bfloat16", engine_args=ENGINE, max_tokens_per_batch=8192)
+    try:
+        got = [f.scores for f in be.forward(samples, layers, starts)]
+    finally:
+        be.close()
+        free_gpu()
+    diffs, same, n = [], 0, 0
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a is None or b is None or a.logprob.shape != b.logprob.shape:
+            raise CheckFailed(f"fidelity: sample {i}: scores missing or of other lengths")
+        diffs.append(float(abs(a.logprob - b.logprob).mean()))
+        same += int((a.top1 == b.top1).sum())
+        n += a.top1.size
+    facts = {"tokens": n, "logprobMeanAbsDiff": max(diffs), "top1Same": same / n}
+    if max(diffs) > FIDELITY_LOGPROB_MEAN or same / n < FIDELITY_TOP1_SHARE:
+        raise CheckFailed(f"fidelity: {facts} (limits: mean |diff| <= {FIDELITY_LOGPROB_MEAN}, "
+                          f"top-1 alike >= {FIDELITY_TOP1_SHARE})")
+    return facts
+
+
 def check_chunked(ctx: dict[str, Any]) -> dict[str, Any]:
     path = ctx["llama"]
     g = torch.Generator().manual_seed(2)
@@ -257,7 +298,8 @@ def check_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 CHECKS: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
-    ("imports", check_imports), ("shm", check_shm), ("llama", check_llama), ("chunked", check_chunked),
+    ("imports", check_imports), ("shm", check_shm), ("llama", check_llama), ("fidelity", check_fidelity),
+    ("chunked", check_chunked),
     ("moe", check_moe), ("throughput", check_throughput)]
 
 
