@@ -66,17 +66,20 @@ def main() -> int:
                     assert time.time() < deadline and proc.poll() is None, proc.stderr.read()[-2000:]
                     time.sleep(0.02)
                 time.sleep(rng.uniform(0, 3))
-                waiting = sim.stats()["inFlight"]
+                at_kill = sim.stats()
                 kill_tree(proc)
             finally:
                 shutil.rmtree(ray_tmp, ignore_errors=True)
             time.sleep(args.latency_ms / 1000 * 2)  # the provider finishes (and bills) what it had
             billed = sim.stats()["completed"]
             held = len(list(records.iter_records(store)))
+            # in flight at the kill: answers billed then that no record holds, and requests the
+            # provider was still answering (it bills those too once it answers a client now dead)
+            in_flight = at_kill["completed"] - held - gap + at_kill["inFlight"]
             repaid, gap = billed - held - gap, billed - held
-            rows.append((k, billed - before, repaid, repaid + waiting))
+            rows.append((k, billed - before, repaid, in_flight))
             print(f"  kill {k + 1}: {billed - before:5d} answers billed this run, {repaid:3d} not in the store "
-                  f"(re-paid by the rerun), {repaid + waiting:3d} requests in flight at the kill")
+                  f"(re-paid by the rerun), {in_flight:3d} requests in flight at the kill")
         _wall, prog = run_eyrie(spec, ray=not args.inline)
         stats = sim.stats()
         ids = Counter(r["sample_id"] for r in records.iter_records(store))
