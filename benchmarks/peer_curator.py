@@ -167,7 +167,7 @@ def main() -> int:
         d_billed = Decimal(sim.stats()["billedUSD"])
         sim_post(sim.base_url, "/sim/reset")
         e_rps, e_spent, e_n = eyrie_run(sim.base_url, n, c, args.max_tokens, Path(tempfile.mkdtemp(dir=tmp)))
-        e_billed = Decimal(sim.stats()["billedUSD"]) - d_billed
+        e_billed = Decimal(sim.stats()["billedUSD"])
         sim_post(sim.base_url, "/sim/reset")
         c_rps, c_cost, c_n = curator_run(sim.base_url, n, c, args.max_tokens, f"{tmp}/cm")
         c_billed = Decimal(sim.stats()["billedUSD"])
