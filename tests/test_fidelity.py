@@ -160,7 +160,7 @@ def test_low_answers_are_excluded_from_what_training_reads(tmp_path, models, bac
                 read_sample(out, sid)
         else:
             read_sample(out, sid)
-    assert export_specforge(store, tmp_path / "sf") == len(who) - len(low)
+    assert export_specforge(store, tmp_path / "sf").samples == len(who) - len(low)
     lines = (tmp_path / "sf" / "sample_ids.jsonl").read_text().splitlines()
     exported = {json.loads(line)["sampleId"] for line in lines}
     assert exported == set(who) - low
