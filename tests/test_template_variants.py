@@ -153,9 +153,10 @@ def prompts(path: Path, n: int) -> Path:
     return path
 
 
-def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int = 24) -> tuple[Any, Any]:
+def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int = 24,
+        fmt: str = "kimi-k2.5", tokenizer: str = str(KIMI)) -> tuple[Any, Any]:
     out = f"file://{tmp_path}/out"
-    target = {"model": "sim/kimi", "tokenizer": str(KIMI), "chatFormat": "kimi-k2.5",
+    target = {"model": "sim/model", "tokenizer": tokenizer, "chatFormat": fmt,
               **({"templateVariant": pinned} if pinned else {})}
     spec = {"sources": [{"name": "p", "uri": str(prompts(tmp_path / "p.jsonl", n)), "format": "openai"}],
             "target": target,
@@ -172,9 +173,11 @@ def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int
     return r, open_store(out)
 
 
-@pytest.mark.parametrize("served", ["current", "release"])
-def test_eyrie_picks_the_variant_the_provider_serves_and_rebuilds_with_it(tmp_path, served):
-    r, store = run(tmp_path, served)
+@pytest.mark.parametrize("fmt, tokenizer, served", [
+    ("kimi-k2.5", str(KIMI), "current"), ("kimi-k2.5", str(KIMI), "release"),
+    ("deepseek-v3", "bundled:deepseek-v4", "vllm"), ("deepseek-v3", "bundled:deepseek-v4", "card")])
+def test_eyrie_picks_the_variant_the_provider_serves_and_rebuilds_with_it(tmp_path, fmt, tokenizer, served):
+    r, store = run(tmp_path, served, fmt=fmt, tokenizer=tokenizer)
     assert r.returncode == 0, r.stderr[-3000:]
     manifest = json.loads(store.get(layout.MANIFEST))
     chosen = manifest["templateVariants"]["byProvider"]["eyrie-simulator"]
@@ -202,3 +205,18 @@ def test_a_pinned_variant_is_used_and_the_counts_still_reported(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     chosen = json.loads(store.get(layout.MANIFEST))["templateVariants"]["byProvider"]["eyrie-simulator"]
     assert (chosen["variant"], chosen["how"], chosen["fits"]) == ("current", "pinned", ["release"])
+
+
+@pytest.fixture(scope="module")
+def qwen_folder(tmp_path_factory) -> str:
+    from tests.tokenizer_helpers import qwen3_folder
+
+    return str(qwen3_folder(tmp_path_factory.mktemp("qwen3")))
+
+
+@pytest.mark.parametrize("served", ["release", "later"])
+def test_qwen3_revisions_render_openai_requests_alike_and_the_first_is_kept(tmp_path, qwen_folder, served):
+    r, store = run(tmp_path, served, fmt="qwen3", tokenizer=qwen_folder, n=10)
+    assert r.returncode == 0, r.stderr[-3000:]
+    chosen = json.loads(store.get(layout.MANIFEST))["templateVariants"]["byProvider"]["eyrie-simulator"]
+    assert (chosen["variant"], chosen["how"], chosen["fits"]) == ("release", "detected", ["release", "later"])
