@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
@@ -329,24 +330,42 @@ UNKNOWN_EXTRA_TOKENS = 5  # what the unknown variant adds to every prompt (a lin
 
 
 class PromptCounter:
-    """usage.prompt_tokens as a provider rendering one template variant counts it."""
+    """usage.prompt_tokens as a provider rendering one template variant counts it. The variant is
+    checked at start; the tokenizer loads on the first request (loading a large vocabulary must not
+    hold up the simulator's start)."""
 
     def __init__(self, cfg: SimulatorConfig):
-        from eyrie.jobs.reconstruct.formats import resolve_format
-        from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+        from eyrie.jobs.reconstruct.formats import variant_names
 
-        unknown = cfg.template_variant == UNKNOWN_VARIANT
-        self.tok = load_tokenizer(TargetSpec(model=MODEL_ID, tokenizer=cfg.tokenizer, chat_format=cfg.chat_format))
-        self.fmt = resolve_format(cfg.chat_format, self.tok, None if unknown else cfg.template_variant)
-        self.extra = UNKNOWN_EXTRA_TOKENS if unknown else 0
+        self.cfg = cfg
+        self.unknown = cfg.template_variant == UNKNOWN_VARIANT
+        known = variant_names(cfg.chat_format)
+        if cfg.template_variant is not None and not self.unknown and cfg.template_variant not in known:
+            raise ValueError(f"simulator template_variant {cfg.template_variant!r}: {cfg.chat_format} has "
+                             f"{', '.join(known)} (or {UNKNOWN_VARIANT!r} for one eyrie does not know)")
+        self.extra = UNKNOWN_EXTRA_TOKENS if self.unknown else 0
+        self._lock = threading.Lock()
+        self._loaded: tuple[Any, Any] | None = None
+
+    def _format(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._loaded is None:
+                from eyrie.jobs.reconstruct.formats import resolve_format
+                from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+
+                cfg = self.cfg
+                tok = load_tokenizer(TargetSpec(model=MODEL_ID, tokenizer=cfg.tokenizer, chat_format=cfg.chat_format))
+                self._loaded = tok, resolve_format(cfg.chat_format, tok, None if self.unknown else cfg.template_variant)
+            return self._loaded
 
     def __call__(self, body: dict[str, Any], ans: Answer) -> int | None:
         from eyrie.jobs.reconstruct.variants import prompt_lengths
 
+        tok, fmt = self._format()
         response = {"reasoning": ans.reasoning, "content": ans.content, "tool_calls": ans.tool_calls,
                     "finish_reason": ans.finish_reason}
         usage = {"completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
-        n = prompt_lengths({"served": self.fmt}, self.tok, body, response, usage).get("served")
+        n = prompt_lengths({"served": fmt}, tok, body, response, usage).get("served")
         return None if n is None else n + self.extra
 
 

@@ -220,3 +220,12 @@ def test_qwen3_revisions_render_openai_requests_alike_and_the_first_is_kept(tmp_
     assert r.returncode == 0, r.stderr[-3000:]
     chosen = json.loads(store.get(layout.MANIFEST))["templateVariants"]["byProvider"]["eyrie-simulator"]
     assert (chosen["variant"], chosen["how"], chosen["fits"]) == ("release", "detected", ["release", "later"])
+
+
+def test_the_simulator_refuses_a_variant_the_format_lacks_at_start():
+    from eyrie.jobs.simulator import PromptCounter, SimulatorConfig
+
+    with pytest.raises(ValueError, match=r"simulator template_variant 'v9': kimi-k2\.5 has current, release"):
+        PromptCounter(SimulatorConfig(tokenizer=str(KIMI), chat_format="kimi-k2.5", template_variant="v9"))
+    assert PromptCounter(SimulatorConfig(tokenizer=str(KIMI), chat_format="kimi-k2.5",
+                                         template_variant="unknown")).extra == UNKNOWN_EXTRA_TOKENS
