@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -13,6 +12,7 @@ import yaml
 
 from eyrie.jobs.spec import parse_spec
 from eyrie.operator import children
+from tests.reference_helpers import reference
 
 from .test_reconcile import spec, spec_doc
 
@@ -232,12 +232,10 @@ def test_rayjob_has_a_pre_running_deadline_from_the_spec() -> None:
     assert children.rayjob("dg", "ns", sp, "1")["spec"]["preRunningDeadlineSeconds"] == 300
 
 
-KUBERAY_CRD = Path("/work/shared/reference/kuberay/ray.io_rayjobs.yaml")
-
-
 @functools.cache
 def _kuberay_validator() -> jsonschema.protocols.Validator:
-    crd = yaml.load(KUBERAY_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd = yaml.load(reference("kuberay/ray.io_rayjobs.yaml").read_text(),
+                    Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     schema = v1["schema"]["openAPIV3Schema"]
 
@@ -255,7 +253,6 @@ def _kuberay_validator() -> jsonschema.protocols.Validator:
     return jsonschema.Draft7Validator(schema)
 
 
-@pytest.mark.skipif(not KUBERAY_CRD.exists(), reason="KubeRay's CRD is read from /work/shared/reference")
 @pytest.mark.parametrize("name", ["dg", "x" * 253, "2026-08-kimi"])
 def test_rayjob_validates_against_kuberays_crd(name: str) -> None:
     sp = spec(generation__ray__memoryPerWorker="512Mi")
