@@ -8,10 +8,12 @@ import json
 import pytest
 
 from eyrie.jobs.generate.conversation import (
+    AgenticSummary,
     Divergence,
     End,
     Finished,
     NextTurn,
+    annotate,
     judge,
     next_turn,
     tool_result_too_large,
@@ -113,3 +115,32 @@ def test_max_turns_failed_turns_and_oversized_results():
     assert next_turn(CONV, [a0, None], "stop", 32) == Finished(End.FAILED, 2)
     assert tool_result_too_large(CONV, 4) == "message 8: the tool result is 9 characters, over the 4 limit"
     assert tool_result_too_large(CONV, 9) is None
+
+
+def test_annotations_and_the_summary_count_turns_divergence_and_ends():
+    a0 = answer(call("a", "weather", {"city": "Oslo"}), call("b", "weather", {"city": "Rome"}))
+    a1 = answer(content="ok")
+    a2 = answer(call("c", "book", {"city": "Oslo", "n": 1}))  # other arguments
+    recs = []
+    for k, a in enumerate([a0, a1, a2]):
+        nt = next_turn(CONV, [a0, a1, a2][:k], "stop", 32)
+        assert isinstance(nt, NextTurn)
+        recs.append({"sample_id": "c", "turn": k, "status": "ok",
+                     "agentic": annotate(CONV, [a0, a1, a2][:k], nt, a, "stop", 32)})
+    assert [r["agentic"]["diverged"] for r in recs] == [None, None, "otherArguments"]
+    assert recs[2]["agentic"] == {"turns": 4, "spliced": 0, "diverged": "otherArguments", "divergedFrom": None,
+                                  "end": "diverged", "dropped": 1}
+    nt = next_turn(CONV, [a0, a1, a2], "keepOriginal", 32)
+    assert isinstance(nt, NextTurn) and nt.diverged_from == 2
+    keep = annotate(CONV, [a0, a1], next_turn(CONV, [a0, a1], "keepOriginal", 32), a2, "keepOriginal", 32)
+    assert keep["divergedFrom"] == 2 and keep["end"] is None
+    failed = {"sample_id": "d", "turn": 0, "status": "failed",
+              "agentic": annotate(CONV, [], next_turn(CONV, [], "stop", 32), None, "stop", 32)}
+    assert failed["agentic"]["end"] == "failed" and failed["agentic"]["dropped"] == 3
+    summary = AgenticSummary()
+    for r in [*recs, failed, {"sample_id": "plain", "status": "ok"}]:
+        summary.add(r)
+    assert summary.to_dict() == {
+        "conversations": 2, "turnsRegenerated": 3, "turnsFailed": 1, "splicedToolResults": 2,
+        "diverged": {"otherTool": 0, "otherArguments": 1, "missingCall": 0, "extraCall": 0},
+        "ended": {"diverged": 1, "failed": 1}, "droppedTurns": 4}

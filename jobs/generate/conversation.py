@@ -17,7 +17,7 @@ resumed run continues at the first turn without a record and pays for no earlier
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -216,3 +216,54 @@ def next_turn(messages: list[Message], answers: list[dict[str, Any] | None], on_
     between = messages[prev:pos[k]]
     spliced = sum(m.get("role") == "tool" for m in between)
     return NextTurn(k, history + _carry(between, ids), spliced, diverged_from)
+
+
+def annotate(messages: list[Message], answers: list[dict[str, Any] | None], nt: NextTurn,
+             response: dict[str, Any] | None, on_divergence: OnDivergence, max_turns: int) -> dict[str, Any]:
+    """The `agentic` field of turn `nt.turn`'s record: how it relates to the dataset and, when it is
+    the conversation's last, why (`end`) and how many dataset turns were never regenerated."""
+    pos = turn_positions(messages)
+    expected = messages[pos[nt.turn]] if pos[nt.turn] < len(messages) else None
+    diverged = judge(expected, response, nt.turn).divergence if response is not None else None
+    diverged_from = nt.diverged_from
+    if diverged is not None and on_divergence == "keepOriginal" and diverged_from is None:
+        diverged_from = nt.turn
+    after = next_turn(messages, [*answers, response], on_divergence, max_turns)
+    return {"turns": len(pos), "spliced": nt.spliced, "diverged": str(diverged) if diverged else None,
+            "divergedFrom": diverged_from, "end": str(after.end) if isinstance(after, Finished) else None,
+            "dropped": after.dropped if isinstance(after, Finished) else 0}
+
+
+@dataclass
+class AgenticSummary:
+    """The manifest's and progress's `agentic` summary, counted from the turn records."""
+
+    conversations: set[str] = field(default_factory=set)
+    turns: int = 0  # turns regenerated (answered)
+    failed_turns: int = 0
+    spliced: int = 0  # dataset tool results sent back
+    diverged: Counter[str] = field(default_factory=Counter)
+    ended: Counter[str] = field(default_factory=Counter)
+    dropped: int = 0  # dataset turns never regenerated (diverged, maxTurns, failed)
+
+    def add(self, rec: dict[str, Any]) -> None:
+        info = rec.get("agentic")
+        if not isinstance(info, dict):
+            return
+        self.conversations.add(str(rec.get("sample_id")))
+        if rec.get("status") == "ok":
+            self.turns += 1
+            self.spliced += int(info.get("spliced") or 0)
+        else:
+            self.failed_turns += 1
+        if info.get("diverged"):
+            self.diverged[str(info["diverged"])] += 1
+        if info.get("end"):
+            self.ended[str(info["end"])] += 1
+            self.dropped += int(info.get("dropped") or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"conversations": len(self.conversations), "turnsRegenerated": self.turns,
+                "turnsFailed": self.failed_turns, "splicedToolResults": self.spliced,
+                "diverged": {k.value: self.diverged.get(k.value, 0) for k in Divergence},
+                "ended": dict(sorted(self.ended.items())), "droppedTurns": self.dropped}
