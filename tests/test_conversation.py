@@ -138,8 +138,9 @@ def test_annotations_and_the_summary_count_turns_divergence_and_ends():
               "agentic": annotate(CONV, [], next_turn(CONV, [], "stop", 32), None, "stop", 32)}
     assert failed["agentic"]["end"] == "failed" and failed["agentic"]["dropped"] == 3
     summary = AgenticSummary()
-    for r in [*recs, failed, {"sample_id": "plain", "status": "ok"}]:
+    for r in [*recs, failed, {"sample_id": "plain", "status": "ok"}, {"sample_id": "bad", "status": "rejected"}]:
         summary.add(r)
+    assert summary.samples(5) == {"total": 5, "done": 1, "dropped": 1, "failed": 1}
     assert summary.to_dict() == {
         "conversations": 2, "turnsRegenerated": 3, "turnsFailed": 1, "splicedToolResults": 2,
         "diverged": {"otherTool": 0, "otherArguments": 1, "missingCall": 0, "extraCall": 0},

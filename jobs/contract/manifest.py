@@ -52,6 +52,7 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "tokens": progress.get("tokens"),
         "tools": progress.get("tools"),
         "templateVariants": progress.get("templateVariants"),
+        "agentic": progress.get("agentic"),  # generation.turns: all: conversations, turns, divergence
         "reconstruction": reconstruction,
         "extraction": {**extraction.to_manifest(), "pods": pods} if extraction else None,
         # per provider and source: target-model scores beside the tool and gap figures (contract/fidelity.py)

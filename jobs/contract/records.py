@@ -17,7 +17,14 @@ from typing import Any, Literal, TypedDict
 
 import orjson
 
-from eyrie.jobs.contract.layout import GENERATIONS, journal_prefix, parse_journal_key, parse_part_key, shard_prefix
+from eyrie.jobs.contract.layout import (
+    GENERATIONS,
+    journal_prefix,
+    parse_journal_key,
+    parse_part_key,
+    shard_prefix,
+    turn_sample_key,
+)
 from eyrie.jobs.store import NotFound, Store
 
 
@@ -64,6 +71,13 @@ class Record(TypedDict, total=False):
     checks: dict[str, Any]  # tool verdicts, leaks (filled by eyrie.jobs.tools)
     policy: Literal["keep", "drop", "flag"]  # what the tool policy decided for this sample
     createdAt: str
+    turn: int  # generation.turns: all: the assistant turn of the conversation (absent otherwise)
+    agentic: dict[str, Any]  # turns: all: spliced, diverged, divergedFrom, end, dropped (conversation.annotate)
+
+
+def record_key(rec: Record) -> str:
+    """What a record is persisted once for: its sample, and its turn in an agentic conversation."""
+    return turn_sample_key(rec["sample_id"], rec.get("turn") or 0)
 
 
 def encode_part(records: list[Record]) -> bytes:
@@ -117,8 +131,8 @@ def iter_shard(store: Store, shard: int) -> Iterator[Record]:
             for rec in decode_part(store.get(key)):
                 if seen is None:
                     yield rec
-                elif rec["sample_id"] not in seen:
-                    seen.add(rec["sample_id"])
+                elif record_key(rec) not in seen:
+                    seen.add(record_key(rec))
                     yield rec
 
     yield from parts()
@@ -129,8 +143,8 @@ def iter_shard(store: Store, shard: int) -> Iterator[Record]:
             yield from parts()  # compacted while we read
             continue
         for rec in decode_part(data):
-            if seen is not None and rec["sample_id"] not in seen:
-                seen.add(rec["sample_id"])
+            if seen is not None and record_key(rec) not in seen:
+                seen.add(record_key(rec))
                 yield rec
 
 

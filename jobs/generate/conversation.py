@@ -245,10 +245,12 @@ class AgenticSummary:
     diverged: Counter[str] = field(default_factory=Counter)
     ended: Counter[str] = field(default_factory=Counter)
     dropped: int = 0  # dataset turns never regenerated (diverged, maxTurns, failed)
+    rejected: int = 0  # rows never sent (bad rows, unusable declarations)
 
     def add(self, rec: dict[str, Any]) -> None:
         info = rec.get("agentic")
         if not isinstance(info, dict):
+            self.rejected += rec.get("status") == "rejected"
             return
         self.conversations.add(str(rec.get("sample_id")))
         if rec.get("status") == "ok":
@@ -261,6 +263,13 @@ class AgenticSummary:
         if info.get("end"):
             self.ended[str(info["end"])] += 1
             self.dropped += int(info.get("dropped") or 0)
+
+    def samples(self, total: int) -> dict[str, int]:
+        """progress.json's `samples` in conversations: `total` rows; done (ended: every turn, a
+        divergence, maxTurns), dropped (rejected rows), failed (a turn failed). A conversation
+        that has not ended is neither: a stopped run resumes it."""
+        failed = self.ended.get(End.FAILED.value, 0)
+        return {"total": total, "done": sum(self.ended.values()) - failed, "dropped": self.rejected, "failed": failed}
 
     def to_dict(self) -> dict[str, Any]:
         return {"conversations": len(self.conversations), "turnsRegenerated": self.turns,

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from eyrie.jobs.context import RunContext
-from eyrie.jobs.contract import timeseries
+from eyrie.jobs.contract import records, timeseries
 from eyrie.jobs.contract.layout import TIMESERIES
 from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.generate.conversation import AgenticSummary
 from eyrie.jobs.generate.coordinator import RunCoordinator
 from eyrie.jobs.generate.forecast import forecaster
 from eyrie.jobs.generate.plan import Plan, plan_shards
@@ -129,6 +130,12 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
     snapshot["failures"] = dict(final.counts.failures)
     snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
     snapshot["tools"] = final_gate.metrics()
+    if spec.generation.turns == "all":  # samples count conversations; their turns are in `agentic`
+        summary = AgenticSummary()
+        for rec in records.iter_records(store):
+            summary.add(rec)
+        snapshot["agentic"] = summary.to_dict()
+        snapshot["samples"] = summary.samples(total)
     if snapshot["outcome"] == Outcome.RUNNING:
         c = snapshot["samples"]
         missing = c["total"] - c["done"] - c["dropped"] - c["failed"]

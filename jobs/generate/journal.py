@@ -98,9 +98,9 @@ def scan_shard(store: Store, shard: int) -> ShardState:
     state = ShardState()
     for _s, part, key in records.list_parts(store, shard):
         state.next_part = max(state.next_part, part + 1)
-        state.in_parts.update(r["sample_id"] for r in records.decode_part(store.get(key)))
+        state.in_parts.update(map(records.record_key, records.decode_part(store.get(key))))
     for key in records.list_journal(store, shard):
-        state.in_journal.update(r["sample_id"] for r in records.decode_part(store.get(key)))
+        state.in_journal.update(map(records.record_key, records.decode_part(store.get(key))))
     state.in_journal -= state.in_parts
     return state
 
@@ -112,7 +112,7 @@ def compact_shard(store: Store, shard: int, state: ShardState, part_records: int
     moved, buf = 0, []
     for key in journal:
         for rec in records.decode_part(store.get(key)):
-            if rec["sample_id"] in state.in_parts:
+            if records.record_key(rec) in state.in_parts:
                 continue
             buf.append(rec)
             if len(buf) == part_records:
@@ -128,5 +128,5 @@ def compact_shard(store: Store, shard: int, state: ShardState, part_records: int
 def _put_part(store: Store, shard: int, state: ShardState, recs: list[records.Record]) -> int:
     store.put(layout.part_key(shard, state.next_part), records.encode_part(recs))
     state.next_part += 1
-    state.in_parts.update(r["sample_id"] for r in recs)
+    state.in_parts.update(map(records.record_key, recs))
     return len(recs)

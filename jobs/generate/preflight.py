@@ -16,8 +16,6 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
     from eyrie.jobs.api import ApiError, ChatClient
     from eyrie.jobs.sources import SourceError, check_source
 
-    if spec.generation.turns == "all":  # until the worker regenerates turn by turn (issue 14, part 2)
-        raise PreflightError("generation.turns: all is not available in this version; use last")
     for i, source in enumerate(spec.sources):
         try:
             check_source(source, spec.output.endpoint)

@@ -28,6 +28,7 @@ from eyrie.jobs.context import api_key_from_env
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.errors import EyrieError
+from eyrie.jobs.generate import agentic
 from eyrie.jobs.generate.budget import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
 from eyrie.jobs.generate.coordinator import Observation, Outcome
 from eyrie.jobs.generate.holder import LeaseHolder
@@ -84,6 +85,7 @@ class _ShardRun:
     fed: bool = False
     answered: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
+    earlier: dict[str, list[records.Record]] = field(default_factory=dict)  # turns: all, by conversation
 
     def settle_one(self, answered: bool) -> None:
         self.open -= 1
@@ -112,6 +114,7 @@ class ShardWorker:
                         if self.spec.budget.pricing else None)  # None: every request fails closed
         self.max_out = max_output_tokens(self.spec)
         self.mode = "text" if self.spec.tools.mode == "text" else "structured"  # audit runs structured
+        self.agentic = self.spec.generation.turns == "all"
         self.budget = LeaseHolder(self._call, self.worker_id, self.concurrency)
         self.persisted = 0
         self._tok: Any = False  # the target tokenizer; False: not loaded yet, None: none set
@@ -213,7 +216,10 @@ class ShardWorker:
 
     async def _start_shard(self, shard: int) -> _ShardRun:
         state = await asyncio.to_thread(scan_shard, self._store(), shard)
-        return _ShardRun(shard, state, todo=0)
+        run = _ShardRun(shard, state, todo=0)
+        if self.agentic:
+            run.earlier = await asyncio.to_thread(agentic.earlier_turns, self._store(), shard)
+        return run
 
     async def _feed(self, tg: asyncio.TaskGroup, run: _ShardRun) -> None:
         """Start one task per prompt not yet persisted, each once a slot is free."""
@@ -221,12 +227,12 @@ class ShardWorker:
         async for sid, prompt in self._prompts(run.shard):
             if self.stopping:
                 break
-            if sid in done:
+            if agentic.finished(run.earlier.get(sid, [])) if self.agentic else sid in done:
                 continue
             run.todo += 1
             await self._slots.acquire()
             run.open += 1
-            tg.create_task(self._request(run, sid, prompt))
+            tg.create_task(self._conversation(run, sid, prompt) if self.agentic else self._request(run, sid, prompt))
         run.fed = True
         if run.open == 0:
             run.drained.set()
@@ -261,6 +267,15 @@ class ShardWorker:
             run.settle_one(answered)
             self._slots.release()
 
+    async def _conversation(self, run: _ShardRun, sid: str, prompt: Prompt | BadRow) -> None:
+        """A conversation's turns under one slot (`agentic.converse`: each turn durable before the next)."""
+        ended = False
+        try:
+            ended = await agentic.converse(self, run.shard, sid, prompt, run.earlier.get(sid, []))
+        finally:
+            run.settle_one(ended)
+            self._slots.release()
+
     async def _finish_shard(self, run: _ShardRun) -> None:
         """Once the shard's requests are durable: compact its journal into parts; report it done
         when every prompt got a record (a stopped run leaves it for the resume)."""
@@ -276,15 +291,30 @@ class ShardWorker:
                 "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0", "attempts": 0,
                 "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
 
+    def prepare(self, prompt: Prompt | BadRow) -> declarations.Prepared | tuple[str, str]:
+        """The prompt's tools declared for this run's mode, or (error type, reason) of a rejected one."""
+        return _prepare(prompt, self.mode)
+
+    def _rejected(self, rec: records.Record, kind: str, reason: str) -> records.Record:
+        rec.update(status="rejected", request=None, error={"type": kind, "message": reason})
+        self.budget.observe(Observation("rejected"))
+        return rec
+
+    async def reject(self, shard: int, rec: records.Record, kind: str, reason: str) -> None:
+        """Persist a prompt that is never sent (nothing paid)."""
+        await self.journal.commit(shard, self._rejected(rec, kind, reason))
+
     async def process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
         """One prompt -> one record, or None when the run stopped before it was sent."""
         rec = self._base_record(sid, prompt)
-        prepared = _prepare(prompt, self.mode)
+        prepared = self.prepare(prompt)
         if not isinstance(prepared, declarations.Prepared):
-            kind, reason = prepared
-            rec.update(status="rejected", request=None, error={"type": kind, "message": reason})
-            self.budget.observe(Observation("rejected"))
-            return rec
+            return self._rejected(rec, *prepared)
+        return await self.send_prepared(rec, prepared)
+
+    async def send_prepared(self, rec: records.Record, prepared: declarations.Prepared) -> records.Record | None:
+        """Reserve, send, check and settle one request; fills `rec`, or None when the run stopped
+        before it was sent (one prompt, or one turn of a conversation)."""
         body = build_body(self.spec, prepared.messages, prepared.tools)
         rec["request"] = body
         est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools,

@@ -1,0 +1,81 @@
+"""Generation with `generation.turns: all`: a conversation's turns, in order, one request each.
+
+A conversation runs under one of its worker's slots. Each turn is a request like any other (reserved,
+sent, checked, settled: the budget, the tool checks and the drift gate count every turn) and its
+record is durable (`Journal.commit`) before the next turn is asked, so a kill loses at most the turn
+in flight. What the next request carries is recomputed from the persisted answers
+(`conversation.next_turn`), so a resumed run starts at the first turn without a record and pays
+for no earlier one. The record of a conversation's last turn says why it ended (`agentic.end`),
+which is how a resume knows it is finished without preparing it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from eyrie.jobs.contract import records
+from eyrie.jobs.generate.conversation import Finished, annotate, next_turn, tool_result_too_large
+from eyrie.jobs.sources import BadRow, Prompt
+from eyrie.jobs.store import Store
+from eyrie.jobs.tools import declarations
+
+if TYPE_CHECKING:
+    from eyrie.jobs.generate.worker import ShardWorker
+
+
+def earlier_turns(store: Store, shard: int) -> dict[str, list[records.Record]]:
+    """A shard's persisted turn records by conversation, in turn order."""
+    out: dict[str, list[records.Record]] = {}
+    for rec in records.iter_records(store, shard):
+        out.setdefault(rec["sample_id"], []).append(rec)
+    for recs in out.values():
+        recs.sort(key=lambda r: r.get("turn") or 0)
+    return out
+
+
+def finished(recs: list[records.Record]) -> bool:
+    """Did this conversation end (its last record says why, or its row was rejected)?"""
+    return bool(recs) and (recs[-1].get("status") == "rejected" or bool((recs[-1].get("agentic") or {}).get("end")))
+
+
+def _answers(recs: list[records.Record]) -> list[dict[str, Any] | None]:
+    """The model's answers of the turns already persisted (None: that turn failed), up to a gap."""
+    out: list[dict[str, Any] | None] = []
+    for rec in recs:
+        if (rec.get("turn") or 0) != len(out):
+            break
+        out.append(rec.get("response") if rec.get("status") == "ok" else None)
+    return out
+
+
+async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | BadRow,
+                   earlier: list[records.Record]) -> bool:
+    """Regenerate a conversation's turns from the first one without a record; True once it has
+    ended, False when the run stopped first (a resume goes on from there)."""
+    spec = worker.spec.generation
+    rec = worker._base_record(sid, prompt)
+    rec["turn"] = 0
+    prepared = worker.prepare(prompt)
+    if not isinstance(prepared, declarations.Prepared):
+        await worker.reject(shard, rec, *prepared)
+        return True
+    too_large = tool_result_too_large(prepared.messages, declarations.DEFAULT_LIMITS.max_tool_result_chars)
+    if too_large:
+        await worker.reject(shard, rec, "bad_row", too_large)
+        return True
+    answers = _answers(earlier)
+    while True:
+        nt = next_turn(prepared.messages, answers, spec.on_divergence, spec.max_turns)
+        if isinstance(nt, Finished):
+            return True
+        if worker.stopping:
+            return False
+        rec = {**worker._base_record(sid, prompt), "turn": nt.turn}
+        sent = await worker.send_prepared(rec, dataclasses.replace(prepared, messages=nt.messages))
+        if sent is None:
+            return False
+        response = sent.get("response") if sent.get("status") == "ok" else None
+        sent["agentic"] = annotate(prepared.messages, answers, nt, response, spec.on_divergence, spec.max_turns)
+        await worker.journal.commit(shard, sent)
+        answers.append(response)
