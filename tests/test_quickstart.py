@@ -68,3 +68,24 @@ def test_quickstart_runs_end_to_end(tmp_path):
     titles = [t for _s, t, _f in figures(collect(open_store(f"file://{out}")))]
     assert titles[0].startswith("spend over time") and {"per source", "per tool"} <= set(titles)
     check_page(report, titles, "report-quickstart.png")
+
+
+def test_agentic_quickstart_regenerates_every_turn_and_builds_one_sample_per_turn(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(ROOT / "examples/quickstart-agentic.yaml"),
+                        "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "eyrie-out" / "quickstart-agentic"
+    progress = json.loads((out / "progress.json").read_text())
+    assert progress["outcome"] == "Done" and progress["stage"] == "done"
+    agentic = progress["agentic"]
+    assert agentic["conversations"] == progress["samples"]["done"] == progress["samples"]["total"] == 6
+    assert sum(agentic["diverged"].values()) > 0 and agentic["splicedToolResults"] > 0  # divergenceRate 0.2
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["agentic"] == agentic
+    rows = [r for f in sorted((out / "samples").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    assert len(rows) == manifest["reconstruction"]["samples"]["kept"] == agentic["turnsRegenerated"]
+    assert len({(r["sample_id"], r["turn"]) for r in rows}) == len(rows) and max(r["turn"] for r in rows) >= 3
+    assert any("diverged" in r["flags"] for r in rows)  # keepOriginal flags the rest of a diverged conversation
+    for row in rows:  # the loss is on the turn's answer only
+        n = row["loss_mask"].index(1)
+        assert row["loss_mask"] == [0] * n + [1] * (len(row["input_ids"]) - n)
