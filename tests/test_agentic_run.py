@@ -66,6 +66,8 @@ def as_history(response: dict) -> dict:
         msg["content"] = ""
     if response.get("reasoning"):
         msg["reasoning"] = response["reasoning"]
+    if response.get("reasoning_details"):
+        msg["reasoning_details"] = response["reasoning_details"]
     return msg
 
 

@@ -56,12 +56,12 @@ def test_matching_calls_splice_results_with_the_models_ids_turn_by_turn():
     first = next_turn(CONV, [], "stop", 32)
     assert first == NextTurn(0, CONV[:2], 0, None)
     # parallel calls in another order, arguments with other key order and 1.0 for 1: a match
-    a0 = answer(call("m-b", "weather", '{"city":"Rome"}'), call("m-a", "weather", {"city": "Oslo"}),
-                reasoning="two cities")
+    a0 = {**answer(call("m-b", "weather", '{"city":"Rome"}'), call("m-a", "weather", {"city": "Oslo"}),
+                   reasoning="two cities"), "reasoning_details": [{"type": "reasoning.text", "text": "two cities"}]}
     t1 = next_turn(CONV, [a0], "stop", 32)
     assert isinstance(t1, NextTurn) and t1.turn == 1 and t1.spliced == 2 and t1.diverged_from is None
     assert t1.messages[2] == {"role": "assistant", "content": None, "reasoning": "two cities",
-                              "tool_calls": a0["tool_calls"]}
+                              "reasoning_details": a0["reasoning_details"], "tool_calls": a0["tool_calls"]}
     assert [(m["tool_call_id"], m["content"]) for m in t1.messages[3:]] == [("m-a", "rain"), ("m-b", "sun")]
     a1 = answer(content="Rainy Oslo, sunny Rome.")
     a2 = answer(call("functions.book:2", "book", '{"n": 1.0, "city": "Rome"}'))

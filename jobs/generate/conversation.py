@@ -162,8 +162,9 @@ def judge(expected: Message | None, response: dict[str, Any], turn: int) -> Verd
 
 def answer_message(response: dict[str, Any], turn: int) -> Message:
     """The model's answer as the history's assistant message: its content, its calls with its own
-    ids and arguments as returned, and its reasoning (templates that keep the reasoning of the
-    current tool loop, like Kimi K2.5's, show it to the next turn)."""
+    ids and arguments as returned, and its reasoning, also as OpenRouter's `reasoning_details`
+    (templates that keep the reasoning of the current tool loop, like Kimi K2.5's, show it to the
+    next turn; OpenRouter passes it on only when it comes back)."""
     msg: Message = {"role": "assistant", "content": response.get("content")}
     calls = model_calls(response, turn)
     if calls:
@@ -172,6 +173,8 @@ def answer_message(response: dict[str, Any], turn: int) -> Message:
         msg["content"] = ""
     if response.get("reasoning"):
         msg["reasoning"] = response["reasoning"]
+    if response.get("reasoning_details"):  # OpenRouter: reasoning blocks go back as returned
+        msg["reasoning_details"] = response["reasoning_details"]
     return msg
 
 
