@@ -35,9 +35,8 @@ def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
     from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
     cfg = SimulatorConfig.from_spec(spec.api.simulator, spec.target)
-    if spec.budget.pricing is not None:
-        cfg.input_per_million = spec.budget.pricing.input_per_million
-        cfg.output_per_million = spec.budget.pricing.output_per_million
+    cfg.input_per_million = spec.effective_pricing().input_per_million
+    cfg.output_per_million = spec.effective_pricing().output_per_million
     with SimulatorProcess(cfg) as sim:
         yield sim.base_url
 

@@ -37,7 +37,7 @@ from typing import Any, get_args
 import orjson
 from aiohttp import web
 
-from eyrie.jobs.spec import SimulatorSpec, TargetSpec
+from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatorSpec, TargetSpec
 from eyrie.jobs.tools.declarations import DeclarationError, parse_text_declarations
 
 # One source of truth for the fault names: the spec's Literal.
@@ -74,8 +74,8 @@ class SimulatorConfig:
     fault_rate: float = 0
     faults: list[str] = field(default_factory=list)
     seed: int = 0
-    input_per_million: Decimal = Decimal("0.60")
-    output_per_million: Decimal = Decimal("2.50")
+    input_per_million: Decimal = SIMULATOR_PRICING.input_per_million
+    output_per_million: Decimal = SIMULATOR_PRICING.output_per_million
     tool_call_rate: float = 0.8
     divergence_rate: float = 0.0  # tool-calling turns answered with another call, other arguments or none
     text_tool_call_rate: float = 0.3

@@ -346,6 +346,10 @@ class PricingSpec(Model):
         return v
 
 
+# What the built-in simulator bills unless budget.pricing says otherwise.
+SIMULATOR_PRICING = PricingSpec(input_per_million=Decimal("0.60"), output_per_million=Decimal("2.50"))
+
+
 class BudgetSpec(Model):
     max_usd: USD = Field(alias="maxUSD", description="Hard cap in USD (decimal string); spend never exceeds it.")
     pricing: PricingSpec | None = Field(
@@ -515,11 +519,8 @@ class DatasetGenerationSpec(Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"sources: duplicate source names {dupes}")
-        if self.budget.pricing is None:
-            if self.api.base_url != SIMULATED:
-                raise ValueError("budget.pricing: required for a real API (reservations need prices)")
-            # the simulator bills at these prices unless told otherwise
-            self.budget.pricing = PricingSpec(input_per_million=Decimal("0.60"), output_per_million=Decimal("2.50"))
+        if self.budget.pricing is None and self.api.base_url != SIMULATED:
+            raise ValueError("budget.pricing: required for a real API (reservations need prices)")
         if self.api.base_url == SIMULATED and self.generation.ray.mode != "Local":
             raise ValueError(
                 f"api.baseUrl: simulated cannot run with generation.ray.mode {self.generation.ray.mode}: the "
@@ -532,6 +533,14 @@ class DatasetGenerationSpec(Model):
         if self.extraction.enabled and not self.target.tokenizer:
             raise ValueError("target.tokenizer: extraction needs reconstructed samples, which need a tokenizer")
         return self
+
+    def effective_pricing(self) -> PricingSpec:
+        """The prices reservations use: `budget.pricing`, or the simulator's own price list when the
+        provider is the simulator and the spec names none (the spec itself is never rewritten)."""
+        if self.budget.pricing is not None:
+            return self.budget.pricing
+        assert self.api.base_url == SIMULATED  # the validator refuses a real API without prices
+        return SIMULATOR_PRICING
 
     def spec_hash(self) -> str:
         """Hash of what determines the data (not suspend/budget), recorded in the manifest."""

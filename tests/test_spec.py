@@ -26,8 +26,11 @@ def test_minimal_spec_gets_defaults_and_round_trips_in_camel_case():
     assert dg.spec.budget.max_usd == Decimal("1.5")
     assert dg.spec.tools.mode == "structured" and dg.spec.tools.gate.canary_samples == 200
     dumped = dg.dump()["spec"]
-    assert dumped["budget"] == {"maxUSD": "1.5", "pricing": {"inputPerMillion": "0.60", "outputPerMillion": "2.50"},
-                                "onForecastOver": "warn"}
+    # the spec is never rewritten: a simulated run without prices uses the simulator's price list
+    assert dumped["budget"] == {"maxUSD": "1.5", "onForecastOver": "warn"}
+    assert dg.spec.budget.pricing is None
+    assert (dg.spec.effective_pricing().input_per_million, dg.spec.effective_pricing().output_per_million) == (
+        Decimal("0.60"), Decimal("2.50"))
     assert dumped["api"]["maxConcurrency"] == 16
     assert parse_spec(dumped).spec == dg.spec
 

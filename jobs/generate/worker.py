@@ -109,9 +109,8 @@ class ShardWorker:
         self._is_actor = is_actor
         self.plan = plan  # the shards' row ranges (None: `process` calls only, as the audit makes)
         self.store = store
-        self.pricing = (Pricing(self.spec.budget.pricing.input_per_million,
-                                self.spec.budget.pricing.output_per_million)
-                        if self.spec.budget.pricing else None)  # None: every request fails closed
+        prices = self.spec.effective_pricing()
+        self.pricing = Pricing(prices.input_per_million, prices.output_per_million)
         self.max_out = max_output_tokens(self.spec)
         self.mode = "text" if self.spec.tools.mode == "text" else "structured"  # audit runs structured
         self.agentic = self.spec.generation.turns == "all"
