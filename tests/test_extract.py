@@ -598,11 +598,18 @@ async def test_an_unusable_specforge_draft_config_fails_the_preflight_before_any
     store = open_store(f"file://{tmp_path}/out")
     two = tmp_path / "two.json"
     two.write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}))
+    prompts = tmp_path / "prompts.jsonl"  # a readable source: preflight checks the sources first
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+
+    def with_source(spec):
+        spec.sources[0].uri = f"file://{prompts}"
+        return spec
+
     for layers, match in ((f"specforge:{tmp_path}/missing.json", "cannot read the SpecForge draft config"),
                           (f"specforge:{two}", "must be 3 non-negative integers")):
-        spec = make_spec(store.uri, tiny, layers=layers)
+        spec = with_source(make_spec(store.uri, tiny, layers=layers))
         with pytest.raises(PreflightError, match=match):
             await preflight(spec, sim.base_url, store, "key")
-    spec = make_spec(store.uri, tiny, layers="auto")
+    spec = with_source(make_spec(store.uri, tiny, layers="auto"))
     spec.target.tokenizer, spec.target.chat_format = "bundled:deepseek-v4", "deepseek-v4"  # tiny has none
     await preflight(spec, sim.base_url, store, "key")  # the same spec with auto passes
