@@ -64,6 +64,11 @@ class Turn:
     calls: tuple[Call, ...] = ()
     finished: bool = True  # False when cut off by max_tokens: no end-of-turn was generated
 
+    @property
+    def cut_in_reasoning(self) -> bool:
+        """Cut off while still reasoning: the closing think marker was never generated."""
+        return not self.finished and not self.content and not self.calls
+
 
 @dataclass(frozen=True)
 class Rendering:

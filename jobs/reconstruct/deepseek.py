@@ -117,8 +117,7 @@ class DeepSeekV3(ChatFormat):
             out.append(DS_ASSISTANT + (THINK if thinking else THINK_END))
         prompt = "".join(out)
         thinks = thinking and not after_tool
-        cut_in_reasoning = not turn.finished and not turn.content and not turn.calls
-        response = turn.reasoning + ("" if cut_in_reasoning else THINK_END) if thinks else ""
+        response = turn.reasoning + ("" if turn.cut_in_reasoning else THINK_END) if thinks else ""
         response += turn.content + self._calls([(c.name, c.arguments) for c in turn.calls])
         response += DS_EOS if turn.finished else ""
         return Rendering(prompt, prompt + response, _piece_list(turn, reasoning=turn.reasoning if thinks else ""))
@@ -242,8 +241,7 @@ class DeepSeekV4(ChatFormat):
             else:
                 raise FormatError(f"{where}: role {role!r} is not supported by {self.name}")
         prompt = "".join(out)
-        cut_in_reasoning = not turn.finished and not turn.content and not turn.calls
-        response = turn.reasoning + ("" if cut_in_reasoning else THINK_END) if thinking else ""
+        response = turn.reasoning + ("" if turn.cut_in_reasoning else THINK_END) if thinking else ""
         params = [self._params(c.arguments, f"response.tool_calls[{j}]") for j, c in enumerate(turn.calls)]
         response += turn.content + self._calls([(c.name, c.arguments) for c in turn.calls], "response.tool_calls")
         response += DS_EOS if turn.finished else ""

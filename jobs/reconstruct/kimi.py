@@ -116,10 +116,9 @@ class KimiK25(ChatFormat):
         if inferred:
             flags.append("call_id_inferred")
         calls = [(cid, c.arguments) for cid, c in zip(ids, turn.calls, strict=True)]
-        cut_in_reasoning = not turn.finished and not turn.content and not turn.calls
         response = ""
         if thinking:
-            response = turn.reasoning + ("" if cut_in_reasoning else kimi.THINK_END)
+            response = turn.reasoning + ("" if turn.cut_in_reasoning else kimi.THINK_END)
         response += turn.content + self._section(calls) + (kimi.IM_END if turn.finished else "")
         returned = [c.id if kimi.is_native_call_id(c.id) else None for c in turn.calls]
         return Rendering(prompt, prompt + response,

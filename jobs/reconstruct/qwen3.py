@@ -100,10 +100,9 @@ class Qwen3(ChatFormat):
         out.append("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n"))
         prompt = "".join(out)
         reasoning, content = turn.reasoning.strip("\n"), turn.content.lstrip("\n")
-        cut_in_reasoning = not turn.finished and not turn.content and not turn.calls
         response = ""
         if thinking:
-            response = f"<think>\n{reasoning}" + ("" if cut_in_reasoning else "\n</think>\n\n")
+            response = f"<think>\n{reasoning}" + ("" if turn.cut_in_reasoning else "\n</think>\n\n")
         response += content + self._calls([(c.name, c.arguments) for c in turn.calls], turn.content)
         response += "<|im_end|>" if turn.finished else ""
         # the returned pieces as they are: a piece found only once trimmed is flagged by the check
