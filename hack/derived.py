@@ -41,6 +41,7 @@ CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset({
 NAMESPACED: frozenset[tuple[str, str]] = frozenset({
     (GROUP, PLURAL),
     (GROUP, f"{PLURAL}/status"),
+    (GROUP, f"{PLURAL}/finalizers"),
     ("", "configmaps"),
     ("", "secrets"),
     ("", "events"),
@@ -69,7 +70,7 @@ def rbac_document() -> dict[str, Any]:
             scope = "Namespaced"
         else:
             raise UnknownScope(f"eyrie.operator.rbac rule for {r.group or 'core'}/{r.resource}: add it to "
-                               "CLUSTER_SCOPED or NAMESPACED in jobs/derived.py")
+                               "CLUSTER_SCOPED or NAMESPACED in hack/derived.py")
         rules.append({"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs),
                       "scope": scope, "peering": r.group == PEERING_GROUP, "why": r.why})
     return {"generatedBy": REFRESH, "source": "operator/rbac.py", "rules": rules}

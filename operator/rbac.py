@@ -22,6 +22,9 @@ RULES: tuple[Rule, ...] = (
     Rule(GROUP, PLURAL, ("get", "list", "watch", "patch"),
          "watch DatasetGenerations; set spec.suspend on budget/drift stops; kopf annotations and finalizers"),
     Rule(GROUP, f"{PLURAL}/status", ("get", "patch"), "write status"),
+    Rule(GROUP, f"{PLURAL}/finalizers", ("update",),
+         "children carry blockOwnerDeletion: true, which the OwnerReferencesPermissionEnforcement admission "
+         "plugin allows only to who may update the owner's finalizers"),
     Rule("", "configmaps", ("get", "create", "patch"), "the resolved spec the jobs mount"),
     Rule("", "secrets", ("get",), "check the referenced Secrets exist; S3 credentials to read progress.json"),
     Rule("", "events", ("create",), "events that explain every stop (kopf posts core/v1 events)"),

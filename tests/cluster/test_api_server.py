@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
-import json
 import re
 import subprocess
 from typing import Any
 
+import httpx
+import kopf
 import pytest
 import yaml
 
@@ -15,7 +16,7 @@ from eyrie.jobs.spec import GROUP, PLURAL
 from eyrie.operator import rbac
 
 from .conftest import Installed
-from .testbed import DSG, EYRIE_CRD, REPO, ControlPlane, versions
+from .testbed import DSG, EYRIE_CRD, REPO, ControlPlane, api_path, versions, wait_for
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
@@ -134,8 +135,11 @@ def can_i(cp: ControlPlane, token: str, group: str, resource: str, verb: str, ns
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
               "spec": {"resourceAttributes": {"group": group, "resource": resource.split("/")[0], "verb": verb,
                                               "subresource": resource.partition("/")[2], "namespace": ns}}}
-    out = cp.kubectl("create", "-f", "-", "-o", "json", stdin=json.dumps(review), token=token, check=True)
-    return bool(json.loads(out.stdout)["status"].get("allowed"))
+    assert cp.api is not None
+    r = cp.api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", json=review,
+                    headers={"Authorization": f"Bearer {token}"})  # REST, not a kubectl process per verb
+    r.raise_for_status()
+    return bool(r.json()["status"].get("allowed"))
 
 
 def test_the_operator_account_gets_each_verb_it_uses_and_nothing_else(control_plane: ControlPlane,
@@ -163,3 +167,44 @@ def test_a_verb_the_operator_does_not_use_is_refused_by_the_server(control_plane
     assert control_plane.get(DSG, ns, "kept") is not None
     out = control_plane.kubectl("get", "secrets", token=chart.token, namespace=ns)
     assert out.returncode != 0 and "cannot list resource \"secrets\"" in out.stderr, out.stderr
+
+
+def test_block_owner_deletion_needs_update_on_the_owners_finalizers_and_the_chart_grants_it(
+        control_plane: ControlPlane, chart: Installed) -> None:
+    """The server runs OwnerReferencesPermissionEnforcement (as OpenShift and hardened clusters do): a child
+    created with `blockOwnerDeletion: true` is refused to an account without `update` on
+    datasetgenerations/finalizers, and accepted with the chart's rules, which include it."""
+    ns = "owner-refs"
+    control_plane.ensure_namespace(ns)
+    owner = control_plane.create(DSG, ns, quickstart("owner"))
+    without = [r for r in rbac.policy_rules() if r["resources"] != [f"{PLURAL}/finalizers"]]
+    assert len(without) == len(rbac.policy_rules()) - 1
+    rbac_api = ("rbac.authorization.k8s.io", "v1")
+    control_plane.create((*rbac_api, "roles"), ns, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                                                    "metadata": {"name": "no-finalizers"}, "rules": without})
+    token = control_plane.service_account_token(ns, "no-finalizers")
+    control_plane.create((*rbac_api, "rolebindings"), ns, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "no-finalizers"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-finalizers"},
+        "subjects": [{"kind": "ServiceAccount", "name": "no-finalizers", "namespace": ns}]})
+
+    def child(name: str, block: bool) -> dict[str, Any]:
+        cm: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+        kopf.append_owner_reference(cm, owner=kopf.Body(owner), block_owner_deletion=block)  # as the operator does
+        return cm
+
+    api = control_plane.api
+    assert api is not None
+
+    def create_as(who: str, body: dict[str, Any]) -> httpx.Response:
+        return api.post(api_path("", "v1", "configmaps", ns), json=body, headers={"Authorization": f"Bearer {who}"})
+
+    wait_for("the Role to reach the authorizer",
+             lambda: create_as(token, child("unblocked", block=False)).status_code == 201)
+    refused = create_as(token, child("blocking", block=True))
+    assert refused.status_code == 403, refused.text
+    assert "cannot set blockOwnerDeletion" in refused.json()["message"], refused.text
+    accepted = create_as(chart.token, child("blocking", block=True))
+    assert accepted.status_code == 201, accepted.text
+    [ref] = accepted.json()["metadata"]["ownerReferences"]
+    assert ref["blockOwnerDeletion"] is True and ref["uid"] == owner["metadata"]["uid"]

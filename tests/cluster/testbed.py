@@ -232,6 +232,8 @@ class ControlPlane:
             f"--tls-cert-file={self.pki / 'serving.crt'}", f"--tls-private-key-file={self.pki / 'serving.key'}",
             f"--client-ca-file={self.pki / 'ca.crt'}", f"--token-auth-file={tokens}",
             "--authorization-mode=RBAC", "--anonymous-auth=false",
+            # as OpenShift and hardened clusters run it: blockOwnerDeletion needs update on the owner's finalizers
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
@@ -398,7 +400,9 @@ class ControlPlane:
         return base64.b64decode(doc["data"][key]).decode()
 
     def events(self, ns: str, name: str) -> list[dict[str, Any]]:
-        return self.list(EVENTS, ns, fieldSelector=f"involvedObject.name={name}")
+        """The object's events in the order they were written (the server lists them by name)."""
+        found = self.list(EVENTS, ns, fieldSelector=f"involvedObject.name={name}")
+        return sorted(found, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
 
 def _raise(r: httpx.Response) -> None:

@@ -17,8 +17,8 @@ import pytest
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
 from .conftest import NS, OperatorProcess, condition, dsg, free_port, status_of, wait_for
-from .kube import DSG
 from .test_e2e import gen_spec, phase_is, secrets, write_prompts
+from .testbed import DSG
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def ray_head() -> Iterator[str]:
             return False
 
     try:
-        wait_for("Ray dashboard", up, timeout=40, every=0.5)
+        wait_for("Ray dashboard", up, timeout=120, every=0.5)
         yield address
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -98,7 +98,7 @@ def test_submit_mode_suspend_stops_the_job_gracefully_and_resume_submits_attempt
         spec["generation"]["ray"] = {"mode": "Submit", "address": ray_head}
         cluster.create(DSG, NS, dsg("subp", spec))
         wait_for("some samples done", lambda: (status_of(cluster, "subp").get("samples") or {}).get("done", 0) >= 2,
-                 timeout=30)
+                 timeout=90)
         cluster.patch(DSG, NS, "subp", {"spec": {"suspend": True}})
         wait_for("Ray stopped attempt 1", lambda: client.get_job_status("eyrie-default-subp-1").value == "STOPPED",
                  timeout=20)

