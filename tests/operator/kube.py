@@ -1,9 +1,10 @@
-"""A Kubernetes API for the operator tests: kmock's emulator, made close enough for kopf and kubectl.
+"""An emulated Kubernetes API for the operator client's unit tests (test_kube.py): kmock's emulator.
 
 kmock 0.8 stores objects and streams watch events but leaves out what an API server adds: uid,
-resourceVersion, metadata.generation, creationTimestamp, generateName, `kind` on lists, server-side
-tables (printer columns) and the core group's `v1` groupVersion. `Emulator` adds those; `Cluster`
-runs it on 127.0.0.1 in a thread of its own and gives the test a plain HTTP client.
+resourceVersion, metadata.generation, creationTimestamp, generateName, `kind` on lists and the core
+group's `v1` groupVersion. `Emulator` adds those; `Cluster` runs it on 127.0.0.1 in a thread of its own
+and gives the test a plain HTTP client. End-to-end claims are tested against a real API server
+(tests/cluster), never against this.
 """
 
 from __future__ import annotations
@@ -57,63 +58,21 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _human_age(ts: str) -> str:
-    """What the API server's table convertor shows for a `date` column."""
-    try:
-        secs = int((datetime.now(UTC) - datetime.strptime(ts, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC))
-                   .total_seconds())
-    except (TypeError, ValueError):
-        return "<unknown>"
-    if secs < 120:
-        return f"{max(secs, 0)}s"
-    if secs < 7200:
-        return f"{secs // 60}m"
-    return f"{secs // 3600}h"
-
-
-def _jsonpath(obj: Any, path: str) -> Any:
-    for part in path.strip(".").split("."):
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
-def _call_of(request: rendering.Request) -> tuple[str, str, str, str]:
-    res = request.resource
-    assert res is not None
-    plural = str(res.plural) + (f"/{request.subresource}" if request.subresource else "")
-    method = str(request.method.value).upper()
-    if method == "GET":
-        verb = "watch" if request.params.get("watch") == "true" else "get" if request.name else "list"
-    else:
-        verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}.get(method, method)
-    return request.headers.get("User-Agent", ""), str(res.group or ""), plural, verb
-
-
 @attrs.define(kw_only=True)
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the object bookkeeping a real API server does."""
 
-    _columns: dict[Any, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
     _kinds: dict[Any, str] = attrs.field(factory=dict, init=False)
     _rv: Iterator[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _inflight: set[int] = attrs.field(factory=set, init=False)
-    # (user agent, group, resource[/subresource], verb) of every Kubernetes request, for RBAC checks
-    calls: list[tuple[str, str, str, str]] = attrs.field(factory=list, init=False)
-    # (plural, name) -> message: creates an admission webhook would deny (400, as the API server answers)
-    refuse: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False)
 
     def declare(self, group: str, version: str, plural: str, kind: str, namespaced: bool,
-                subresources: list[str] | None = None, shortnames: list[str] | None = None,
-                columns: list[dict[str, Any]] | None = None) -> None:
+                subresources: list[str] | None = None, shortnames: list[str] | None = None) -> None:
         res = kmock.resource(group=group, version=version, plural=plural)
         self.resources[res] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, singular=kind.lower(),
                                                  verbs=VERBS, shortnames=shortnames or [],
                                                  subresources=subresources or [])
         self._kinds[res] = kind
-        if columns:
-            self._columns[res] = columns
 
     def install_crd(self, crd: dict[str, Any]) -> None:
         spec = crd["spec"]
@@ -121,7 +80,7 @@ class Emulator(kmock.KubernetesEmulator):
         for v in spec["versions"]:
             self.declare(spec["group"], v["name"], names["plural"], names["kind"],
                          spec.get("scope", "Namespaced") == "Namespaced", list(v.get("subresources") or {}),
-                         names.get("shortNames"), v.get("additionalPrinterColumns"))
+                         names.get("shortNames"))
 
     async def _render_error(self, exc: Exception) -> Any:
         if isinstance(exc, jsonpatch.JsonPatchTestFailed):  # what a real API server answers
@@ -132,8 +91,6 @@ class Emulator(kmock.KubernetesEmulator):
         # kmock matches each request by scanning every request it ever served, so a long test or a
         # benchmark slows down quadratically; keep only the requests still being served.
         self._inflight.add(id(request))
-        if request.resource is not None and request.resource.plural:  # not discovery
-            self.calls.append(_call_of(request))
         self._requests[:] = [r for r in self._requests if id(r) in self._inflight]
         try:
             return await self._serve(request)
@@ -146,10 +103,6 @@ class Emulator(kmock.KubernetesEmulator):
             data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": str(next(self._rv))})
         if request.resource is not None and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
-            denied = self.refuse.get((str(request.resource.plural), str(meta.get("name"))))
-            if request.action == enums.action.CREATE and denied:
-                raise kmock.KubernetesError(status=400, reason="BadRequest",
-                                            message=f'admission webhook "test.webhook" denied the request: {denied}')
             if request.action == enums.action.CREATE:
                 if not meta.get("name") and meta.get("generateName"):
                     meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
@@ -172,16 +125,7 @@ class Emulator(kmock.KubernetesEmulator):
         assert request.resource is not None
         kind = self._kinds.get(request.resource, "")
         gv = "/".join(p for p in (request.resource.group, request.resource.version) if p)
-        if "as=Table" in request.headers.get("Accept", ""):
-            return self._table(request.resource, result["items"])
         return {"kind": f"{kind}List", "apiVersion": gv, **result}
-
-    async def _serve_fetch(self, request: rendering.Request) -> Any:
-        result = await super()._serve_fetch(request)
-        if "as=Table" in request.headers.get("Accept", "") and request.subresource is None:
-            assert request.resource is not None
-            return self._table(request.resource, [result])
-        return result
 
     async def _serve_version(self, request: rendering.Request) -> Any:
         result = await super()._serve_version(request)
@@ -190,23 +134,6 @@ class Emulator(kmock.KubernetesEmulator):
             if "/" in res["name"]:  # subresources: no short names or categories of their own
                 res.update(shortNames=[], categories=[], verbs=["get", "patch", "update"])
         return result
-
-    def _table(self, resource: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
-        cols = self._columns.get(resource, [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}])
-        defs = [{"name": "Name", "type": "string", "format": "name", "description": "", "priority": 0}]
-        defs += [{"name": c["name"], "type": c["type"], "format": "", "description": "", "priority": 0}
-                 for c in cols]
-        rows = []
-        for obj in items:
-            cells: list[Any] = [obj["metadata"]["name"]]
-            for c in cols:
-                v = _jsonpath(obj, c["jsonPath"])
-                cells.append(_human_age(v) if c["type"] == "date" else ("<none>" if v is None else v))
-            rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
-                                                    "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}})
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": "1"},
-                "columnDefinitions": defs, "rows": rows}
-
 
 def path(group: str, version: str, plural: str, namespace: str | None = None, name: str | None = None,
          sub: str | None = None) -> str:
@@ -220,7 +147,6 @@ RAYJOBS = ("ray.io", "v1", "rayjobs")
 JOBS = ("batch", "v1", "jobs")
 CONFIGMAPS = ("", "v1", "configmaps")
 SECRETS = ("", "v1", "secrets")
-EVENTS = ("", "v1", "events")
 
 
 class Cluster:
@@ -309,23 +235,9 @@ class Cluster:
         if r.status_code != 404:
             r.raise_for_status()
 
-    def namespace(self, name: str) -> None:
-        assert self.api is not None
-        self.api.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
-                                                  "metadata": {"name": name}}).raise_for_status()
-
     def secret(self, ns: str, name: str, data: dict[str, str]) -> None:
         self.create(SECRETS, ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
                                   "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
-
-    def secret_value(self, ns: str, name: str, key: str) -> str:
-        doc = self.get(SECRETS, ns, name)
-        assert doc is not None, f"Secret {name} missing"
-        return base64.b64decode(doc["data"][key]).decode()
-
-    def events(self, ns: str, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.list(EVENTS, ns) if (e.get("involvedObject") or {}).get("name") == name]
-
 
 @contextmanager
 def running_cluster() -> Iterator[Cluster]:
