@@ -225,7 +225,7 @@ READY = ("Array.from(document.querySelectorAll('.plotly-graph-div'))"
 def check_page(page: Path, expected_titles: list[str], shot: str) -> list[dict]:
     """Open `page` from disk in headless Chromium; assert no error and every plot drawn; keep a screenshot."""
     if find_browser() is None:
-        pytest.fail("headless chromium is needed for this test (.ci/run installs Debian's `chromium`)")
+        pytest.fail("headless chromium is needed for this test (hack/test-deps.sh installs Debian's `chromium`)")
     markup = re.sub(r"<script[^>]*>.*?</script>", "", page.read_text(), flags=re.S)
     assert not re.search(r"(src|href)\s*=\s*[\"']?https?://", markup), "the page must not load from a network"
     result = open_page(page, RENDERED, READY)
