@@ -394,6 +394,16 @@ def _openai(row: dict[str, Any], whole: bool) -> Parsed:
     return (whole_conversation(msgs) if whole else _up_to_last_user(msgs)), _tools_field(row)
 
 
+def _sharegpt_turn(turn: Any, i: int) -> tuple[str, Any]:
+    """(from, value) of sharegpt turn `i`, with a known speaker."""
+    if not isinstance(turn, dict):
+        raise _RowError(f"turn {i} is not an object")
+    who, value = turn.get("from"), turn.get("value")
+    if who not in _SHAREGPT_ROLES:
+        raise _RowError(f"turn {i} has unknown 'from' {who!r}")
+    return who, value
+
+
 def _sharegpt(row: dict[str, Any], whole: bool) -> Parsed:
     conv = _maybe_json(_field(row, "conversations"), "'conversations'")
     if not isinstance(conv, list):
@@ -405,11 +415,7 @@ def _sharegpt(row: dict[str, Any], whole: bool) -> Parsed:
     if isinstance(system, str) and system.strip():
         msgs.append({"role": "system", "content": system})
     for i, turn in enumerate(conv):
-        if not isinstance(turn, dict):
-            raise _RowError(f"turn {i} is not an object")
-        who, value = turn.get("from"), turn.get("value")
-        if who not in _SHAREGPT_ROLES:
-            raise _RowError(f"turn {i} has unknown 'from' {who!r}")
+        who, value = _sharegpt_turn(turn, i)
         if not isinstance(value, str):
             raise _RowError(f"turn {i} has no string 'value'")
         msgs.append({"role": _SHAREGPT_ROLES[who], "content": value})
@@ -590,11 +596,7 @@ def _sharegpt_whole(conv: list[Any], system: Any) -> list[dict[str, Any]]:
         msgs.append({"role": "system", "content": system})
         offset = -1
     for i, turn in enumerate(conv):
-        if not isinstance(turn, dict):
-            raise _RowError(f"turn {i} is not an object")
-        who, value = turn.get("from"), turn.get("value")
-        if who not in _SHAREGPT_ROLES:
-            raise _RowError(f"turn {i} has unknown 'from' {who!r}")
+        who, value = _sharegpt_turn(turn, i)
         if who == "function_call":
             calls = _calls_from(value, f"call_{i}", f"turn {i} (function_call)")
             if msgs and msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
