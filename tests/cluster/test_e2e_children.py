@@ -10,7 +10,7 @@ from eyrie.operator import children
 
 from .conftest import API_KEY, NS, OperatorProcess, condition, dsg, status_of, wait_for
 from .test_e2e import file_spec, phase_is, write_progress
-from .testbed import CONFIGMAPS, DSG, JOBS, RAYJOBS, ControlPlane, api_path, kuberay_crds
+from .testbed import CONFIGMAPS, DSG, JOBS, RAYJOBS, ControlPlane, api_path
 
 # 78 characters, a leading digit, a dot: over KubeRay's 47 and the Job's 63, not a DNS-1035 label
 HOSTILE = "2026-08.kimi-k2.5-" + "long" * 15
@@ -90,10 +90,8 @@ def test_kuberay_validation_failed_and_a_pre_running_deadline_end_the_run_once(c
     cond = condition(cluster, "vf", "Failed")
     assert (cond["reason"], cond["message"]) == ("ChildRejected", f"KubeRay rejected RayJob vf-gen-1: {message}")
 
-    # eyrie sets it; KubeRay's CRD has it from v1.6.0 on, and an older CRD's schema prunes it (the deadline then
-    # does not apply): what the server kept says which
-    kept = "preRunningDeadlineSeconds" in next(p for p in kuberay_crds() if p.name == "ray.io_rayjobs.yaml").read_text()
-    assert player.rayjob("slow-gen-1")["spec"].get("preRunningDeadlineSeconds") == (1800 if kept else None)
+    # eyrie sets it and KubeRay's CRD (v1.6.0 on, the pinned version) keeps it: an older schema would prune it
+    assert player.rayjob("slow-gen-1")["spec"]["preRunningDeadlineSeconds"] == 1800
     cluster.patch(RAYJOBS, NS, "slow-gen-1", {"status": {
         "jobDeploymentStatus": "Failed", "reason": "PreRunningDeadlineExceeded",
         "message": "RayJob did not reach Running within 1800 seconds"}}, sub="status")
