@@ -13,12 +13,15 @@ handler writes `status.phase` (the framework + API server floor). The ratio says
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +86,7 @@ def measure(cmd: list[str], n: int, work: Path, label: str) -> tuple[list[float]
         try:
             # operator start-up (imports, discovery, watch) is not part of the figure
             wait_for(f"{label} liveness", lambda: _alive(proc, liveness), timeout=180, every=0.25)
-            created = create_all(cp, n, work / label)
-            phases, rayjobs = wait_all(cp, created, timeout=600, rayjobs=label == "eyrie")
+            phases, rayjobs = wait_all(cp, n, work / label, timeout=600, rayjobs=label == "eyrie")
             rss = peak_rss_mib(proc.pid)
         finally:
             proc.terminate()
@@ -118,36 +120,74 @@ def create_all(cp: ControlPlane, n: int, out: Path) -> dict[str, float]:
     return created
 
 
-def wait_all(cp: ControlPlane, created: dict[str, float], timeout: float,
-             rayjobs: bool) -> tuple[list[float], list[float]]:
-    """Poll (twice a second) until every object has a phase and, for eyrie, an owned RayJob."""
-    phase: dict[str, float] = {}
-    owned: dict[str, float] = {}
+class FirstSeen:
+    """Watches one resource (from the current resourceVersion) in a thread and records, per name, the
+    moment `key(object)` first gives one: exact first-seen times, at the cost of one watch stream (polling
+    LISTs of thousands of objects would load the API server the operators are measured against)."""
+
+    def __init__(self, cp: ControlPlane, resource: tuple[str, str, str], key: Callable[[dict[str, Any]], str | None]):
+        assert cp.api is not None
+        self.cp, self.path, self.key = cp, api_path(*resource, "default"), key
+        self.seen: dict[str, float] = {}
+        self.since = cp.api.get(self.path, params={"limit": 1}).json()["metadata"]["resourceVersion"]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        assert self.cp.api is not None
+        rv = self.since
+        while not self.stop.is_set():
+            params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": "30"}
+            try:
+                with self.cp.api.stream("GET", self.path, params=params, timeout=None) as r:
+                    for line in r.iter_lines():
+                        if self.stop.is_set():
+                            return
+                        event = json.loads(line) if line else {}
+                        if event.get("type") in ("ADDED", "MODIFIED", "BOOKMARK"):
+                            obj = event["object"]
+                            rv = obj["metadata"].get("resourceVersion", rv)
+                            name = self.key(obj) if event["type"] != "BOOKMARK" else None
+                            if name is not None and name not in self.seen:
+                                self.seen[name] = time.monotonic()
+            except httpx.HTTPError:
+                if not self.stop.is_set():
+                    raise  # the figures would be wrong; the control plane is still up
+
+
+def _phase(obj: dict[str, Any]) -> str | None:
+    return obj["metadata"]["name"] if (obj.get("status") or {}).get("phase") else None
+
+
+def _owner(obj: dict[str, Any]) -> str | None:
+    refs = obj["metadata"].get("ownerReferences") or []
+    return refs[0]["name"] if refs and refs[0]["kind"] == "DatasetGeneration" else None
+
+
+def wait_all(cp: ControlPlane, n: int, out: Path, timeout: float, rayjobs: bool) -> tuple[list[float], list[float]]:
+    """Create the objects, then wait until every one has a phase and, for eyrie, an owned RayJob."""
+    phases = FirstSeen(cp, DSG, _phase)
+    owned = FirstSeen(cp, RAYJOBS, _owner) if rayjobs else None
+    created = create_all(cp, n, out)
     deadline = time.monotonic() + timeout
-    assert cp.api is not None
-    while (len(phase) < len(created) or (rayjobs and len(owned) < len(created))) and time.monotonic() < deadline:
-        items = cp.api.get(api_path(*DSG, "default")).json()["items"]
-        now = time.monotonic()
-        for obj in items:
-            name = obj["metadata"]["name"]
-            if name not in phase and (obj.get("status") or {}).get("phase"):
-                phase[name] = now - created[name]
-        if rayjobs:
-            for rj in cp.api.get(api_path(*RAYJOBS, "default")).json()["items"]:
-                refs = rj["metadata"].get("ownerReferences") or []
-                name = refs[0]["name"] if refs and refs[0]["kind"] == "DatasetGeneration" else None
-                if name in created and name not in owned:
-                    owned[name] = now - created[name]
+    def done() -> bool:
+        return len(phases.seen) >= n and (owned is None or len(owned.seen) >= n)
+    while not done() and time.monotonic() < deadline:
         time.sleep(0.5)
-    if len(phase) < len(created) or (rayjobs and len(owned) < len(created)):
+    for w in (phases, owned):
+        if w is not None:
+            w.stop.set()
+    if not done():
         # a percentile is still a figure when fewer than (100 - q)% are missing: they count as never (inf)
-        lacking = next(n for n in created if n not in phase or (rayjobs and n not in owned))
+        assert cp.api is not None
+        lacking = next(m for m in created if m not in phases.seen or (owned is not None and m not in owned.seen))
         status = cp.api.get(api_path(*DSG, "default", lacking)).json().get("status")
-        print(f"within {timeout}s: {len(phase)} of {len(created)} got a phase, {len(owned)} a RayJob; "
-              f"{lacking}'s status: {status}", file=sys.stderr)
+        print(f"within {timeout}s: {len(phases.seen)} of {n} got a phase, {len(owned.seen) if owned else 0} a "
+              f"RayJob; {lacking}'s status: {status}", file=sys.stderr)
     never = float("inf")
-    return (sorted(phase.get(n, never) for n in created),
-            sorted(owned.get(n, never) for n in created) if rayjobs else [])
+    return (sorted(phases.seen[m] - t if m in phases.seen else never for m, t in created.items()),
+            sorted(owned.seen[m] - t if m in owned.seen else never for m, t in created.items()) if owned else [])
 
 
 def pct(xs: list[float], q: float) -> float:

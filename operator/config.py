@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS
 from eyrie.jobs.errors import InputError
 
+from .passes import DEFAULT_MAX_PASSES
+
 DEFAULT_INTERVAL = 5.0
 DEFAULT_METRICS_PORT = 9090
 
@@ -26,12 +28,15 @@ class OperatorConfig:
     metrics_port: int = DEFAULT_METRICS_PORT  # 0: no metrics endpoint
     metrics_address: str = "0.0.0.0"
     interval: float = DEFAULT_INTERVAL  # seconds between polls of each resource
+    max_passes: int = DEFAULT_MAX_PASSES  # reconcile passes at once (new objects and spec edits first)
     stop_grace: float = STOP_GRACE_SECONDS  # seconds a stopping job gets before its child is deleted
     verbose: bool = False
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
             raise ConfigError(f"--interval must be positive, got {self.interval}")
+        if self.max_passes < 1:
+            raise ConfigError(f"--max-passes must be at least 1, got {self.max_passes}")
         if self.stop_grace < 0:
             raise ConfigError(f"--stop-grace must not be negative, got {self.stop_grace}")
 
@@ -50,6 +55,9 @@ def parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     ap.add_argument("--metrics-address", default="0.0.0.0")
     ap.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
                     help=f"seconds between progress polls of each resource (default {DEFAULT_INTERVAL:g})")
+    ap.add_argument("--max-passes", type=int, default=DEFAULT_MAX_PASSES,
+                    help="reconcile passes at once; new objects and spec edits go before polls "
+                         f"(default {DEFAULT_MAX_PASSES})")
     ap.add_argument("--stop-grace", type=float, default=STOP_GRACE_SECONDS,
                     help="seconds a generation job gets to stop gracefully before its child is deleted "
                          f"(default {STOP_GRACE_SECONDS:g})")
@@ -60,4 +68,5 @@ def parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 def from_args(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(namespaces=tuple(args.namespace), standalone=args.standalone, liveness=args.liveness,
                           metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                          interval=args.interval, stop_grace=args.stop_grace, verbose=args.verbose)
+                          interval=args.interval, max_passes=args.max_passes, stop_grace=args.stop_grace,
+                          verbose=args.verbose)

@@ -31,7 +31,9 @@ from . import children, conditions, metrics
 from .config import OperatorConfig
 from .kube import Kind, Kube, KubeError
 from .observed import job_child, neighbour_attempts, rayjob_child, submission_child
+from .passes import PassGate
 from .reconcile import (
+    TERMINAL_PHASES,
     ApplyConfigMap,
     CreateExtraction,
     CreateGeneration,
@@ -343,14 +345,18 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
 
 @dataclass
 class Memo:
-    """Process-wide state kept by kopf's memo: settings, API client, per-resource locks, Submit stop
-    times, the ConfigMap data this process last applied."""
+    """Process-wide state kept by kopf's memo: settings, API client, the bound on passes at once,
+    per-resource locks, Submit stop times, the ConfigMap data this process last applied."""
 
     config: OperatorConfig
     kube: Kube | None = None
+    gate: PassGate = field(init=False)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     stops: dict[str, float] = field(default_factory=dict)
     configmaps: dict[tuple[str, str, str | None], dict[str, str] | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.gate = PassGate(self.config.max_passes)
 
 
 def _own(child: dict[str, Any], owner: dict[str, Any]) -> None:
@@ -359,27 +365,46 @@ def _own(child: dict[str, Any], owner: dict[str, Any]) -> None:
     kopf.append_owner_reference(child, owner=kopf.Body(owner))
 
 
-async def reconcile_resource(body: kopf.Body, memo: Memo, logger: logging.Logger) -> None:
+async def reconcile_resource(body: kopf.Body, memo: Memo, logger: logging.Logger, urgent: bool) -> None:
     """One pass for one DatasetGeneration; errors are logged and counted, the next tick retries.
 
     The pass re-reads the object under the lock and writes its own patches before releasing it,
-    so a second pass (timer or spec change) always starts from what the first one wrote.
+    so a second pass (timer or spec change) always starts from what the first one wrote. Urgent
+    passes (a new object, a spec change) take a free slot of the gate before polls do.
     """
     meta = body["metadata"]
     key = f"{meta['namespace']}/{meta['name']}"
     lock = memo.locks.setdefault(key, asyncio.Lock())
+    kube = memo.kube
+    assert kube is not None, "the startup handler connects before any resource is handled"
     async with lock:
-        metrics.RECONCILES.inc()
         try:
-            if memo.kube is None:
-                memo.kube = await Kube.connect()
-            fresh = await memo.kube.get(Kind.DATASET, meta["namespace"], meta["name"])
-            if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
-                return
-            await _reconcile(memo.kube, fresh, memo, logger)
+            if not (body.get("status") or {}).get("phase"):
+                await _announce(kube, meta)
+            async with memo.gate.slot(urgent):
+                metrics.RECONCILES.inc()
+                fresh = await kube.get(Kind.DATASET, meta["namespace"], meta["name"])
+                if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
+                    return
+                await _reconcile(kube, fresh, memo, logger)
         except Exception as e:
             metrics.ERRORS.labels(type(e).__name__).inc()
             logger.error(f"reconcile failed: {type(e).__name__}: {e}")
+
+
+async def _announce(kube: Kube, meta: dict[str, Any]) -> None:
+    """A new object shows Pending at once, before it waits for a pass (which makes several calls).
+
+    The patch carries the resourceVersion kopf saw: if anything wrote the object since, the server
+    refuses it (409) and the pass, which reads the object afresh, decides instead.
+    """
+    try:
+        await kube.patch(Kind.DATASET, meta["namespace"], meta["name"],
+                         {"metadata": {"resourceVersion": meta.get("resourceVersion")},
+                          "status": {"phase": "Pending"}}, status=True)
+    except KubeError as e:
+        if e.status not in (404, 409):
+            raise
 
 
 async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: logging.Logger) -> None:
@@ -423,7 +448,10 @@ def _spec_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
     return gen is None or gen != (body.get("status") or {}).get("observedGeneration")
 
 
-async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    # one client for every pass: connecting lazily inside the passes let a burst of new objects each open
+    # their own (1,000 objects created at once made 1,000 clients and connection pools)
+    memo.state.kube = await Kube.connect()
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
@@ -438,11 +466,16 @@ async def _cleanup(memo: Any, **_: Any) -> None:
 
 
 async def poll(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
-    await reconcile_resource(body, memo.state, logger)
+    await reconcile_resource(body, memo.state, logger, urgent=False)
 
 
 async def changed(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
-    await reconcile_resource(body, memo.state, logger)
+    await reconcile_resource(body, memo.state, logger, urgent=True)
+
+
+def _running(body: kopf.Body, **_: Any) -> bool:
+    """Polled while not finished: a Succeeded or Failed run changes only by a spec edit (`changed`)."""
+    return (body.get("status") or {}).get("phase") not in TERMINAL_PHASES
 
 
 async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
@@ -472,7 +505,7 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.login(registry=reg)(kopf.login_via_async_client)
     kopf.on.startup(registry=reg)(_startup)
     kopf.on.cleanup(registry=reg)(_cleanup)
-    kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, initial_delay=config.interval,
+    kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, initial_delay=config.interval, when=_running,
                registry=reg)(poll)
     kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_changed, registry=reg)(changed)
     kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED", registry=reg)(deleted)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kubernetes_asyncio import client, config
 
+from eyrie.operator import handlers
 from eyrie.operator.kube import Kind, Kube, KubeError
 
 from .conftest import Installed
@@ -82,3 +83,18 @@ async def test_a_refused_object_is_rejected_and_a_forbidden_call_is_not(kube: Ku
         await kube.create(Kind.DATASET, NS, {"apiVersion": "eyrie.dev/v1alpha1", "kind": "DatasetGeneration",
                                              "metadata": {"name": "x"}, "spec": {}})
     assert e.value.status == 403 and not e.value.rejected
+
+
+async def test_a_new_object_is_announced_pending_unless_it_was_written_since(kube: Kube,
+                                                                             control_plane: ControlPlane) -> None:
+    quickstart = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
+    control_plane.create(DSG, NS, {**quickstart, "metadata": {"name": "fresh"}})
+    seen = (await kube.get(Kind.DATASET, NS, "fresh") or {})["metadata"]
+    await handlers._announce(kube, seen)
+    assert (await kube.get(Kind.DATASET, NS, "fresh") or {})["status"] == {"phase": "Pending"}
+
+    control_plane.create(DSG, NS, {**quickstart, "metadata": {"name": "raced"}})
+    stale = (await kube.get(Kind.DATASET, NS, "raced") or {})["metadata"]
+    await kube.patch(Kind.DATASET, NS, "raced", {"status": {"phase": "Generating", "attempt": "1"}}, status=True)
+    await handlers._announce(kube, stale)  # a pass wrote since kopf's copy: the server refuses it, quietly
+    assert (await kube.get(Kind.DATASET, NS, "raced") or {})["status"] == {"phase": "Generating", "attempt": "1"}
