@@ -6,7 +6,7 @@ completion rows) against it without scoring; its peer is the share of the work t
 by count of multiply-adds (vocab x hidden per scored token against the forward's), so the figure
 says whether scoring costs what one projection costs and nothing more. Target: ratio >= 0.9 x peer.
 
-Starts its own SeaweedFS on 127.0.0.1:8333 (as the tests do) and a random-weight Llama built from a
+Starts its own MinIO on a free 127.0.0.1 port (as the tests do) and a random-weight Llama built from a
 config. Run: python benchmarks/extraction_cpu.py
 """
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import torch  # noqa: E402
-from conftest import start_seaweedfs, stop_pid  # noqa: E402
+from conftest import start_minio, stop_pid  # noqa: E402
 from extract_helpers import make_spec, put_samples, random_rows  # noqa: E402
 
 from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model  # noqa: E402
@@ -39,7 +39,7 @@ SCORING_TARGET = 0.9  # of the ratio the projection's multiply-adds predict
 
 def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="eyrie-bench-extract-"))
-    server = start_seaweedfs(base)
+    server = start_minio(base)
     try:
         model = build_tiny_model(base / "model", VOCAB, HIDDEN, layers=LAYERS, context=4096)
         out = "s3://bench/run"

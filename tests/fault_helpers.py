@@ -1,5 +1,5 @@
 """Helpers of the fault suite (tests/test_faults_*.py): invariant checks, in-process runs, a private
-SeaweedFS on free ports that a test may kill and restart, and process trees read from /proc.
+MinIO on free ports that a test may kill and restart, and process trees read from /proc.
 
 Every fault test ends in the same four checks, so they live here once: no sample lost, none
 duplicated, spend within the budget and equal to (or, after a lost worker, at least) what the
@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import S3Server, start_seaweedfs, stop_pid
+from conftest import S3Server, start_minio, stop_pid
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
@@ -179,24 +179,24 @@ def kill_all(pids: list[int]) -> None:
                 os.kill(p, signal.SIGKILL)
 
 
-# --------------------------------------------------------------------------- a private SeaweedFS
+# ------------------------------------------------------------------------------- a private MinIO
 
 
 @dataclass
 class PrivateS3:
-    """A SeaweedFS of the test's own (conftest's `start_seaweedfs` on free ports), so a test can SIGKILL
+    """A MinIO of the test's own (conftest's `start_minio` on free ports), so a test can SIGKILL
     it and start it again on the same ports and data without touching the session's shared server."""
 
     base: Path
     server: S3Server | None = None
 
     def start(self) -> PrivateS3:
-        self.server = start_seaweedfs(self.base, self.server.ports if self.server else None)
+        self.server = start_minio(self.base, self.server.ports if self.server else None)
         return self
 
     def _s(self) -> S3Server:
         if self.server is None:
-            raise RuntimeError("private SeaweedFS not started")
+            raise RuntimeError("private MinIO not started")
         return self.server
 
     @property
@@ -222,7 +222,7 @@ class PrivateS3:
         return f"s3://{name}"
 
     def kill(self) -> None:
-        """SIGKILL the server's process group (weed mini runs every component in one process)."""
+        """SIGKILL the server's process group, as a crash would end it."""
         proc = self._s().proc
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

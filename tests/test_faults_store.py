@@ -2,7 +2,7 @@
 same data. Writes are retried with backoff; the run finishes (or stops with a reason and resumes);
 every part decodes (never a torn part) and every prompt is persisted exactly once.
 
-The test runs its own SeaweedFS on free ports (the session's shared server stays untouched).
+The test runs its own MinIO on free ports (the session's shared server stays untouched).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Outage:
 def outage(tmp_path_factory) -> Iterator[Outage]:
     """One run through a 20 s S3 outage, shared by the tests below (it takes ~45 s)."""
     tmp_path = tmp_path_factory.mktemp("s3-outage")
-    base = Path(tempfile.mkdtemp(prefix="eyrie-s3f-"))  # short: weed puts unix sockets under it
+    base = Path(tempfile.mkdtemp(prefix="eyrie-s3f-"))
     s3 = PrivateS3(base).start()
     try:
         bucket = s3.make_bucket(f"f{time.time_ns()}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds, once per machine, the real control plane the cluster tests run (DESIGN §9), from Go modules at the
-# versions pinned in versions.env, into ${EYRIE_TESTBED_CACHE:-~/.cache/eyrie-testbed}/<component>-<version>/.
+# Builds, once per machine, the real control plane the cluster tests run (DESIGN §9) and the MinIO server the S3
+# tests run, from Go modules at the versions pinned in versions.env, into
+# ${EYRIE_TESTBED_CACHE:-~/.cache/eyrie-testbed}/<component>-<version>/.
 # A warm machine returns in well under a second; nothing is written into the repository.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,6 +30,7 @@ build() {
 build etcd "$ETCD" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 [[ -x "$cache/etcd-$ETCD/bin/etcd" ]] || mv "$cache/etcd-$ETCD/bin/server" "$cache/etcd-$ETCD/bin/etcd"
 build kuberay "$KUBERAY" github.com/ray-project/kuberay/ray-operator github.com/ray-project/kuberay/ray-operator
+build minio "$MINIO" github.com/minio/minio github.com/minio/minio
 
 # k8s.io/kubernetes requires its staging modules at v0.0.0 (replaced by ./staging in its own tree): replace each
 # with its published v0.N.x, the usual way of importing it.

@@ -2,7 +2,7 @@
 controller and garbage collector (tests/cluster/testbed.py).
 
 The tests play Ray and the kubelet: they run the real generation entrypoint (`eyrie run ... --until samples`,
-simulator provider, SeaweedFS S3) for each RayJob KubeRay accepted and report the Ray job's end as KubeRay does;
+simulator provider, MinIO S3) for each RayJob KubeRay accepted and report the Ray job's end as KubeRay does;
 they run each pod the Job controller created and report the pod's end.
 """
 
