@@ -29,6 +29,7 @@ DATASET_ANNOTATION = "eyrie.dev/dataset-name"  # the full name, where the label 
 ROLE_LABEL = "eyrie.dev/role"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "eyrie"}
 KUEUE_PREFIX = "kueue.x-k8s.io/"
+QUEUE_NAME_LABEL = f"{KUEUE_PREFIX}queue-name"
 SPEC_DIR = "/etc/eyrie"
 SPEC_KEY = "spec.yaml"
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"

@@ -423,7 +423,7 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                      f"generation child {child.name} ended without reporting Done in progress.json "
                      f"(outcome for attempt {attempt}: {prog.outcome if prog else 'none'})")
     if child.state == "Queued":
-        p.cond(QUEUED, True, "WaitingForAdmission", f"{child.name} waits for Kueue admission")
+        p.cond(QUEUED, True, "WaitingForAdmission", _waiting(obs, f"RayJob {child.name}"))
         return Decision(p.actions, p.status("Pending", attempt))
     p.cond(QUEUED, False, "Admitted")
     gate = obs.spec.tools.gate
@@ -431,6 +431,13 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                  and prog.samples.get("done", 0) < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
     return Decision(p.actions, p.status(phase, attempt))
+
+
+def _waiting(obs: Observation, child: str) -> str:
+    """Which queue holds the child, so that the user knows whose quota to look at."""
+    queue = obs.labels.get(children.QUEUE_NAME_LABEL)
+    where = f"LocalQueue {queue}" if queue else "Kueue"
+    return f"{child} waits for admission by {where} (kubectl get workloads -n {obs.namespace})"
 
 
 def fidelity_events(section: dict[str, Any] | None) -> list[Event]:
@@ -536,7 +543,7 @@ def _extraction(p: _Pass, job: ExtractionChild | None) -> str:
         p.actions.append(Event("Warning", "ExtractionIncomplete", message))
         return "Failed"
     if job.suspended and job.kueue:
-        p.cond(QUEUED, True, "WaitingForAdmission", f"{job.name} waits for Kueue admission")
+        p.cond(QUEUED, True, "WaitingForAdmission", _waiting(obs, f"Job {job.name}"))
     elif job.suspended and job.suspended_by_other:
         # Kueue's manageJobsWithoutQueueName (or another controller) holds it: lifting that
         # suspension would only have it suspended again, forever

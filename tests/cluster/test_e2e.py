@@ -22,8 +22,8 @@ from eyrie.jobs.contract import layout, records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
-from .conftest import API_KEY, NS, condition, dsg, free_port, status_of, wait_for, write_pod_summary
-from .testbed import DSG, JOBS, RAYJOBS
+from .conftest import API_KEY, NS, condition, dsg, free_port, status_of, wait_for
+from .testbed import DSG, RAYJOBS
 
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
 
@@ -211,57 +211,6 @@ def file_spec(out: Path, **extra: Any) -> dict[str, Any]:
     }
     spec.update(extra)
     return spec
-
-
-def test_kueue_admission_extraction_and_completion(cluster, operator, player, tmp_path):
-    """Kueue is not built into the testbed: the test plays its admission (unsuspending the children)."""
-    out = tmp_path / "out"
-    cluster.secret(NS, "provider", {"api-key": API_KEY})
-    labels = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
-    spec = file_spec(out, extraction={"enabled": True, "image": "eyrie-sglang:test", "pods": 2, "gpusPerPod": 8,
-                                      "nodeSelector": {"nvidia.com/gpu.product": "H200"},
-                                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]})
-    cluster.create(DSG, NS, dsg("kq", spec, labels))
-    rj = player.rayjob("kq-gen-1")
-    assert rj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    assert rj["spec"]["suspend"] is True
-    wait_for("Queued", lambda: (condition(cluster, "kq", "Queued") or {}).get("status") == "True")
-    assert status_of(cluster, "kq")["phase"] == "Pending"
-
-    cluster.patch(RAYJOBS, NS, "kq-gen-1", {"spec": {"suspend": False}})  # Kueue admits
-    cluster.patch(RAYJOBS, NS, "kq-gen-1", {"status": {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}},
-                  sub="status")
-    write_progress(out, "1", "Running", 30, "0.30", stage="generate")
-    wait_for("Canary (30 of 200 canary samples)", phase_is(cluster, "kq", "Canary"))
-    assert condition(cluster, "kq", "Queued")["status"] == "False"
-    assert cluster.get(RAYJOBS, NS, "kq-gen-1")["spec"]["suspend"] is False  # never fought Kueue
-
-    write_progress(out, "1", "Done", 100, "1.00", stage="done")
-    job = wait_for("extraction Job", lambda: cluster.get(JOBS, NS, "kq-extract"))
-    s = job["spec"]
-    assert (s["completionMode"], s["completions"], s["parallelism"], s["suspend"]) == ("Indexed", 2, 2, True)
-    pod = s["template"]["spec"]
-    assert pod["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "8"}}  # the server's quantity
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "H200"}
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    assert job["metadata"]["ownerReferences"][0]["name"] == "kq"
-    wait_for("extraction queued", phase_is(cluster, "kq", "Extracting"))
-    cluster.patch(JOBS, NS, "kq-extract", {"spec": {"suspend": False}})  # Kueue admits
-    store = open_store(f"file://{out}")
-    for i in range(2):  # each pod writes its summary when its share is done
-        write_pod_summary(out, i, 2, shard=i, samples=50, tokens=5000, nbytes=1000)
-    player.complete_job("kq-extract")
-    wait_for("Succeeded", phase_is(cluster, "kq", "Succeeded"))
-    st = status_of(cluster, "kq")
-    assert st["outputManifest"] == f"file://{out}/manifest.json"
-    assert st["extraction"] == {"shardsDone": 2, "shardsTotal": 2, "bytes": 2000}
-    manifest = json.loads(store.get(layout.MANIFEST))
-    assert manifest["extraction"]["samples"] == 100 and manifest["extraction"]["pods"] == 2
-    assert cluster.get(JOBS, NS, "kq-extract")["spec"]["suspend"] is False
-    metrics = operator.metrics()
-    assert 'eyrie_datasetgenerations{phase="Succeeded"} 1.0' in metrics
-    assert 'eyrie_spent_usd{name="kq",namespace="default"} 1.0' in metrics
-    assert 'eyrie_samples{name="kq",namespace="default",state="done"} 100.0' in metrics
 
 
 def test_tool_drift_suspends_with_the_jobs_message_and_stale_attempts_are_ignored(cluster, operator, player,

