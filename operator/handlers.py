@@ -175,7 +175,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     except SecretMissing as e:
         missing.append(str(e))
 
-    cm_key = (ns, name, meta.get("uid"))
+    cm_key = _key(meta)
     if cm_key not in memo.configmaps:  # what this process applied last; read once after a restart
         cm = await kube.get(Kind.CONFIGMAP, ns, children.configmap_name(name))
         memo.configmaps[cm_key] = (cm or {}).get("data")
@@ -273,7 +273,7 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
             _own(cm, body)
             if not await _create(kube, Kind.CONFIGMAP, ns, cm):
                 await kube.patch(Kind.CONFIGMAP, ns, cm["metadata"]["name"], {"data": cm["data"]})
-            memo.configmaps[(ns, name, meta.get("uid"))] = cm["data"]
+            memo.configmaps[_key(meta)] = cm["data"]
         elif isinstance(action, CreateGeneration):
             if action.body is not None:
                 _own(action.body, body)
@@ -346,7 +346,8 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
 @dataclass
 class Memo:
     """Process-wide state kept by kopf's memo: settings, API client, the bound on passes at once,
-    per-resource locks, Submit stop times, the ConfigMap data this process last applied."""
+    per-resource locks, Submit stop times, the ConfigMap data this process last applied, the finished
+    runs this process has passed over."""
 
     config: OperatorConfig
     kube: Kube | None = None
@@ -354,6 +355,7 @@ class Memo:
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     stops: dict[str, float] = field(default_factory=dict)
     configmaps: dict[tuple[str, str, str | None], dict[str, str] | None] = field(default_factory=dict)
+    finished: set[tuple[str, str, str | None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.gate = PassGate(self.config.max_passes)
@@ -386,7 +388,8 @@ async def reconcile_resource(body: kopf.Body, memo: Memo, logger: logging.Logger
                 fresh = await kube.get(Kind.DATASET, meta["namespace"], meta["name"])
                 if fresh is None or (fresh.get("metadata") or {}).get("deletionTimestamp"):
                     return
-                await _reconcile(kube, fresh, memo, logger)
+                if await _reconcile(kube, fresh, memo, logger) in TERMINAL_PHASES:
+                    memo.finished.add(_key(meta))
         except Exception as e:
             metrics.ERRORS.labels(type(e).__name__).inc()
             logger.error(f"reconcile failed: {type(e).__name__}: {e}")
@@ -407,7 +410,8 @@ async def _announce(kube: Kube, meta: dict[str, Any]) -> None:
             raise
 
 
-async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: logging.Logger) -> None:
+async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: logging.Logger) -> str | None:
+    """One pass over a fresh copy of the object; returns the phase it leaves."""
     meta = body["metadata"]
     status = dict(body.get("status") or {})
     try:
@@ -416,7 +420,7 @@ async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: loggi
         await _patch_status(kube, meta, status, invalid_spec(e, status, meta.get("generation"), now_rfc3339()))
         if status.get("phase") != "Failed":
             kopf.event(body, type="Warning", reason="PermanentError", message=str(e).replace("\n", " "))
-        return
+        return "Failed"
     obs = await observe(kube, memo, body, spec)
     decision = reconcile(obs)
     try:
@@ -426,12 +430,13 @@ async def _reconcile(kube: Kube, body: dict[str, Any], memo: Memo, logger: loggi
                                                                 now_rfc3339()))
         kopf.event(body, type="Warning", reason="ChildRejected", message=str(e))
         logger.error(str(e))
-        return
+        return "Failed"
     await _patch_status(kube, meta, status, decision.status)
     if decision.suspended_reason:
         metrics.SUSPENSIONS.labels(decision.suspended_reason).inc()
     metrics.TRACKER.observe(meta["namespace"], meta["name"], decision.status.get("phase"), decision.status)
     metrics.BUDGET.labels(meta["namespace"], meta["name"]).set(float(spec.budget.max_usd))
+    return decision.status.get("phase")
 
 
 async def _patch_status(kube: Kube, meta: dict[str, Any], old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -466,6 +471,10 @@ async def _cleanup(memo: Any, **_: Any) -> None:
 
 
 async def poll(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
+    """A finished run changes only by a spec edit (`changed`): once this process has passed over it
+    (after a restart too, so its metrics are there), polls cost nothing."""
+    if (body.get("status") or {}).get("phase") in TERMINAL_PHASES and _key(body["metadata"]) in memo.state.finished:
+        return
     await reconcile_resource(body, memo.state, logger, urgent=False)
 
 
@@ -473,9 +482,8 @@ async def changed(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) 
     await reconcile_resource(body, memo.state, logger, urgent=True)
 
 
-def _running(body: kopf.Body, **_: Any) -> bool:
-    """Polled while not finished: a Succeeded or Failed run changes only by a spec edit (`changed`)."""
-    return (body.get("status") or {}).get("phase") not in TERMINAL_PHASES
+def _key(meta: Any) -> tuple[str, str, str | None]:
+    return (meta["namespace"], meta["name"], meta.get("uid"))
 
 
 async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) -> None:
@@ -483,7 +491,8 @@ async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) 
     meta = body["metadata"]
     metrics.TRACKER.forget(meta["namespace"], meta["name"])
     memo.state.locks.pop(f"{meta['namespace']}/{meta['name']}", None)
-    memo.state.configmaps.pop((meta["namespace"], meta["name"], meta.get("uid")), None)
+    memo.state.configmaps.pop(_key(meta), None)
+    memo.state.finished.discard(_key(meta))
     try:
         ray = parse_spec({"spec": dict(body.get("spec") or {})}).spec.generation.ray
     except SpecError:
@@ -505,7 +514,7 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.login(registry=reg)(kopf.login_via_async_client)
     kopf.on.startup(registry=reg)(_startup)
     kopf.on.cleanup(registry=reg)(_cleanup)
-    kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, initial_delay=config.interval, when=_running,
+    kopf.timer(GROUP, VERSION, PLURAL, interval=config.interval, initial_delay=config.interval,
                registry=reg)(poll)
     kopf.on.event(GROUP, VERSION, PLURAL, when=_spec_changed, registry=reg)(changed)
     kopf.on.event(GROUP, VERSION, PLURAL, when=lambda type, **_: type == "DELETED", registry=reg)(deleted)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import logging
 from pathlib import Path
 
 import kopf
@@ -45,11 +46,32 @@ def test_the_poll_interval_reaches_kopfs_timer() -> None:
     reg = handlers.registry(OperatorConfig(interval=2.5))
     timers = [h for h in reg._spawning.get_all_handlers() if getattr(h, "interval", None) is not None]
     assert [(t.interval, t.initial_delay) for t in timers] == [(2.5, 2.5)]
-    # finished runs are not polled: only a spec edit (the event handler) passes over them again
-    running = timers[0].when
-    assert [running(body=kopf.Body({"status": st})) for st in
-            ({}, {"phase": "Pending"}, {"phase": "Suspended"}, {"phase": "Succeeded"}, {"phase": "Failed"})] == \
-        [True, True, True, False, False]
+
+
+class _CountingKube:
+    """Answers every read with 404 (the object is gone), counting the reads."""
+
+    def __init__(self) -> None:
+        self.gets = 0
+
+    async def get(self, *_: object) -> None:
+        self.gets += 1
+
+
+async def test_a_finished_run_this_process_passed_over_costs_no_call_when_polled() -> None:
+    state = handlers.Memo(OperatorConfig())
+    kube = state.kube = _CountingKube()  # type: ignore[assignment]
+    meta = {"namespace": "ns", "name": "dg", "uid": "u1"}
+    state.finished.add(("ns", "dg", "u1"))
+    logger = logging.getLogger("test")
+    for phase, calls in (("Succeeded", 0), ("Failed", 0), ("Generating", 1), ("Suspended", 2)):
+        await handlers.poll(body=kopf.Body({"metadata": meta, "status": {"phase": phase}}), memo=kopf.Memo(state=state),
+                            logger=logger)
+        assert kube.gets == calls, phase
+    # a finished run this process has not passed over (after a restart; a new object of the same name) is passed
+    await handlers.poll(body=kopf.Body({"metadata": {**meta, "uid": "u2"}, "status": {"phase": "Succeeded"}}),
+                        memo=kopf.Memo(state=state), logger=logger)
+    assert kube.gets == 3
 
 
 def test_only_main_reads_the_environment() -> None:
