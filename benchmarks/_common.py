@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+import sys
 import tempfile
 import time
 from decimal import Decimal
@@ -12,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from proc_tree import children_of, cmdline  # noqa: F401  (the benchmarks import them from here)
 
 from eyrie.jobs.generate.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.plan import plan_shards
@@ -200,31 +204,6 @@ def steady_rate(out: Path) -> float:
                    for r in records.iter_records(FileStore(out)))
     lo, hi = len(times) // 10, len(times) * 9 // 10
     return (hi - lo) / max(1e-9, times[hi] - times[lo])
-
-
-def children_of(pid: int) -> list[int]:
-    """Descendants of `pid`, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        found += kids
-        frontier += kids
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def peak_rss_of(pid: int) -> float:

@@ -29,7 +29,9 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+from _common import peak_rss_of  # noqa: E402
 from testbed import (  # noqa: E402
     DSG,
     EYRIE_CRD,
@@ -67,13 +69,6 @@ def spec(out: Path) -> dict[str, Any]:
             "output": {"uri": f"file://{out}"}}
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def measure(cmd: list[str], n: int, work: Path, label: str) -> tuple[list[float], list[float], float]:
     with running_control_plane(work / f"cp-{label}") as cp:
         cp.apply_crds(EYRIE_CRD, *kuberay_crds())
@@ -87,7 +82,7 @@ def measure(cmd: list[str], n: int, work: Path, label: str) -> tuple[list[float]
             # operator start-up (imports, discovery, watch) is not part of the figure
             wait_for(f"{label} liveness", lambda: _alive(proc, liveness), timeout=180, every=0.25)
             phases, rayjobs = wait_all(cp, n, work / label, timeout=600, rayjobs=label == "eyrie")
-            rss = peak_rss_mib(proc.pid)
+            rss = peak_rss_of(proc.pid)
         finally:
             proc.terminate()
             try:

@@ -454,8 +454,8 @@ def _spec_changed(body: kopf.Body, type: str | None, **_: Any) -> bool:
 
 
 async def _startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
-    # one client for every pass: connecting lazily inside the passes let a burst of new objects each open
-    # their own (1,000 objects created at once made 1,000 clients and connection pools)
+    # one client for every pass: connected lazily inside the passes, every pass of a burst of new objects
+    # saw no client yet and opened its own (client, connection pool, kubeconfig read)
     memo.state.kube = await Kube.connect()
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = logging.INFO

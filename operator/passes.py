@@ -36,7 +36,8 @@ class PassGate:
 
     @asynccontextmanager
     async def slot(self, urgent: bool) -> AsyncIterator[None]:
-        if self.running < self.limit and not self.waiting:
+        # a freed slot goes to a live waiter before `running` drops, so a free slot means nobody waits
+        if self.running < self.limit:
             self.running += 1
         else:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()

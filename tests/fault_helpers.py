@@ -1,5 +1,5 @@
 """Helpers of the fault suite (tests/test_faults_*.py): invariant checks, in-process runs, a private
-MinIO on free ports that a test may kill and restart, and process trees read from /proc.
+MinIO on free ports that a test may kill and restart (process trees: proc_tree.py).
 
 Every fault test ends in the same four checks, so they live here once: no sample lost, none
 duplicated, spend within the budget and equal to (or, after a lost worker, at least) what the
@@ -8,7 +8,6 @@ provider billed, and a clear outcome.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
@@ -130,53 +129,6 @@ def all_part_bytes(store: Store) -> list[tuple[str, bytes]]:
         records.decode_part(raw)  # must not raise
         out.append((key, gzip.decompress(raw)))
     return out
-
-
-# --------------------------------------------------------------------------------- process trees
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct and indirect children of `pid` (from /proc), so a test kills only what it started."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        # the command name may hold spaces and parentheses: the ppid follows the last ')'
-        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        found += kids
-        frontier += kids
-    return found
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def kill_all(pids: list[int]) -> None:
-    """SIGKILL each listed PID that is still alive (processes this test started)."""
-    for p in pids:
-        if alive(p):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------- a private MinIO

@@ -28,9 +28,6 @@ from fault_helpers import (
     API_KEY,
     all_part_bytes,
     assert_exactly_once,
-    children_of,
-    cmdline,
-    kill_all,
     persisted,
     progress,
     simple_rows,
@@ -39,6 +36,7 @@ from fault_helpers import (
     write_rows,
     write_spec,
 )
+from proc_tree import children_of, cmdline, kill_all
 
 from eyrie.jobs.generate.budget import Pricing, worst_case
 from eyrie.jobs.generate.coordinator import COMMIT_SHARE

@@ -25,14 +25,13 @@ from fault_helpers import (
     API_KEY,
     PrivateS3,
     assert_exactly_once,
-    children_of,
-    kill_all,
     persisted,
     simple_rows,
     spec_doc,
     write_rows,
     write_spec,
 )
+from proc_tree import children_of, kill_all
 
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
