@@ -34,6 +34,7 @@ import orjson
 
 from eyrie.jobs.contract.layout import sample_id
 from eyrie.jobs.errors import EyrieError
+from eyrie.jobs.jsonvalues import json_depth, json_type_name
 from eyrie.jobs.spec import SourceSpec
 from eyrie.jobs.store import NotFound, StoreError, open_store, split_uri
 
@@ -302,32 +303,7 @@ def _parquet_rows(source: SourceSpec, f: IO[bytes], mark: Mark = START) -> Itera
 
 # ------------------------------------------------------------------------------------- formats
 
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
-               bool: "boolean", type(None): "null"}
-
-
 MAX_ROW_DEPTH = 128  # JSON nesting levels; orjson refuses to serialise past 255
-
-
-def json_depth(node: Any, limit: int) -> int:
-    """Nesting depth of a JSON value, iteratively (a hostile row must not blow the stack); stops
-    counting past `limit`."""
-    deepest, stack = 0, [(node, 1)]
-    while stack:
-        value, d = stack.pop()
-        if d > limit:
-            return d
-        deepest = max(deepest, d)
-        if isinstance(value, dict):
-            stack.extend((v, d + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, d + 1) for v in value)
-    return deepest
-
-
-def json_type_name(value: Any) -> str:
-    """The JSON name of a decoded value's type, for messages ("array", not "list")."""
-    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})

@@ -45,8 +45,11 @@ def expected(dg, picked, mode: str) -> dict:
     for _sid, prompt in picked:
         prepared = declarations.prepare_prompt(prompt, mode)
         ans = make_answer(build_body(dg.spec, prepared.messages, prepared.tools), cfg)
-        called += bool(ans.tool_calls)
-        leaks += bool(scan_leaks(ans.content) or scan_leaks(ans.reasoning))
+        if mode == "text":  # the simulated model writes its call as a Kimi section: a call, not a leak
+            called += bool(ans.tool_calls) or "<|tool_calls_section_begin|>" in (ans.content or "")
+        else:
+            called += bool(ans.tool_calls)
+            leaks += bool(scan_leaks(ans.content) or scan_leaks(ans.reasoning))
     return {"called": called, "leaks": leaks}
 
 
@@ -64,9 +67,9 @@ def test_audit_table_matches_what_the_simulator_did(tmp_path):
         assert m[mode]["answers"] == 20 and m[mode]["declaredPrompts"] == 20
         assert m[mode]["callRate"] == round(exp["called"] / 20, 6), mode
         assert m[mode]["leaks"] == exp["leaks"], mode
-    # structured: the model calls natively and never leaks; text: it leaks markers instead
-    assert m["structured"]["leaks"] == 0 and m["structured"]["callRate"] > m["text"]["callRate"]
-    assert m["text"]["leaks"] > 0
+    # structured: the model calls natively and never leaks; text: it calls less often, as text
+    assert m["structured"]["leaks"] == m["text"]["leaks"] == 0
+    assert m["structured"]["callRate"] > m["text"]["callRate"] > 0
     assert m["difference"]["callRate"] == round(m["structured"]["callRate"] - m["text"]["callRate"], 6)
     stored = json.loads(open_store(dg.spec.output.uri).get(layout.AUDIT))
     assert stored["spentUSD"] == doc["spentUSD"]

@@ -113,6 +113,23 @@ def test_kimi_single_tool_call_exact_ids_and_mask(kimi_named):
     assert s.prompt_gap == len(prompt) - 9
 
 
+def test_kimi_text_mode_call_stays_content_with_the_tokens_the_model_wrote(kimi_named):
+    """tools.mode text: no `tools` sent, the model writes its native section into the content and the
+    provider passes it on unparsed. The sample holds exactly those tokens (the markers as their
+    special ids, the same the model emits for a structured call), as content: no call is made up."""
+    section = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+               f"<|tool_call_argument_begin|>{PARIS}<|tool_call_end|><|tool_calls_section_end|>")
+    system = "You have access to the following functions. Use them if required -\n{\"name\": \"get_weather\"}"
+    r = rec([{"role": "system", "content": system}, {"role": "user", "content": "Weather in Paris?"}],
+            reasoning="Need the tool.", content="Checking." + section)
+    s = kept(kimi_named(r))
+    response = [*b("Need the tool."), THINK_END, *b("Checking."), SECTION,
+                *k_call("functions.get_weather:0", PARIS), SECTION_END, END]
+    prompt = [*k_turn("system", system, SYSTEM), *k_turn("user", "Weather in Paris?", USER), *K_GEN]
+    assert s.input_ids == prompt + response
+    assert s.segments[2] == s.n_tokens  # no tool-call segment: the call is part of the content
+
+
 def test_kimi_multi_turn_parallel_history_call_ids_printed_as_given(kimi_named):
     history = [
         {"role": "system", "content": "Be brief."},

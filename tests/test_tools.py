@@ -313,7 +313,15 @@ def test_call_verdicts_exact():
         {"id": "x", "type": "function"},                                           # 14 no function
         {"function": {"arguments": "{}"}},                                         # 15 no name
     ]
-    got = [v.to_dict() for v in v.check_calls(calls)]
+    verdicts = v.check_calls(calls)
+    assert {x.format for x in verdicts} == {"structured"}
+    # the decoded arguments are recorded (null when they do not decode) for comparisons across modes
+    assert [x.arguments for x in verdicts] == [
+        {"country": "France"}, {}, good_order, {"city": "Paris"}, None, {"country": 7},
+        {**good_order, "shipping": "drone"}, {}, {**good_order, "coupon": "X"},
+        {**good_order, "items": [{"product_id": "SKU-1", "quantity": 0}, {"product_id": "SKU-2", "qty": 1}]},
+        ["France"], None, {"country": "Peru"}, None, None, None]
+    got = [{k: d[k] for k in ("index", "name", "valid", "errors")} for d in (x.to_dict() for x in verdicts)]
     assert got == [
         {"index": 0, "name": "get_news_headlines", "valid": True, "errors": []},
         {"index": 1, "name": "get_random_quote", "valid": True, "errors": []},
@@ -367,7 +375,8 @@ def test_huge_arguments_are_invalid_not_a_crash():
     huge = json.dumps({"country": "x" * (1 << 20)})
     [verdict] = v.check_calls([call("get_news_headlines", huge)])
     assert verdict.to_dict() == {"index": 0, "name": "get_news_headlines", "valid": False, "errors": [
-        {"path": "", "message": f"arguments are {len(huge)} characters, over the 1048576 limit"}]}
+        {"path": "", "message": f"arguments are {len(huge)} characters, over the 1048576 limit"}],
+        "format": "structured", "arguments": None}
     long_value = json.dumps({"country": 1, "pad": "y" * 5000})
     tool = normalize_tools([{"name": "g", "parameters": {"type": "object",
                                                          "properties": {"pad": {"type": "integer"}}}}])
@@ -375,7 +384,7 @@ def test_huge_arguments_are_invalid_not_a_crash():
     assert len(verdict.errors[0]["message"]) == 300  # messages quoting the value are truncated
     [verdict] = v.check_calls([call("x" * 100_000, "{}")])  # a hallucinated name is recorded truncated
     assert verdict.to_dict() == {"index": 0, "name": "x" * 128, "valid": False, "errors": [
-        {"path": "", "message": f"tool {'x' * 128!r} was not declared"}]}
+        {"path": "", "message": f"tool {'x' * 128!r} was not declared"}], "format": "structured", "arguments": {}}
 
 
 def test_unresolvable_ref_is_an_invalid_call_with_a_reason():
@@ -431,10 +440,12 @@ def test_check_response_parallel_calls_and_leaks_in_both_fields():
     record = check.to_record()
     assert record == {
         "declared": True, "called": True, "invalidCalls": 1, "leaked": True,
-        "calls": [{"index": 0, "name": "get_news_headlines", "valid": True, "errors": []},
+        "calls": [{"index": 0, "name": "get_news_headlines", "valid": True, "errors": [],
+                   "format": "structured", "arguments": {"country": "Peru"}},
                   {"index": 1, "name": "get_news_headlines", "valid": False,
-                   "errors": [{"path": "/country", "message": "1 is not of type 'string'"}]}],
-        "leaks": {"content": ["<|tool_call_begin|>"], "reasoning": ["<tool_call>"]}}
+                   "errors": [{"path": "/country", "message": "1 is not of type 'string'"}],
+                   "format": "structured", "arguments": {"country": 1}}],
+        "leaks": {"content": ["<|tool_call_begin|>"], "reasoning": ["<tool_call>"]}, "prose": False}
     assert ResponseCheck.from_record(orjson.loads(orjson.dumps(record))) == check
     assert [policy(check, m) for m in ("drop", "keep", "flag")] == ["drop", "keep", "flag"]
 
@@ -443,7 +454,7 @@ def test_check_response_clean_and_undeclared():
     plain = prepare_prompt(Prompt("o", 0, [{"role": "user", "content": "hi"}], None, "openai"), "structured")
     clean = check_response(plain, {"content": "Hello", "reasoning": None})
     assert clean.to_record() == {"declared": False, "called": False, "invalidCalls": 0, "leaked": False,
-                                 "calls": [], "leaks": {}}
+                                 "calls": [], "leaks": {}, "prose": False}
     assert policy(clean, "drop") == "keep"
     stray = check_response(plain, {"content": "", "tool_calls": [call("f", "{}")]})
     assert stray.invalid_calls == 1 and policy(stray, "drop") == "drop"

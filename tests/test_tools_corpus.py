@@ -161,23 +161,34 @@ def test_scripted_answers_exact_counts_policy_and_metrics():
                    {"path": "/principal", "message": "'50000' is not of type 'number'"}]
 
 
-def test_text_mode_audit_column_and_gate_on_leaked_markers():
-    """A provider that does not parse text-declared calls: markers leak, no structured calls."""
+def kimi_section(name: str, args: dict) -> str:
+    return (f"<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0<|tool_call_argument_begin|>"
+            f"{json.dumps(args)}<|tool_call_end|><|tool_calls_section_end|>")
+
+
+def test_text_mode_reads_native_markers_as_calls_not_leaks():
+    """Tools described as text: a Kimi section in the content is the model's call, validated like a
+    structured one and counted in the call rate; never a leak. Structured, the same text is a leak."""
     prepared = [i for v in load("text").values() for i in v if isinstance(i, Prepared)]
-    leak_gate = ToolGate(GateSpec(canary_samples=10, min_tool_call_rate=0.1, max_leak_rate=0.0))
-    rate_gate = ToolGate(GateSpec(canary_samples=10, min_tool_call_rate=0.1, max_leak_rate=1.0), min_declared=5)
+    gate = ToolGate(GateSpec(canary_samples=10, min_tool_call_rate=0.5, max_invalid_call_rate=0.2, max_leak_rate=0.0))
     checks, stops = [], []
     for n, p in enumerate(prepared, 1):
-        content = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.x:0<|tool_call_argument_begin|>{}"
-                   "<|tool_call_end|><|tool_calls_section_end|>") if p.declared else "Sure."
+        name = p.declared_tools[0]["function"]["name"] if p.declared else ""
+        content = "Sure." if not p.declared else kimi_section("x", {}) if n == 4 else kimi_section(name, VALID[name])
         checks.append(check_response(p, {"content": content}))
-        stops += [(n, s.message) for g in (leak_gate, rate_gate) if (s := g.observe_check(checks[-1]))]
-    assert stops == [
-        (10, "leak rate 0.90 above maxLeakRate 0.00 over the first 10 answers (9 of 10 answers with leaked "
-             "tool-call markers)"),
-        (10, "tool-call rate 0.00 below minToolCallRate 0.10 over the first 10 answers (0 of 9 answers to "
-             "prompts that declare tools called one)")]
+        if (s := gate.observe_check(checks[-1])) is not None:
+            stops.append(s)
+    assert stops == []
+    assert [len(c.calls) for c in checks] == [1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 0]
+    assert [c.invalid_calls for c in checks].count(1) == 1 and checks[3].calls[0].errors == [
+        {"path": "", "message": "tool 'x' was not declared"}]
+    assert {v.format for c in checks for v in c.calls} == {"kimi"}
+    assert checks[0].calls[0].arguments == VALID["get_news_headlines"]
+    assert [policy(c, "drop") for c in checks].count("drop") == 1
     column = summarize_mode(checks, ["0.001"] * len(checks), [40] * len(checks))
-    assert column == {"answers": 15, "declaredPrompts": 12, "callRate": 0.0, "calls": 0, "invalidCalls": 0,
-                      "invalidRate": 0.0, "leaks": 12, "leakRate": 0.8, "meanOutputTokens": 40.0,
+    assert column == {"answers": 15, "declaredPrompts": 12, "callRate": 1.0, "calls": 12, "invalidCalls": 1,
+                      "invalidRate": 0.083333, "leaks": 0, "leakRate": 0.0, "meanOutputTokens": 40.0,
                       "costUSD": "0.015"}
+    structured = next(p for p in load("structured")["glaive"] if isinstance(p, Prepared))
+    leak = check_response(structured, {"content": kimi_section("get_news_headlines", {"country": "France"})})
+    assert (leak.called, leak.leaked, policy(leak, "drop")) == (False, True, "drop")

@@ -23,7 +23,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.sources import Prompt, json_depth, json_type_name
+from eyrie.jobs.jsonvalues import json_depth, json_type_name
+from eyrie.jobs.sources import Prompt
 
 Mode = Literal["structured", "text"]
 Policy = Literal["keep", "drop", "flag"]
@@ -45,6 +46,7 @@ class ToolLimits:
     max_declaration_bytes: int = 512 * 1024
     max_schema_depth: int = 64  # JSON nesting levels: about 30 nested object properties
     max_argument_chars: int = 1 << 20
+    max_argument_depth: int = 128  # JSON nesting levels of a call's arguments (recorded parsed: orjson stops at 255)
     max_tool_result_chars: int = 1 << 20  # a dataset's tool result spliced back (turns: all)
     max_errors_per_call: int = 10
     max_message_chars: int = 300

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import re
 
+from eyrie.jobs.tools.textcalls import NATIVE_MARKERS
+
 # ---------------------------------------------------------------------------------------- leaks
 
-# Native tool-call markers a provider should have parsed into `tool_calls` (and stripped).
-LEAK_MARKERS: dict[str, tuple[str, ...]] = {
-    "kimi": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_section_begin|>",
-             "<|tool_call_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-             "<|tool_call_end|>"),
-    "deepseek": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
-                 "<｜tool▁calls▁end｜>"),
-    "hermes": ("<tool_call>", "</tool_call>"),
-}
+# Native tool-call markers a provider should have parsed into `tool_calls` (and stripped); the
+# formats' own module owns them.
+LEAK_MARKERS: dict[str, tuple[str, ...]] = NATIVE_MARKERS
 _LEAK_RE = re.compile("|".join(re.escape(m) for ms in LEAK_MARKERS.values()
                                for m in sorted(ms, key=len, reverse=True)))
 

@@ -6,13 +6,13 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
 
-from eyrie.jobs.sources import json_type_name
+from eyrie.jobs.jsonvalues import json_depth, json_type_name
 from eyrie.jobs.tools.declarations import (
     CACHE_MAX_KEY_BYTES,
     DEFAULT_LIMITS,
@@ -21,9 +21,8 @@ from eyrie.jobs.tools.declarations import (
     _canonical,
     _pointer,
 )
+from eyrie.jobs.tools.textcalls import CallFormat, TextCall
 
-Mode = Literal["structured", "text"]
-Policy = Literal["keep", "drop", "flag"]
 # ------------------------------------------------------------------------------ call validation
 
 
@@ -42,24 +41,38 @@ def _compiled(key: bytes) -> Draft202012Validator:
 
 @dataclass(slots=True)
 class CallVerdict:
-    """One tool call's verdict; `errors` are JSON Pointer paths into the arguments with messages."""
+    """One tool call's verdict; `errors` are JSON Pointer paths into the arguments with messages.
+
+    `format`: where the call came from (`structured`: the provider's `tool_calls`; else the text
+    format it was written in). `arguments`: the decoded arguments (None when they do not decode),
+    so two answers' calls can be compared without reading the response again."""
 
     index: int
     name: str | None
     valid: bool
     errors: list[dict[str, str]]
+    format: str = CallFormat.STRUCTURED.value
+    arguments: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "valid": self.valid, "errors": self.errors}
+        return {"index": self.index, "name": self.name, "valid": self.valid, "errors": self.errors,
+                "format": self.format, "arguments": self.arguments}
+
+
+_NOT_DECODED = object()
 
 
 class ToolValidator:
-    """Validates tool calls against one declared tool set; build it once per set (`for_tools`)."""
+    """Validates tool calls against one declared tool set; build it once per set (`for_tools`).
+
+    A call written as text (`check_text_calls`) is judged exactly as a structured one: the same
+    name lookup, argument decoding, limits and schema."""
 
     def __init__(self, tools: Sequence[dict[str, Any]], limits: ToolLimits = DEFAULT_LIMITS):
         self.limits = limits
         self._by_name = {t["function"]["name"]: _compiled(_canonical(t["function"]["parameters"]))
                          for t in tools}
+        self.names = frozenset(self._by_name)
 
     @classmethod
     def for_tools(cls, tools: Sequence[dict[str, Any]]) -> ToolValidator:
@@ -67,11 +80,12 @@ class ToolValidator:
         key = _canonical(tools)
         return _validator_cached(key) if len(key) <= 8 * CACHE_MAX_KEY_BYTES else cls(tools)
 
-    def _bad(self, i: int, name: str | None, message: str) -> CallVerdict:
-        return CallVerdict(i, name, False, [{"path": "", "message": message}])
+    def _bad(self, i: int, name: str | None, message: str, fmt: str = CallFormat.STRUCTURED.value,
+             arguments: Any = None) -> CallVerdict:
+        return CallVerdict(i, name, False, [{"path": "", "message": message}], fmt, arguments)
 
     def check_calls(self, tool_calls: Sequence[Any] | None) -> list[CallVerdict]:
-        """A verdict per call, in order. Never raises on anything a provider could return."""
+        """A verdict per structured call, in order. Never raises on anything a provider could return."""
         out = []
         for i, call in enumerate(tool_calls or ()):
             fn = call.get("function") if isinstance(call, dict) else None
@@ -82,35 +96,61 @@ class ToolValidator:
             if not isinstance(name, str):
                 out.append(self._bad(i, None, "tool call has no function name"))
                 continue
-            out.append(self._check(i, name[:MAX_NAME_CHARS], fn.get("arguments")))
+            out.append(self._check(i, name[:MAX_NAME_CHARS], fn.get("arguments"), CallFormat.STRUCTURED.value))
         return out
 
-    def _check(self, i: int, name: str, args: Any) -> CallVerdict:
-        validator = self._by_name.get(name)
-        if validator is None:
-            return self._bad(i, name, f"tool {name!r} was not declared")
+    def check_text_calls(self, calls: Sequence[TextCall], first: int = 0) -> list[CallVerdict]:
+        """A verdict per call found in text (`textcalls.find_calls`), numbered from `first`."""
+        out = []
+        for i, c in enumerate(calls, first):
+            name = c.name[:MAX_NAME_CHARS] if c.name is not None else None
+            if c.problem is not None:
+                out.append(self._bad(i, name, c.message()[: self.limits.max_message_chars], c.format.value))
+            else:
+                out.append(self._check(i, name or "", c.arguments, c.format.value))
+        return out
+
+    def _decode(self, args: Any, fmt: str) -> tuple[Any, str | None]:
+        """(the arguments' value, or _NOT_DECODED with the reason). A provider returns the JSON
+        text (some the object); a call written as text may hold any value."""
         cap = self.limits.max_message_chars
+        most = self.limits.max_argument_depth
+        if fmt == CallFormat.STRUCTURED and not isinstance(args, (str, dict)):
+            return _NOT_DECODED, f"arguments must be a JSON string, got {json_type_name(args)}"
         if isinstance(args, str):
             if len(args) > self.limits.max_argument_chars:
-                return self._bad(i, name, f"arguments are {len(args)} characters, over the "
-                                          f"{self.limits.max_argument_chars} limit")
+                return _NOT_DECODED, (f"arguments are {len(args)} characters, over the "
+                                      f"{self.limits.max_argument_chars} limit")
+            deep = args.count("{") + args.count("[") > most  # cheap: nesting needs that many brackets
             try:
-                value = orjson.loads(args)
+                args = orjson.loads(args)
             except orjson.JSONDecodeError as e:
-                return self._bad(i, name, f"arguments are not valid JSON: {e}"[:cap])
-        elif isinstance(args, dict):  # a provider that returns parsed arguments
-            value = args
+                return _NOT_DECODED, f"arguments are not valid JSON: {e}"[:cap]
         else:
-            return self._bad(i, name, f"arguments must be a JSON string, got {json_type_name(args)}")
+            deep = True
+        if deep and json_depth(args, most) > most:
+            return _NOT_DECODED, f"arguments nest deeper than {most} levels"
+        return args, None
+
+    def _check(self, i: int, name: str, args: Any, fmt: str) -> CallVerdict:
+        value, problem = self._decode(args, fmt)
+        arguments = None if value is _NOT_DECODED else value
+        validator = self._by_name.get(name)
+        if validator is None:
+            return self._bad(i, name, f"tool {name!r} was not declared", fmt, arguments)
+        if problem is not None:
+            return self._bad(i, name, problem, fmt)
+        cap = self.limits.max_message_chars
         if not isinstance(value, dict):
-            return self._bad(i, name, f"arguments must be a JSON object, got {json_type_name(value)}")
+            return self._bad(i, name, f"arguments must be a JSON object, got {json_type_name(value)}", fmt,
+                             arguments)
         most = self.limits.max_errors_per_call
         try:
             errors = [{"path": _pointer(e.absolute_path), "message": e.message[:cap]}
                       for e in itertools.islice(validator.iter_errors(value), most)]
         except (Unresolvable, RecursionError) as e:
-            return self._bad(i, name, f"the declared schema could not be applied: {e}"[:cap])
-        return CallVerdict(i, name, not errors, errors)
+            return self._bad(i, name, f"the declared schema could not be applied: {e}"[:cap], fmt, arguments)
+        return CallVerdict(i, name, not errors, errors, fmt, arguments)
 
 
 _validator_cached = lru_cache(maxsize=1024)(lambda key: ToolValidator(orjson.loads(key)))

@@ -1,0 +1,577 @@
+"""Tool calls a model wrote as text, read in the formats models write them: one reading per format.
+
+Answers of `tools.mode: text` (`checks.check_response`) and dataset rows whose assistant turns carry
+calls as text (`sources.py`: glaive `<functioncall>`, Hermes `<tool_call>`) both go through this
+module, so a format is read one way. Pure: no I/O.
+
+The formats (`CallFormat`), each with its own parser:
+- glaive (`parse_glaive`): `<functioncall> {"name": ..., "arguments": '{...}'}`, glaive-function-calling-v2's
+  convention (arguments often a single-quoted string of JSON); one call object (or a list of them)
+  after each marker.
+- hermes (`parse_hermes`): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, Hermes and
+  Qwen2.5/Qwen3 (their chat templates); JSON, or the Python literal hermes-function-calling rows use.
+- kimi (`parse_kimi`): Kimi K2/K2.5's native section `<|tool_calls_section_begin|>` + per call
+  `<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|>` +
+  `<|tool_calls_section_end|>` (the K2.5 chat template; `NAME:IDX` ids and the singular
+  `<|tool_call_section_begin|>` spelling too); also `functions.NAME:IDX{...}` with the markers gone
+  (a server that decodes with special tokens skipped), when NAME is declared.
+- deepseek (`parse_deepseek`): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS
+  <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>` (DeepSeek-V3.1's template) and the older V3/R1 form
+  `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>`.
+- json (`parse_json`): a bare or ```json-fenced JSON object whose `name` is a declared function:
+  `{"name", "arguments"|"parameters"}`, `{"type": "function", "function": {...}}`,
+  `{"function_call": {...}}`, `{"tool_calls": [...]}`, or an array of such objects.
+
+A block that opens a call but cannot be read (never closed, not JSON, no name) is still a call, with
+its `problem`: the model tried to call, and the check counts the attempt as invalid.
+
+Limits (`TextCallLimits`): only the first `max_text_chars` of a text are read; at most `max_calls`
+calls per text; a call's text is tried as a Python literal (ast is not linear) only up to
+`max_literal_chars`. Every scan is linear in the text: markers are found with str.find, each part of
+the text is read by at most one parser, JSON spans are found in one pass over brackets and quotes.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+from eyrie.jobs.reconstruct import kimi_facts as kimi
+from eyrie.jobs.reconstruct.deepseek import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
+
+
+class CallFormat(StrEnum):
+    """How a call reached eyrie: the provider's `tool_calls`, or the text format it was written in."""
+
+    STRUCTURED = "structured"
+    GLAIVE = "glaive"
+    HERMES = "hermes"
+    KIMI = "kimi"
+    DEEPSEEK = "deepseek"
+    JSON = "json"
+
+
+TEXT_FORMATS = (CallFormat.GLAIVE, CallFormat.HERMES, CallFormat.KIMI, CallFormat.DEEPSEEK, CallFormat.JSON)
+
+GLAIVE_CALL = "<functioncall>"
+GLAIVE_END = "<|endoftext|>"
+HERMES_BEGIN, HERMES_END = "<tool_call>", "</tool_call>"
+# K2's templates and parsers accept the singular spelling of the section markers as well.
+KIMI_SECTION_BEGINS = (kimi.SECTION_BEGIN, "<|tool_call_section_begin|>")
+KIMI_SECTION_ENDS = (kimi.SECTION_END, "<|tool_call_section_end|>")
+
+# Every marker of a native format: in structured mode, one in the text is a leak (leaks.py).
+NATIVE_MARKERS: dict[str, tuple[str, ...]] = {
+    "kimi": (*KIMI_SECTION_BEGINS, *KIMI_SECTION_ENDS, kimi.CALL_BEGIN, kimi.CALL_ARG_BEGIN, kimi.CALL_END),
+    "deepseek": (DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_SEP, DS_CALL_END, DS_CALLS_END),
+    "hermes": (HERMES_BEGIN, HERMES_END),
+}
+
+# What a problem is said of, in a verdict's message ("<tool_call> block is never closed").
+_SUBJECT = {CallFormat.GLAIVE: "<functioncall>", CallFormat.HERMES: "<tool_call> block",
+            CallFormat.KIMI: "Kimi tool call", CallFormat.DEEPSEEK: "DeepSeek tool call",
+            CallFormat.JSON: "JSON tool call"}
+
+
+@dataclass(frozen=True)
+class TextCallLimits:
+    """Caps that keep a hostile answer or row cheap to read."""
+
+    max_text_chars: int = 4 << 20  # characters of one text read; calls after them are not seen
+    max_calls: int = 64  # calls read per text; more are reported as one problem
+    max_literal_chars: int = 1 << 20  # a call's text is tried as a Python literal only below this
+    max_id_chars: int = 256  # a Kimi call id (functions.NAME:IDX)
+
+
+DEFAULT_TEXT_LIMITS = TextCallLimits()
+
+
+class TextCallError(ValueError):
+    """A call object that cannot be read; the message is a predicate ("has no function name") that
+    a caller puts after what it names ("turn 2 <tool_call> 0")."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextCall:
+    """One call found in a text, at `text[start:end]` (the span its parser read).
+
+    `arguments` as written: the text between markers (kimi, deepseek) or a string value
+    (glaive's `'{...}'`), both JSON text to decode; or the value of an object's `arguments`
+    (an object, usually). `item` is the call's place in a list written in one block (None: the
+    block held one object). `problem` (with `arguments` None) says why the block is not a call
+    that can be checked."""
+
+    format: CallFormat
+    name: str | None
+    arguments: Any
+    start: int
+    end: int
+    problem: str | None = None
+    id: str | None = None
+    item: int | None = None
+
+    def message(self) -> str:
+        """The problem as a verdict states it."""
+        return f"{_SUBJECT[self.format]} {self.problem}"
+
+
+# ------------------------------------------------------------------------------ call objects
+
+# glaive: {"name": "f", "arguments": '{"q": "it's"}'}: a quoted string that is not a Python literal
+_GLAIVE_QUOTED = re.compile(r"""\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}""", re.S)
+
+
+def call_object(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> Any:
+    """A call written as text: JSON, else a Python literal (Hermes and glaive rows use single quotes),
+    else glaive's `"arguments": '...'` with a quote inside. Raises TextCallError."""
+    text = text.strip()
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    if len(text) > limits.max_literal_chars:
+        raise TextCallError(f"is {len(text)} characters, over the {limits.max_literal_chars} limit")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    else:
+        try:
+            orjson.dumps(value)  # sets, bytes, int keys, huge ints: a literal that is not JSON
+        except TypeError:
+            raise TextCallError("holds values that are not JSON") from None
+        return value
+    m = _GLAIVE_QUOTED.fullmatch(text)
+    if m:
+        return {"name": m.group(1), "arguments": m.group(2)}
+    raise TextCallError(f"is neither JSON nor a literal: {text[:80]!r}")
+
+
+def call_parts(obj: Any) -> tuple[str, Any, str | None]:
+    """(name, arguments, id) of one call object: `{"name", "arguments"|"parameters"}` or OpenAI's
+    `{"id", "type", "function": {...}}`. No arguments means none (`{}`). Raises TextCallError."""
+    call_id = None
+    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):
+        call_id = obj.get("id")
+        obj = obj["function"]
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        raise TextCallError("has no function name")
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return obj["name"], args, None if call_id is None else str(call_id)
+
+
+def _object_calls(fmt: CallFormat, value: Any, start: int, end: int) -> list[TextCall]:
+    """The calls of one block's object (or list of objects)."""
+    items, listed = (value, True) if isinstance(value, list) else ([value], False)
+    if not items:
+        return [TextCall(fmt, None, None, start, end, "holds no call")]
+    out = []
+    for j, obj in enumerate(items):
+        item = j if listed else None
+        try:
+            name, args, cid = call_parts(obj)
+        except TextCallError as e:
+            out.append(TextCall(fmt, None, None, start, end, str(e), item=item))
+            continue
+        out.append(TextCall(fmt, name, args, start, end, id=cid, item=item))
+    return out
+
+
+def _block_calls(fmt: CallFormat, text: str, start: int, end: int, limits: TextCallLimits) -> list[TextCall]:
+    try:
+        value = call_object(text, limits)
+    except TextCallError as e:
+        return [TextCall(fmt, _named(text), None, start, end, str(e))]
+    return _object_calls(fmt, value, start, end)
+
+
+_NAME_FIELD = re.compile(r"""["']name["']\s*:\s*["']([A-Za-z0-9_.-]{1,64})["']""")
+
+
+def _named(text: str) -> str | None:
+    """The name a broken call object gives itself, if it reads as one (for per-tool counts)."""
+    m = _NAME_FIELD.search(text, 0, 4096)
+    return m.group(1) if m else None
+
+
+# --------------------------------------------------------------------------------- JSON spans
+
+_JSON_EVENT = re.compile(r'[{}\[\]"\\]')
+_OPENS = "{["
+
+
+def _brackets(text: str, start: int, stop: int) -> Iterator[tuple[int, bool]]:
+    """(position, opens?) of every bracket of text[start:stop] outside JSON strings. Quotes start a
+    string only inside brackets, so prose quotes do not; a closer with nothing open is skipped, a
+    mismatched one still closes (broken JSON, read as such)."""
+    depth, in_str, skip = 0, False, -1
+    for m in _JSON_EVENT.finditer(text, start, stop):
+        p = m.start()
+        if p == skip:
+            continue
+        c = text[p]
+        if in_str:
+            if c == "\\":
+                skip = p + 1
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = depth > 0
+        elif c in _OPENS:
+            depth += 1
+            yield p, True
+        elif c != "\\" and depth:
+            depth -= 1
+            yield p, False
+
+
+def _json_end(text: str, start: int, stop: int) -> int:
+    """The end of the bracketed JSON value opening at `text[start]`, or -1 if it does not close
+    before `stop` (glaive's single-quoted strings hold balanced braces)."""
+    depth = 0
+    for p, opens in _brackets(text, start, stop):
+        depth += 1 if opens else -1
+        if depth == 0:
+            return p + 1
+    return -1
+
+
+def _outer_spans(text: str, start: int, stop: int) -> list[tuple[int, int]]:
+    """The outermost balanced `{...}`/`[...]` spans in `text[start:stop]`, in one pass. An opener
+    that never closes (prose, a cut answer) stays open without hiding the spans after it."""
+    stack: list[int] = []
+    pairs: list[tuple[int, int]] = []
+    for p, opens in _brackets(text, start, stop):
+        if opens:
+            stack.append(p)
+        else:
+            pairs.append((stack.pop(), p + 1))
+    # pairs close in order of their end and nest properly: going back from the last, a pair is
+    # outermost exactly when it starts before every outermost pair kept so far
+    outer, first = [], stop
+    for a, b in reversed(pairs):
+        if a < first:
+            outer.append((a, b))
+            first = a
+    outer.reverse()
+    return outer
+
+
+# ----------------------------------------------------------------------------------- parsers
+
+
+def parse_glaive(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> list[TextCall]:
+    """glaive's `<functioncall> {...}`: the object after each marker, read up to the next marker,
+    `<|endoftext|>` or the end of the text."""
+    out: list[TextCall] = []
+    p = text.find(GLAIVE_CALL)
+    while p != -1 and len(out) <= limits.max_calls:
+        body = p + len(GLAIVE_CALL)
+        nxt = text.find(GLAIVE_CALL, body)
+        stop = len(text) if nxt == -1 else nxt
+        eot = text.find(GLAIVE_END, body, stop)
+        stop = stop if eot == -1 else eot
+        a = body
+        while a < stop and text[a].isspace():
+            a += 1
+        b = _json_end(text, a, stop) if a < stop and text[a] in _OPENS else -1
+        if b == -1:  # not bracketed, or never closed: the whole rest is what was written
+            b = stop
+        out.extend(_block_calls(CallFormat.GLAIVE, text[a:b], p, b, limits))
+        p = nxt
+    return out
+
+
+def parse_hermes(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> list[TextCall]:
+    """Hermes/Qwen `<tool_call>...</tool_call>` blocks; one opened and not closed before the next
+    opens (or the text ends) is a call with a problem."""
+    out: list[TextCall] = []
+    p = text.find(HERMES_BEGIN)
+    close = -2  # the first closing tag at or after the current block; found once, reused
+    while p != -1 and len(out) <= limits.max_calls:
+        body = p + len(HERMES_BEGIN)
+        if close != -1 and close < body:
+            close = text.find(HERMES_END, body)
+        if close == -1:
+            out.append(TextCall(CallFormat.HERMES, _named(text[body:body + 4096]), None, p, len(text),
+                                "is never closed"))
+            break
+        nxt = text.find(HERMES_BEGIN, body, close)
+        if nxt != -1:
+            out.append(TextCall(CallFormat.HERMES, _named(text[body:nxt]), None, p, nxt, "is never closed"))
+            p = nxt
+            continue
+        end = close + len(HERMES_END)
+        out.extend(_block_calls(CallFormat.HERMES, text[body:close], p, end, limits))
+        p = text.find(HERMES_BEGIN, end)
+    return out
+
+
+_KIMI_ID = re.compile(r"\s*(?:functions\.)?(.+):(\d+)\s*", re.S)
+_KIMI_STRIPPED = re.compile(r"functions\.([A-Za-z0-9_-]{1,64}):(\d{1,9})")
+
+
+def _kimi_call(text: str, start: int, end: int, limits: TextCallLimits) -> TextCall:
+    """`<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>` at text[start:end]."""
+    inner = text[start + len(kimi.CALL_BEGIN):end - len(kimi.CALL_END)]
+    head, sep, args = inner.partition(kimi.CALL_ARG_BEGIN)
+    if not sep:
+        return TextCall(CallFormat.KIMI, None, None, start, end, f"has no {kimi.CALL_ARG_BEGIN}")
+    if len(head) > limits.max_id_chars:
+        return TextCall(CallFormat.KIMI, None, None, start, end,
+                        f"has a call id of {len(head)} characters, over the {limits.max_id_chars} limit")
+    m = _KIMI_ID.fullmatch(head)
+    name = m.group(1) if m else head.strip()
+    return TextCall(CallFormat.KIMI, name or None, args.strip(), start, end,
+                    None if name else "has no function name", id=head.strip() or None)
+
+
+def _marked_calls(fmt: CallFormat, text: str, span: tuple[int, int], begin: str, end_marker: str,
+                  read: Any, limits: TextCallLimits, out: list[TextCall]) -> None:
+    """Calls `begin ... end_marker` inside text[span]; `read(text, start, end, limits)` reads one.
+    A call opened again (or not closed) before its end marker is a call with a problem."""
+    p, stop = text.find(begin, *span), span[1]
+    close = -2  # the first end marker after the current call's begin; found once, reused
+    while p != -1 and len(out) <= limits.max_calls:
+        body = p + len(begin)
+        if close != -1 and close < body:
+            close = text.find(end_marker, body, stop)
+        if close == -1:
+            out.append(TextCall(fmt, None, None, p, stop, "is never closed"))
+            return
+        nxt = text.find(begin, body, close)
+        if nxt != -1:
+            out.append(TextCall(fmt, None, None, p, nxt, "is never closed"))
+            p = nxt
+            continue
+        end = close + len(end_marker)
+        out.append(read(text, p, end, limits))
+        p = text.find(begin, end, stop)
+
+
+class _Finder:
+    """`text.find(marker, pos)` for a few markers, each remembered until `pos` passes it, so a
+    scan that asks again and again stays linear (a marker absent from the text is looked for once)."""
+
+    def __init__(self, text: str, markers: tuple[str, ...]):
+        self.text = text
+        self.at = {m: -2 for m in markers}
+
+    def first(self, pos: int) -> tuple[int, str] | None:
+        """The earliest (position, marker) at or after `pos`."""
+        best: tuple[int, str] | None = None
+        for m, at in self.at.items():
+            if at != -1 and at < pos:
+                at = self.at[m] = self.text.find(m, pos)
+            if at != -1 and (best is None or at < best[0]):
+                best = (at, m)
+        return best
+
+
+def _sections(text: str, begins: tuple[str, ...], ends: tuple[str, ...], call_begin: str) -> list[tuple[int, int]]:
+    """Spans of the native sections (begin .. end, or to the text's end when unclosed); a call
+    marker outside any section (its section begin lost) opens one of its own."""
+    spans: list[tuple[int, int]] = []
+    opens, closes = _Finder(text, (*begins, call_begin)), _Finder(text, ends)
+    pos = 0
+    while (o := opens.first(pos)) is not None:
+        a, b = o
+        c = closes.first(a + len(b))
+        if c is None:
+            spans.append((a, len(text)))
+            break
+        spans.append((a, c[0] + len(c[1])))
+        pos = c[0] + len(c[1])
+    return spans
+
+
+def parse_kimi(text: str, declared: Collection[str] = (), limits: TextCallLimits = DEFAULT_TEXT_LIMITS,
+               ) -> tuple[list[TextCall], list[tuple[int, int]]]:
+    """Kimi K2's native call sections, and (NAME declared) `functions.NAME:IDX{...}` left by a
+    decoder that dropped the markers; returns (calls, the spans of the sections)."""
+    out: list[TextCall] = []
+    spans = _sections(text, KIMI_SECTION_BEGINS, KIMI_SECTION_ENDS, kimi.CALL_BEGIN) \
+        if kimi.CALL_BEGIN in text or "section_begin|>" in text else []
+    for span in spans:
+        _marked_calls(CallFormat.KIMI, text, span, kimi.CALL_BEGIN, kimi.CALL_END, _kimi_call, limits, out)
+    if declared and "functions." in text:
+        for a, b in _gaps(spans, 0, len(text)):
+            objects = dict(_outer_spans(text, a, b)) if text.find("functions.", a, b) != -1 else {}
+            for m in _KIMI_STRIPPED.finditer(text, a, b):
+                o = m.end()
+                while o < b and text[o].isspace():
+                    o += 1
+                if m.group(1) in declared and o in objects and text[o] == "{" and len(out) <= limits.max_calls:
+                    out.append(TextCall(CallFormat.KIMI, m.group(1), text[o:objects[o]], m.start(), objects[o],
+                                        id=m.group(0)))
+    out.sort(key=lambda c: c.start)
+    return out, spans
+
+
+def _deepseek_fenced(rest: str) -> tuple[str, str] | None:
+    """(name, arguments) of V3/R1's `NAME\\n```json\\nARGS\\n```` after `function<｜tool▁sep｜>`."""
+    first, nl, body = rest.partition("\n")
+    body = body.strip()
+    if not nl or not body.startswith("```") or not body.endswith("```") or len(body) < 6:
+        return None
+    body = body[3:-3]
+    lang, nl, args = body.partition("\n")
+    if not nl or lang.strip() not in ("", "json"):
+        return None
+    return first.strip(), args.strip()
+
+
+def _deepseek_call(text: str, start: int, end: int, limits: TextCallLimits) -> TextCall:
+    """`<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>` (V3.1), or V3/R1's
+    `TYPE<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```` form."""
+    inner = text[start + len(DS_CALL_BEGIN):end - len(DS_CALL_END)]
+    head, sep, rest = inner.partition(DS_SEP)
+    if not sep:
+        return TextCall(CallFormat.DEEPSEEK, None, None, start, end, f"has no {DS_SEP}")
+    fenced = _deepseek_fenced(rest) if head.strip() == "function" else None
+    name, args = fenced if fenced is not None else (head.strip(), rest.strip())
+    if not name:
+        return TextCall(CallFormat.DEEPSEEK, None, None, start, end, "has no function name")
+    return TextCall(CallFormat.DEEPSEEK, name, args, start, end)
+
+
+def parse_deepseek(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS,
+                   ) -> tuple[list[TextCall], list[tuple[int, int]]]:
+    """DeepSeek's native calls (V3.1 and the older V3/R1 form); returns (calls, the sections' spans)."""
+    if DS_CALL_BEGIN not in text and DS_CALLS_BEGIN not in text:
+        return [], []
+    spans = _sections(text, (DS_CALLS_BEGIN,), (DS_CALLS_END,), DS_CALL_BEGIN)
+    out: list[TextCall] = []
+    for span in spans:
+        _marked_calls(CallFormat.DEEPSEEK, text, span, DS_CALL_BEGIN, DS_CALL_END, _deepseek_call, limits, out)
+    return out, spans
+
+
+def _json_calls(value: Any, declared: Collection[str], start: int, end: int) -> list[TextCall]:
+    """The calls a JSON value holds when it is shaped like calls and names a declared function."""
+    wrapped = isinstance(value, dict) and ("tool_calls" in value or "function_call" in value)
+    if wrapped:
+        value = value.get("tool_calls", value.get("function_call"))
+    items = value if isinstance(value, list) else [value]
+    shaped = []
+    for obj in items:
+        fn = obj.get("function") if isinstance(obj, dict) and isinstance(obj.get("function"), dict) else obj
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            continue
+        if "description" in fn and "arguments" not in fn:
+            continue  # a declaration echoed back, not a call
+        shaped.append((obj, fn["name"]))
+    if not (wrapped and shaped) and not any(name in declared for _obj, name in shaped):
+        return []
+    listed = isinstance(value, list)
+    out = []
+    for j, (obj, _name) in enumerate(shaped):
+        name, args, cid = call_parts(obj)
+        out.append(TextCall(CallFormat.JSON, name, args, start, end, id=cid, item=j if listed else None))
+    return out
+
+
+def parse_json(text: str, declared: Collection[str], start: int = 0, stop: int | None = None,
+               limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> list[TextCall]:
+    """Bare or fenced JSON calls in text[start:stop]: outermost JSON values naming a declared
+    function (once one does, its siblings count too: a call to an undeclared one is a call). A
+    span that names one but is not valid JSON is a call with a problem."""
+    stop = len(text) if stop is None else stop
+    if not declared or text.find('"name"', start, stop) == -1:
+        return []
+    out: list[TextCall] = []
+    for a, b in _outer_spans(text, start, stop):
+        if text.find('"name"', a, b) == -1:
+            continue
+        try:
+            value = orjson.loads(text[a:b])
+        except orjson.JSONDecodeError as e:
+            name = _named(text[a:b])
+            if name in declared:
+                out.append(TextCall(CallFormat.JSON, name, None, a, b, f"is not valid JSON: {e}"))
+            continue
+        out.extend(_json_calls(value, declared, a, b))
+        if len(out) > limits.max_calls:
+            break
+    return out
+
+
+# ------------------------------------------------------------------------------- all of them
+
+
+def _gaps(spans: list[tuple[int, int]], start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """The parts of [start, stop) outside the sorted, disjoint `spans`."""
+    pos = start
+    for a, b in spans:
+        if a > pos:
+            yield pos, a
+        pos = max(pos, b)
+    if pos < stop:
+        yield pos, stop
+
+
+def _disjoint(calls: list[TextCall]) -> list[TextCall]:
+    """Calls in text order; one inside another's span (a Hermes tag inside a glaive payload) is
+    part of that call, not one of its own. Calls of one block share its span."""
+    out: list[TextCall] = []
+    end = -1
+    for c in sorted(calls, key=lambda c: c.start):
+        if c.start >= end or (out and (c.start, c.end) == (out[-1].start, out[-1].end)):
+            out.append(c)
+            end = max(end, c.end)
+    return out
+
+
+def find_calls(text: str | None, declared: Collection[str] = (),
+               limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> list[TextCall]:
+    """Every tool call written in `text`, in order, in any of the formats; `declared` are the
+    function names the prompt declared (JSON objects and marker-less Kimi ids count only for those).
+    More than `max_calls` calls end in one call whose problem says so."""
+    if not text:
+        return []
+    text = text[: limits.max_text_chars]
+    found: list[TextCall] = []
+    claimed: list[tuple[int, int]] = []
+    if "<" in text or "functions." in text:
+        k_calls, k_spans = parse_kimi(text, declared, limits)
+        d_calls, d_spans = parse_deepseek(text, limits)
+        found = [*k_calls, *d_calls, *parse_hermes(text, limits), *parse_glaive(text, limits)]
+        claimed = [*k_spans, *d_spans]
+    found = _disjoint(found)
+    claimed = sorted([*claimed, *((c.start, c.end) for c in found)])
+    for a, b in _gaps(claimed, 0, len(text)):
+        found.extend(parse_json(text, declared, a, b, limits))
+    found = _disjoint(found)
+    if len(found) > limits.max_calls:
+        extra = found[limits.max_calls]
+        found = [*found[: limits.max_calls],
+                 TextCall(extra.format, None, None, extra.start, len(text),
+                          f"is past the limit of {limits.max_calls} calls per answer (the rest are not read)")]
+    return found
+
+
+_WORD = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def mentions(text: str | None, names: Collection[str]) -> bool:
+    """Is one of `names` written in `text` as a word of its own (a function described, not called)?
+    Declared names are runs of `[A-Za-z0-9_-]`: a few are looked up directly, many against the
+    text's words (one pass, whatever the number of names)."""
+    if not text or not names:
+        return False
+    if len(names) > 16:
+        return not set(_WORD.findall(text)).isdisjoint(names)
+    for name in names:
+        at = text.find(name)
+        while at != -1:
+            end = at + len(name)
+            if (at == 0 or not _WORD.match(text, at - 1, at)) and (end == len(text) or not _WORD.match(text, end)):
+                return True
+            at = text.find(name, at + 1)
+    return False
