@@ -19,12 +19,11 @@ yield nothing), for Parquet the 0-based row index. They feed the sample id, so t
 
 from __future__ import annotations
 
-import ast
 import bisect
 import gzip
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -37,6 +36,7 @@ from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.jsonvalues import json_depth, json_type_name
 from eyrie.jobs.spec import SourceSpec
 from eyrie.jobs.store import NotFound, StoreError, open_store, split_uri
+from eyrie.jobs.tools import textcalls
 
 PARQUET_BATCH_ROWS = 1024
 
@@ -431,69 +431,73 @@ def _glaive(row: dict[str, Any], whole: bool) -> Parsed:
 
 # ------------------------------------------------------------------------- whole conversations
 
-MAX_CALL_TEXT = 1 << 20  # characters of one call's text parsed as a Python literal (ast is not linear)
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 _HERMES_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
 
 
-def _call_object(text: str, what: str) -> Any:
-    """A call written as text: JSON, else a Python literal (Hermes and glaive rows use single quotes)."""
-    text = text.strip()
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        pass
-    if len(text) > MAX_CALL_TEXT:
-        raise _RowError(f"{what} is {len(text)} characters, over the {MAX_CALL_TEXT} limit")
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        pass
-    # glaive: {"name": "f", "arguments": '{"q": "it's"}'}: a quoted string that is not a literal
-    m = re.fullmatch(r"""\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"arguments"\s*:\s*'(.*)'\s*\}""", text, re.S)
-    if m:
-        return {"name": m.group(1), "arguments": m.group(2)}
-    raise _RowError(f"{what} is neither JSON nor a literal: {text[:80]!r}")
-
-
-def _as_call(obj: Any, call_id: str, what: str) -> dict[str, Any]:
+def _openai_call(name: str, args: Any, call_id: str, what: str) -> dict[str, Any]:
     """One call in OpenAI form; `arguments` stays the dataset's text when it is text."""
-    if isinstance(obj, dict) and isinstance(obj.get("function"), dict):
-        call_id = str(obj.get("id") or call_id)
-        obj = obj["function"]
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        raise _RowError(f"{what} has no function name")
-    args = obj.get("arguments", obj.get("parameters", {}))
     if not isinstance(args, str):
         try:
             args = orjson.dumps(args).decode()
         except TypeError:
             raise _RowError(f"{what}: arguments are not JSON values") from None
-    return {"id": call_id, "type": "function", "function": {"name": obj["name"], "arguments": args}}
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _as_call(obj: Any, call_id: str, what: str) -> dict[str, Any]:
+    """A call object (any shape `textcalls.call_parts` reads) in OpenAI form."""
+    try:
+        name, args, given = textcalls.call_parts(obj)
+    except textcalls.TextCallError as e:
+        raise _RowError(f"{what} {e}") from None
+    return _openai_call(name, args, given or call_id, what)
+
+
+def _openai_calls(found: list[textcalls.TextCall], first_id: str, what: Callable[[int], str]) -> list[dict[str, Any]]:
+    """Calls read from a row's text in OpenAI form; the first one that cannot be read makes the
+    row a bad row (`what(j)` names call j)."""
+    out = []
+    for j, c in enumerate(found):
+        if c.problem is not None or c.name is None:
+            raise _RowError(f"{what(j)} {c.problem}")
+        out.append(_openai_call(c.name, c.arguments, c.id or f"{first_id}_{j}", what(j)))
+    return out
 
 
 def _calls_from(value: Any, first_id: str, what: str) -> list[dict[str, Any]]:
     """A call or a list of parallel calls (an object, or its text) in OpenAI form."""
     if isinstance(value, str):
-        value = _call_object(value, what)
-    items = value if isinstance(value, list) else [value]
-    if not items:
+        try:
+            value = textcalls.call_object(value)
+        except textcalls.TextCallError as e:
+            raise _RowError(f"{what} {e}") from None
+    found = textcalls.object_calls(textcalls.CallFormat.STRUCTURED, value)
+    if len(found) == 1 and found[0].problem == "holds no call":
         raise _RowError(f"{what} holds no call")
-    return [_as_call(c, f"{first_id}_{j}", f"{what}[{j}]") for j, c in enumerate(items)]
+    return _openai_calls(found, first_id, lambda j: f"{what}[{j}]")
 
 
 def _hermes_calls(m: dict[str, Any], where: str, first_id: str) -> dict[str, Any]:
     """An assistant message whose content carries Hermes `<tool_call>` blocks -> structured calls."""
     content = m.get("content")
-    if m.get("tool_calls") or not isinstance(content, str) or "<tool_call>" not in content:
+    if m.get("tool_calls") or not isinstance(content, str) or textcalls.HERMES_BEGIN not in content:
         return m
-    blocks = _HERMES_CALL.findall(content)
-    if not blocks:
+    found = textcalls.parse_hermes(content)
+    if any(c.problem == "is never closed" for c in found):
         raise _RowError(f"{where}: <tool_call> is never closed")
-    calls = [_as_call(_call_object(b, f"{where} <tool_call> {j}"), f"{first_id}_{j}", f"{where} <tool_call> {j}")
-             for j, b in enumerate(blocks)]
-    rest = _HERMES_CALL.sub("", content).strip()
+    calls = _openai_calls(found, first_id, lambda j: f"{where} <tool_call> {j}")
+    rest = _outside(content, found).strip()
     return {**m, "content": rest or None, "tool_calls": calls}
+
+
+def _outside(text: str, found: list[textcalls.TextCall]) -> str:
+    """`text` without the spans its calls were read from."""
+    parts, pos = [], 0
+    for c in found:
+        if c.start >= pos:
+            parts.append(text[pos:c.start])
+            pos = c.end
+    return "".join(parts) + text[pos:]
 
 
 def _split_results(m: dict[str, Any]) -> list[dict[str, Any]]:
@@ -601,11 +605,16 @@ def _glaive_whole(chat: str) -> list[dict[str, Any]]:
             msgs.append({"role": "user", "content": text})
         elif who == "FUNCTION RESPONSE":
             msgs.append({"role": "tool", "content": text})
-        elif "<functioncall>" in text:
-            before, _, call = text.partition("<functioncall>")
+        elif textcalls.GLAIVE_CALL in text:
             n = len(msgs)
-            msgs.append({"role": "assistant", "content": before.strip() or None,
-                         "tool_calls": _calls_from(call, f"call_{n}", f"ASSISTANT turn {n} <functioncall>")})
+            found = textcalls.parse_glaive(text)
+            what = f"ASSISTANT turn {n} <functioncall>"
+            if len(found) == 1 and found[0].item is None and found[0].problem is not None:
+                raise _RowError(f"{what} {found[0].problem}")
+            calls = _openai_calls(found, f"call_{n}", lambda j, what=what: f"{what}[{j}]")
+            if after := _outside(text, found)[found[0].start:].strip():
+                raise _RowError(f"{what}: text after the call, {after[:40]!r}, would be lost")
+            msgs.append({"role": "assistant", "content": text[:found[0].start].strip() or None, "tool_calls": calls})
         else:
             msgs.append({"role": "assistant", "content": text})
     return whole_conversation(msgs, "speaker turn")

@@ -328,3 +328,34 @@ def test_a_bad_rows_sample_id_does_not_depend_on_the_wording_of_its_error(tmp_pa
     path.write_bytes(b'{"broken": \n')
     (row,) = iter_source(SourceSpec(name="p", uri=str(path)))
     assert isinstance(row, BadRow) and row.sample_id() == BadRow("p", 0, "anything").sample_id()
+
+
+def test_rows_and_answers_read_calls_written_as_text_one_way(tmp_path):
+    """A dataset row's `<functioncall>` / `<tool_call>` turn and a model's answer holding the same text
+    are read by the same parser (jobs/tools/textcalls.py): the same names and arguments."""
+    from eyrie.jobs.tools.textcalls import find_calls
+
+    glaive_turn = ("<functioncall> [{\"name\": \"w\", \"arguments\": '{\"c\": \"Oslo\"}'}, "
+                   "{\"name\": \"w\", \"arguments\": {\"c\": \"Rome\"}}]")
+    hermes_turn = ("Checking.\n<tool_call>\n{'name': 'w', 'arguments': {'c': 'Paris'}}\n</tool_call>\n"
+                   '<tool_call>[{"name": "t", "arguments": {}}, {"name": "w", "parameters": {"c": "Bonn"}}]'
+                   "</tool_call>")
+    rows = [{"system": "", "chat": f"USER: weather? ASSISTANT: {glaive_turn} <|endoftext|> FUNCTION RESPONSE: 1 "
+                                   "FUNCTION RESPONSE: 2 ASSISTANT: Done."},
+            {"conversations": [{"from": "human", "value": "weather?"}, {"from": "gpt", "value": hermes_turn}]}]
+    g = whole(tmp_path, rows[:1], "glaive")[0]
+    h = whole(tmp_path, rows[1:], "sharegpt")[0]
+    for row_msg, text in ((g.messages[1], glaive_turn), (h.messages[1], hermes_turn)):
+        answer = [(c.name, c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments,
+                                                                                       separators=(",", ":")))
+                  for c in find_calls(text, {"w", "t"})]
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in row_msg["tool_calls"]] == answer
+    assert [c["id"] for c in h.messages[1]["tool_calls"]] == ["call_1_0", "call_1_1", "call_1_2"]
+    assert h.messages[1]["content"] == "Checking."
+    [bad] = whole(tmp_path, [{"system": "", "chat": "USER: hi ASSISTANT: <functioncall> {\"name\": \"w\"} and more"}],
+                  "glaive")
+    assert bad.reason == "ASSISTANT turn 1 <functioncall>: text after the call, 'and more', would be lost"
+    [bad] = whole(tmp_path, [{"conversations": [
+        {"from": "human", "value": "q"},
+        {"from": "gpt", "value": "<tool_call>{'name': 'w', 'arguments': {'c': {1, 2}}}</tool_call>"}]}], "sharegpt")
+    assert bad.reason == "turn 1 <tool_call> 0 has arguments that are not JSON values"

@@ -74,9 +74,9 @@ NATIVE_MARKERS: dict[str, tuple[str, ...]] = {
 }
 
 # What a problem is said of, in a verdict's message ("<tool_call> block is never closed").
-_SUBJECT = {CallFormat.GLAIVE: "<functioncall>", CallFormat.HERMES: "<tool_call> block",
-            CallFormat.KIMI: "Kimi tool call", CallFormat.DEEPSEEK: "DeepSeek tool call",
-            CallFormat.JSON: "JSON tool call"}
+_SUBJECT = {CallFormat.STRUCTURED: "tool call", CallFormat.GLAIVE: "<functioncall>",
+            CallFormat.HERMES: "<tool_call> block", CallFormat.KIMI: "Kimi tool call",
+            CallFormat.DEEPSEEK: "DeepSeek tool call", CallFormat.JSON: "JSON tool call"}
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,8 @@ _GLAIVE_QUOTED = re.compile(r"""\{\s*"name"\s*:\s*"([^"]+)"\s*,\s*"arguments"\s*
 
 def call_object(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> Any:
     """A call written as text: JSON, else a Python literal (Hermes and glaive rows use single quotes),
-    else glaive's `"arguments": '...'` with a quote inside. Raises TextCallError."""
+    else glaive's `"arguments": '...'` with a quote inside. Raises TextCallError. A literal may hold
+    values JSON has not (sets, bytes): `object_calls` says so of the call that has them."""
     text = text.strip()
     try:
         return orjson.loads(text)
@@ -138,15 +139,9 @@ def call_object(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> Any:
     if len(text) > limits.max_literal_chars:
         raise TextCallError(f"is {len(text)} characters, over the {limits.max_literal_chars} limit")
     try:
-        value = ast.literal_eval(text)
+        return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         pass
-    else:
-        try:
-            orjson.dumps(value)  # sets, bytes, int keys, huge ints: a literal that is not JSON
-        except TypeError:
-            raise TextCallError("holds values that are not JSON") from None
-        return value
     m = _GLAIVE_QUOTED.fullmatch(text)
     if m:
         return {"name": m.group(1), "arguments": m.group(2)}
@@ -163,11 +158,12 @@ def call_parts(obj: Any) -> tuple[str, Any, str | None]:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise TextCallError("has no function name")
     args = obj.get("arguments", obj.get("parameters", {}))
-    return obj["name"], args, None if call_id is None else str(call_id)
+    return obj["name"], args, str(call_id) if call_id else None
 
 
-def _object_calls(fmt: CallFormat, value: Any, start: int, end: int) -> list[TextCall]:
-    """The calls of one block's object (or list of objects)."""
+def object_calls(fmt: CallFormat, value: Any, start: int = 0, end: int = 0) -> list[TextCall]:
+    """The calls of one decoded call object, or of a list of them (parallel calls); an item that is
+    not a call is one with its problem."""
     items, listed = (value, True) if isinstance(value, list) else ([value], False)
     if not items:
         return [TextCall(fmt, None, None, start, end, "holds no call")]
@@ -179,6 +175,13 @@ def _object_calls(fmt: CallFormat, value: Any, start: int, end: int) -> list[Tex
         except TextCallError as e:
             out.append(TextCall(fmt, None, None, start, end, str(e), item=item))
             continue
+        if not isinstance(args, str):
+            try:
+                orjson.dumps(args)  # a Python literal may hold sets, bytes, int keys, huge ints
+            except TypeError:
+                out.append(TextCall(fmt, name, None, start, end, "has arguments that are not JSON values",
+                                    id=cid, item=item))
+                continue
         out.append(TextCall(fmt, name, args, start, end, id=cid, item=item))
     return out
 
@@ -188,7 +191,7 @@ def _block_calls(fmt: CallFormat, text: str, start: int, end: int, limits: TextC
         value = call_object(text, limits)
     except TextCallError as e:
         return [TextCall(fmt, _named(text), None, start, end, str(e))]
-    return _object_calls(fmt, value, start, end)
+    return object_calls(fmt, value, start, end)
 
 
 _NAME_FIELD = re.compile(r"""["']name["']\s*:\s*["']([A-Za-z0-9_.-]{1,64})["']""")
