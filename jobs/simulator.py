@@ -90,6 +90,9 @@ class SimulatorConfig:
     tokenizer: str | None = None
     chat_format: str = "auto"
     template_variant: str | None = None
+    # Thinking when the request does not say: None the template's default (no reasoning returned),
+    # False off (counted so), True on (reasoning returned).
+    default_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         self.input_per_million = Decimal(str(self.input_per_million))
@@ -112,7 +115,8 @@ class SimulatorConfig:
         if sim is None:
             return cls(**counts)
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
-                   seed=sim.seed, divergence_rate=sim.divergence_rate, **counts)
+                   seed=sim.seed, divergence_rate=sim.divergence_rate, default_thinking=sim.default_thinking,
+                   **counts)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -359,13 +363,17 @@ class PromptCounter:
             return self._loaded
 
     def __call__(self, body: dict[str, Any], ans: Answer) -> int | None:
+        from eyrie.jobs.reconstruct.reconstructor import thinking_readings, turn_of
         from eyrie.jobs.reconstruct.variants import prompt_lengths
 
         tok, fmt = self._format()
         response = {"reasoning": ans.reasoning, "content": ans.content, "tool_calls": ans.tool_calls,
                     "finish_reason": ans.finish_reason}
         usage = {"completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
-        n = prompt_lengths({"served": fmt}, tok, body, response, usage).get("served")
+        by_reading = prompt_lengths({"served": fmt}, tok, body, response, usage).get("served") or {}
+        served = fmt.default_thinking if self.cfg.default_thinking is None else self.cfg.default_thinking
+        # the reading the request or answer says, else the one this provider serves when nothing does
+        n = by_reading.get(thinking_readings(body, usage, turn_of(response), served)[0])
         return None if n is None else n + self.extra
 
 
@@ -429,9 +437,12 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
     rng = random.Random(digest)
     limit = completion_limit(body, cfg)
     r_cfg = body.get("reasoning")
-    wants_reasoning = (isinstance(r_cfg, dict) and r_cfg.get("enabled", True) is not False
-                       and r_cfg.get("effort") != "none" and not r_cfg.get("exclude")) \
-        or bool(body.get("reasoning_effort"))
+    if not (isinstance(r_cfg, dict) and r_cfg) and not body.get("reasoning_effort"):
+        wants_reasoning = cfg.default_thinking is True  # the request does not say: the provider's default
+    else:
+        wants_reasoning = (isinstance(r_cfg, dict) and r_cfg.get("enabled", True) is not False
+                           and r_cfg.get("effort") != "none" and not r_cfg.get("exclude")) \
+            or bool(body.get("reasoning_effort"))
     reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning else None
     content: str | None = None
     calls: list[dict[str, Any]] = []

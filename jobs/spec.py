@@ -276,6 +276,11 @@ class SimulatorSpec(Model):
     template_variant: str | None = Field(default=None, min_length=1, max_length=64)
     """The template variant whose prompt length the simulator reports as usage.prompt_tokens (with
     target.tokenizer; default: the format's first); `unknown` serves one eyrie does not know."""
+    default_thinking: bool | None = None
+    """Whether the simulated model thinks when the request does not say (no `reasoning`): unset,
+    the template's default with no reasoning returned; false, a provider that silently serves the
+    model with thinking off (prompt tokens counted as the template renders it with thinking off);
+    true, one that thinks and returns the reasoning."""
 
 
 class ApiSpec(Model):

@@ -631,3 +631,10 @@ def test_the_other_reading_is_taken_when_the_providers_count_says_so(qwen_tok):
     assert (s.input_ids[:s.n_prompt], s.prompt_gap, s.flags) == (off, 0, ("thinking_inferred",))
     s = kept(rebuild({**r, "usage": {"prompt_tokens": len(off) + 7}}))  # neither fits: the template's default
     assert (s.prompt_gap, s.flags) == (len(_provider_prompt(qwen_tok, r)) - len(off) - 7, ())
+    # the provider's reading found over the canary comes first: also where it reports no count
+    found = Reconstructor(resolve_format("auto", qwen_tok), qwen_tok, unsaid=False)
+    for usage in ({}, {"prompt_tokens": len(off)}):
+        s = kept(found({**r, "usage": usage}))
+        assert (s.input_ids[:s.n_prompt], s.flags) == (off, ("thinking_inferred",))
+    s = kept(found({**r, "request": {**r["request"], "reasoning": {"enabled": True}}}))  # said: no inference
+    assert s.input_ids[:s.n_prompt] == _provider_prompt(qwen_tok, r) and s.flags == ()

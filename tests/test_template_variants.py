@@ -17,7 +17,14 @@ import yaml
 from eyrie.jobs.contract import layout
 from eyrie.jobs.reconstruct.formats import resolve_format, variant_names
 from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
-from eyrie.jobs.reconstruct.variants import FIT_SHARE, MAX_PROVIDERS, VariantDetector, candidates, prompt_lengths
+from eyrie.jobs.reconstruct.variants import (
+    FIT_SHARE,
+    MAX_PROVIDERS,
+    Choice,
+    VariantDetector,
+    candidates,
+    prompt_lengths,
+)
 from eyrie.jobs.simulator import UNKNOWN_EXTRA_TOKENS
 from eyrie.jobs.spec import TargetSpec
 from eyrie.jobs.store import open_store
@@ -31,8 +38,11 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 # ------------------------------------------------------------------------------ the pure decision
 
 
-def feed(d: VariantDetector, provider: str | None, n: int, tokens: int | None, lengths: dict[str, int]) -> Any:
-    stops = [d.observe(provider, tokens, lengths) for _ in range(n)]
+def feed(d: VariantDetector, provider: str | None, n: int, tokens: int | None,
+         lengths: dict[str, int | dict[bool, int]]) -> Any:
+    """`n` answers; a bare length is one of an answer that said it was thinking (one reading)."""
+    by = {v: n_ if isinstance(n_, dict) else {True: n_} for v, n_ in lengths.items()}
+    stops = [d.observe(provider, tokens, by) for _ in range(n)]
     return next((s for s in stops if s is not None), None)
 
 
@@ -40,7 +50,8 @@ def test_the_variant_whose_length_is_the_providers_count_is_picked_per_provider(
     d = VariantDetector("kimi-k2.5", ["current", "release"], canary=10)
     assert feed(d, "a", 9, 100, {"current": 100, "release": 112}) is None
     assert d.summary()["byProvider"]["a"] == {"variant": "current", "how": "detected", "answers": 9,
-                                              "fits": ["current"], "final": False}
+                                              "fits": ["current"], "thinking": None, "unsaid": 0,
+                                              "final": False}
     assert feed(d, "a", 1, 100, {"current": 100, "release": 112}) is None
     assert feed(d, "b", 10, 112, {"current": 100, "release": 112}) is None
     by = d.summary()["byProvider"]
@@ -82,9 +93,37 @@ def test_ties_keep_the_default_a_pin_wins_and_silence_is_flagged():
 def test_a_router_naming_a_new_provider_per_answer_cannot_grow_the_detector():
     d = VariantDetector("kimi-k2.5", ["current", "release"], canary=2)
     for i in range(MAX_PROVIDERS * 3):
-        d.observe(f"p{i}", 5, {"current": 5})
+        d.observe(f"p{i}", 5, {"current": {True: 5}})
     assert len(d.summary()["byProvider"]) == MAX_PROVIDERS + 1
     assert d.summary()["byProvider"]["(other)"]["variant"] == "current"
+
+
+def test_answers_that_do_not_say_fit_under_either_thinking_reading_and_the_providers_is_recorded():
+    # Qwen3 served with thinking off without the request asking: `<think>\n\n</think>\n\n` (4 tokens)
+    # in the prompt of every answer that did not say; answers that reasoned were thinking.
+    d = VariantDetector("qwen3", ["release", "later"], canary=8)
+    unsaid = {"release": {True: 100, False: 104}, "later": {True: 100, False: 104}}
+    assert feed(d, "a", 6, 104, unsaid) is None
+    assert feed(d, "a", 2, 90, {"release": 90, "later": 90}) is None
+    assert d.chosen["a"] == Choice("release", "detected", 8, ("release", "later"), False, 6)
+    # the template's default reading fits: it is kept, and said so
+    d = VariantDetector("qwen3", ["release", "later"], canary=4)
+    feed(d, "b", 4, 100, unsaid)
+    assert (d.chosen["b"].thinking, d.chosen["b"].unsaid) == (True, 4)
+    # a reading per answer, as the rebuilder takes it: the majority is the provider's
+    d = VariantDetector("kimi-k2.5", ["current", "release"], canary=5)
+    feed(d, "c", 3, 51, {"current": {True: 50, False: 51}, "release": {True: 62, False: 63}})
+    assert feed(d, "c", 2, 50, {"current": {True: 50, False: 51}, "release": {True: 62, False: 63}}) is None
+    assert (d.chosen["c"].variant, d.chosen["c"].thinking, d.chosen["c"].fits) == ("current", False, ("current",))
+
+
+def test_counts_that_fit_neither_reading_still_stop_naming_both():
+    d = VariantDetector("kimi-k2.5", ["current", "release"], canary=4)
+    stop = feed(d, "p", 4, 45, {"current": {True: 50, False: 51}, "release": {True: 62, False: 63}})
+    assert stop is not None and d.chosen["p"].how == "mismatch"
+    assert "(4 of them did not say whether the model was thinking: both readings tried)" in stop.message
+    assert ("current: exact 0/4 under either reading (thinking on exact 0/4, gap (ours - provider's) min 5 p50 5 "
+            "max 5, thinking off exact 0/4, gap (ours - provider's) min 6 p50 6 max 6)") in stop.message
 
 
 # ------------------------------------------------------------------- each family's variants render
@@ -101,9 +140,12 @@ def ds_tok():
 
 
 def lengths(fmt_name: str, tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict:
+    """Each variant's prompt length for an answer that does not say, under the format's default reading."""
     request = {"messages": messages, **({"tools": tools} if tools else {})}
-    return prompt_lengths(candidates(resolve_format(fmt_name, tok)), tok, request,
-                          {"content": "ok", "finish_reason": "stop"}, {})
+    fmt = resolve_format(fmt_name, tok)
+    by = prompt_lengths(candidates(fmt), tok, request, {"content": "ok", "finish_reason": "stop"}, {})
+    assert all(list(r) == [fmt.default_thinking, not fmt.default_thinking] for r in by.values())
+    return {v: r[fmt.default_thinking] for v, r in by.items()}
 
 
 def test_every_family_declares_its_variants():
@@ -154,14 +196,17 @@ def prompts(path: Path, n: int) -> Path:
 
 
 def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int = 24,
-        fmt: str = "kimi-k2.5", tokenizer: str = str(KIMI)) -> tuple[Any, Any]:
+        fmt: str = "kimi-k2.5", tokenizer: str = str(KIMI), sampling: dict[str, Any] | None = None,
+        simulator: dict[str, Any] | None = None) -> tuple[Any, Any]:
     out = f"file://{tmp_path}/out"
     target = {"model": "sim/model", "tokenizer": tokenizer, "chatFormat": fmt,
               **({"templateVariant": pinned} if pinned else {})}
+    sim = {**({"templateVariant": served} if served else {}), **(simulator or {})}
     spec = {"sources": [{"name": "p", "uri": str(prompts(tmp_path / "p.jsonl", n)), "format": "openai"}],
             "target": target,
-            "api": {"baseUrl": "simulated", "maxConcurrency": 4, "sampling": {"reasoning": {"effort": "low"}},
-                    **({"simulator": {"templateVariant": served}} if served else {})},
+            "api": {"baseUrl": "simulated", "maxConcurrency": 4,
+                    "sampling": {"reasoning": {"effort": "low"}} if sampling is None else sampling,
+                    **({"simulator": sim} if sim else {})},
             "tools": {"gate": {"canarySamples": 8, "minToolCallRate": 0.1}},
             "budget": {"maxUSD": "5", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
             "generation": {"shards": 2}, "output": {"uri": out}}
@@ -229,3 +274,56 @@ def test_the_simulator_refuses_a_variant_the_format_lacks_at_start():
         PromptCounter(SimulatorConfig(tokenizer=str(KIMI), chat_format="kimi-k2.5", template_variant="v9"))
     assert PromptCounter(SimulatorConfig(tokenizer=str(KIMI), chat_format="kimi-k2.5",
                                          template_variant="unknown")).extra == UNKNOWN_EXTRA_TOKENS
+
+
+# ------------------------------------- a provider that serves the model with thinking off, unasked
+
+
+def official_folder(tmp_path: Path, family: str) -> str:
+    """A tokenizer folder whose chat template is the family's official one (the reference file)."""
+    import shutil
+
+    from tests.reference_helpers import reference
+    from tests.tokenizer_helpers import qwen3_folder
+
+    template = reference(f"{family}/chat_template.jinja").read_text()
+    folder = tmp_path / f"{family}-official"
+    folder.mkdir()
+    if family == "qwen3":
+        return str(qwen3_folder(folder, template))
+    shutil.copytree(KIMI, folder, dirs_exist_ok=True)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("family, fmt", [("qwen3", "qwen3"), ("qwen3", "auto"),
+                                         ("kimi-k2.5", "kimi-k2.5"), ("kimi-k2.5", "auto")])
+def test_a_provider_that_silently_disables_thinking_runs_to_done_with_every_sample_exact(tmp_path, family, fmt):
+    """The default spec sends no `reasoning`; the provider serves the model with thinking off (its
+    prompt carries the closed think block the template writes then) and returns no reasoning. The
+    canary finds that reading, the run goes on, and every prompt is the one the provider counted."""
+    n = 12
+    r, store = run(tmp_path, None, fmt=fmt, tokenizer=official_folder(tmp_path, family), n=n, sampling={},
+                   simulator={"defaultThinking": False})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(store.get(layout.PROGRESS))["outcome"] == "Done"
+    assert "thinking off where the request did not say" in r.stderr
+    manifest = json.loads(store.get(layout.MANIFEST))
+    chosen = manifest["templateVariants"]["byProvider"]["eyrie-simulator"]
+    assert (chosen["how"], chosen["thinking"], chosen["unsaid"], chosen["final"]) == ("detected", False, 8, True)
+    rec = manifest["reconstruction"]
+    assert rec["chatTemplate"]["byProvider"]["eyrie-simulator"]["thinking"] is False
+    gaps, kept = rec["samples"]["promptTokenGap"], rec["samples"]["kept"]
+    assert kept == n and gaps["count"] == n and gaps["exact"] == n, rec["samples"]
+    assert rec["samples"]["flags"].get("thinking_inferred") == n  # nothing said it: the counts did
+
+
+def test_a_provider_whose_counts_fit_neither_thinking_reading_still_stops(tmp_path):
+    r, store = run(tmp_path, "unknown", n=40, sampling={}, simulator={"defaultThinking": False})
+    assert r.returncode == 7, r.stderr[-3000:]
+    prog = json.loads(store.get(layout.PROGRESS))
+    assert prog["outcome"] == "TemplateMismatch" and prog["samples"]["done"] < 40
+    assert "8 of them did not say whether the model was thinking: both readings tried" in prog["message"]
+    assert "current: exact 0/8 under either reading (thinking on exact 0/8" in prog["message"]
+    assert prog["templateVariants"]["byProvider"]["eyrie-simulator"]["how"] == "mismatch"

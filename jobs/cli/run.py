@@ -88,7 +88,9 @@ def run_main(argv: list[str]) -> int:
           f"of ${prog.get('maxUSD')}  output {store.uri}", file=sys.stderr)
     variants = prog.get("templateVariants")
     if variants and variants.get("byProvider"):
-        chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted)"
+        chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted"
+                           + (f"; thinking {'on' if c['thinking'] else 'off'} where the request did not say"
+                              if isinstance(c.get("thinking"), bool) else "") + ")"
                            for p, c in variants["byProvider"].items())
         print(f"template variant of {variants['format']} per provider: {chosen}", file=sys.stderr)
     if message:

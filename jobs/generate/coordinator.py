@@ -35,7 +35,8 @@ class Observation:
     check: Any = None  # eyrie.jobs.tools.ResponseCheck of an answer (per-tool counts, gate)
     provider: str | None = None  # who answered (OpenRouter's `provider`)
     prompt_tokens: int | None = None  # the provider's usage.prompt_tokens, when reported
-    prompt_lengths: dict[str, int] | None = None  # canary answers: our prompt length per template variant
+    # canary answers: our prompt length per template variant and thinking reading (variants.prompt_lengths)
+    prompt_lengths: dict[str, dict[bool, int]] | None = None
     cost: Decimal | None = None  # what the prompt cost (None: nothing billed), for the forecast
 
 

@@ -105,6 +105,16 @@ def wants_thinking(request: dict[str, Any], usage: dict[str, Any], turn: Turn) -
     return None
 
 
+def thinking_readings(request: dict[str, Any], usage: dict[str, Any], turn: Turn, unsaid: bool) -> tuple[bool, ...]:
+    """Every reading of "was the model thinking" an answer allows, the one to try first first: the
+    one the answer or the request says (`wants_thinking`); else both, `unsaid` first (what the
+    provider does when nothing says: the template's default, or what its counts showed over the
+    canary). The sample rebuilder and the canary's variant detector both enumerate these, so the
+    detector judges every prompt the rebuilder may keep."""
+    said = wants_thinking(request, usage, turn)
+    return (said,) if said is not None else (unsaid, not unsaid)
+
+
 def opaque_reasoning(details: Any) -> str | None:
     """Why the returned reasoning_details cannot be rebuilt into the tokens the model wrote:
     `reasoning_encrypted` when any of it is encrypted (redacted) data, `reasoning_summarised` when
@@ -156,11 +166,14 @@ def _first_difference(a: str, b: str) -> int:
 
 
 class Reconstructor:
-    """Turns records into samples for one (chat format, tokenizer) pair; call it per record."""
+    """Turns records into samples for one (chat format, tokenizer) pair; call it per record.
+    `unsaid`: whether the model thought when neither the answer nor the request says, tried first
+    (None: the format's default; the canary's detector may have found the provider's)."""
 
-    def __init__(self, fmt: ChatFormat, tokenizer: LoadedTokenizer):
+    def __init__(self, fmt: ChatFormat, tokenizer: LoadedTokenizer, unsaid: bool | None = None):
         self.fmt = fmt
         self.tok = tokenizer
+        self.unsaid = fmt.default_thinking if unsaid is None else unsaid
         ends = getattr(fmt, "end_markers", ())
         self.marker_ids = {m: tid for m in (*fmt.markers, *ends) if (tid := tokenizer.token_id(m)) is not None}
         self.boundary = tuple(m for m in self.marker_ids if tokenizer.boundary_safe(m))
@@ -235,19 +248,24 @@ class Reconstructor:
             turn = turn_of(response)
         except FormatError as e:
             return self._excluded(record, e.reason, str(e))
-        thinking = wants_thinking(request, usage, turn)
-        if thinking is not None:
-            return self._build(record, request, response, usage, turn, thinking)
-        # Neither the answer nor the request says: the template's default first; the other reading
-        # when the default cannot give this answer or the provider's prompt count says otherwise.
-        first = self._build(record, request, response, usage, turn, self.fmt.default_thinking)
-        if isinstance(first, Sample) and first.prompt_gap in (0, None):
+        readings = thinking_readings(request, usage, turn, self.unsaid)
+        first = self._build(record, request, response, usage, turn, readings[0])
+        if len(readings) == 1:
             return first
-        other = self._build(record, request, response, usage, turn, not self.fmt.default_thinking)
-        if isinstance(other, Sample) and (other.prompt_gap == 0 or (
-                isinstance(first, Excluded) and first.reason in RENDERING_REASONS)):
-            return dataclasses.replace(other, flags=(*other.flags, "thinking_inferred"))
-        return first
+        # Neither the answer nor the request says: the provider's reading first; the other when the
+        # first cannot give this answer or the provider's prompt count says otherwise.
+        if not (isinstance(first, Sample) and first.prompt_gap in (0, None)):
+            other = self._build(record, request, response, usage, turn, readings[1])
+            if isinstance(other, Sample) and (other.prompt_gap == 0 or (
+                    isinstance(first, Excluded) and first.reason in RENDERING_REASONS)):
+                return self._inferred(other, readings[1])
+        return self._inferred(first, readings[0])
+
+    def _inferred(self, result: Sample | Excluded, thinking: bool) -> Sample | Excluded:
+        """A sample rebuilt with a reading nothing said and the template would not take: flagged."""
+        if isinstance(result, Excluded) or thinking == self.fmt.default_thinking:
+            return result
+        return dataclasses.replace(result, flags=(*result.flags, "thinking_inferred"))
 
     def _build(self, record: Record, request: dict[str, Any], response: dict[str, Any], usage: dict[str, Any],
                turn: Turn, thinking: bool) -> Sample | Excluded:

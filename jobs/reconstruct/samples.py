@@ -103,7 +103,8 @@ class SamplesSummary:
     chat_format: str
     template_sha256: str
     variant: str | None = None  # the format's variant for providers without a choice of their own
-    variant_by_provider: dict[str, dict[str, str]] = field(default_factory=dict)  # provider -> variant, sha256
+    # provider -> variant, sha256, thinking (the reading tried first where nothing says)
+    variant_by_provider: dict[str, dict[str, Any]] = field(default_factory=dict)
     shards: int = 0
     records: int = 0
     samples: int = 0
@@ -207,17 +208,21 @@ def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded],
 
 class ProviderRebuild:
     """Each record rebuilt with the template variant its provider was found to render over the
-    canary (progress.json `templateVariants`); providers without a choice get the default."""
+    canary (progress.json `templateVariants`), thinking first as its counts showed where nothing
+    says; providers without a choice get the default."""
 
-    def __init__(self, fmt: ChatFormat, tok: LoadedTokenizer, chosen: dict[str, str]):
+    def __init__(self, fmt: ChatFormat, tok: LoadedTokenizer, chosen: dict[str, tuple[str, bool | None]]):
         self.default = Reconstructor(fmt, tok)
-        by_variant = {fmt.variant: self.default}
+        by_reading = {(fmt.variant, self.default.unsaid): self.default}
         self.providers: dict[str, Reconstructor] = {}
-        for provider, variant in chosen.items():
-            if variant in fmt.variants:
-                if variant not in by_variant:
-                    by_variant[variant] = Reconstructor(fmt.with_variant(variant), tok)
-                self.providers[provider] = by_variant[variant]
+        for provider, (variant, thinking) in chosen.items():
+            if variant not in fmt.variants and thinking is None:
+                continue  # nothing chosen (a format without variants is its own): the default
+            v = variant if variant in fmt.variants else fmt.variant
+            unsaid = self.default.unsaid if thinking is None else thinking
+            if (v, unsaid) not in by_reading:
+                by_reading[v, unsaid] = Reconstructor(fmt if v == fmt.variant else fmt.with_variant(v), tok, unsaid)
+            self.providers[provider] = by_reading[v, unsaid]
 
     def __call__(self, record: records.Record) -> Sample | Excluded:
         provider = provider_of(record)
@@ -288,8 +293,9 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     rebuild = ProviderRebuild(fmt, tok, chosen_variants((read_progress(store) or {}).get("templateVariants")))
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
                              chat_format=fmt.name, template_sha256=fmt.sha256, variant=fmt.variant,
-                             variant_by_provider={p: {"variant": r.fmt.variant or "", "sha256": r.fmt.sha256}
-                                          for p, r in sorted(rebuild.providers.items())})
+                             variant_by_provider={p: {"variant": r.fmt.variant or "", "sha256": r.fmt.sha256,
+                                                      "thinking": r.unsaid}
+                                                  for p, r in sorted(rebuild.providers.items())})
     if spec.generation.turns == "all" and spec.samples.multi_turn == "packed":
         refused = packing_refused(fmt)
         if refused:

@@ -5,13 +5,16 @@ provider knows which it serves. For the canary's answers the worker renders the 
 variant (`prompt_lengths`) and reports the lengths with the provider's `usage.prompt_tokens`; this
 module decides, per provider, once that provider has `canary` answers: the variant whose length
 equals the provider's count on at least `FIT_SHARE` of them (the format's default first when
-several do), or a `TemplateStop` naming the gap distribution of every variant when none does. A
-pinned variant (`target.templateVariant`) is used whatever the counts say (they are still
-reported); a provider that reports no `prompt_tokens` keeps the pinned or default variant, flagged
-`unreported`. After its decision a provider's answers are not rendered again: the cost is the
-canary's.
+several do), or a `TemplateStop` naming the gap distribution of every variant when none does.
+Where neither the answer nor the request says whether the model was thinking, each variant is
+rendered under both readings the sample rebuilder may take (`thinking_readings`, the one function
+both use); an answer fits under either, and the reading the provider's counts fit is recorded
+(`thinking`) and tried first by the rebuilder. A pinned variant (`target.templateVariant`) is
+used whatever the counts say (they are still reported); a provider that reports no
+`prompt_tokens` keeps the pinned or default variant, flagged `unreported`. After its decision a
+provider's answers are not rendered again: the cost is the canary's.
 
-Limits: per provider at most `canary` gaps per variant are kept; providers beyond `MAX_PROVIDERS`
+Limits: per provider at most `canary` gaps per variant and reading are kept; providers beyond `MAX_PROVIDERS`
 share one entry (a router naming a new provider per answer cannot grow this without bound).
 """
 
@@ -25,7 +28,7 @@ from typing import Any
 from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
 from eyrie.jobs.reconstruct.base import ChatFormat, FormatError, Message
 from eyrie.jobs.reconstruct.formats import resolve_format, variant_names
-from eyrie.jobs.reconstruct.reconstructor import turn_of, wants_thinking
+from eyrie.jobs.reconstruct.reconstructor import thinking_readings, turn_of
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer
 from eyrie.jobs.spec import DatasetGenerationSpec
 
@@ -41,24 +44,32 @@ def candidates(fmt: ChatFormat) -> dict[str, ChatFormat]:
     return {v: fmt if v == fmt.variant else fmt.with_variant(v) for v in fmt.variants}
 
 
+Lengths = Mapping[str, Mapping[bool, int]]  # variant -> thinking reading -> prompt tokens, first reading first
+
+
 def prompt_lengths(formats: Mapping[str, ChatFormat], tok: LoadedTokenizer, request: dict[str, Any],
-                   response: dict[str, Any], usage: dict[str, Any]) -> dict[str, int]:
-    """Token count of the prompt each variant renders for this request (a variant that cannot render
-    it is left out: it cannot be what the provider rendered)."""
+                   response: dict[str, Any], usage: dict[str, Any]) -> dict[str, dict[bool, int]]:
+    """Token count of the prompt each variant renders for this request, under every thinking reading
+    the rebuilder may take for it (`thinking_readings`: one when the answer or request says, both
+    when nothing does, the format's default first). A variant or reading that cannot render it is
+    left out: it cannot be what the provider rendered."""
     messages: list[Message] = request.get("messages") or []
     tools = request.get("tools") or None
-    out: dict[str, int] = {}
+    out: dict[str, dict[bool, int]] = {}
     try:
         turn = turn_of(response)
     except FormatError:
         return out
     for name, fmt in formats.items():
-        thinking = wants_thinking(request, usage, turn)
-        try:
-            prompt = fmt.render(messages, tools, turn, fmt.default_thinking if thinking is None else thinking).prompt
-        except FormatError:
-            continue
-        out[name] = len(tok.encode(prompt))
+        by_reading: dict[bool, int] = {}
+        for thinking in thinking_readings(request, usage, turn, fmt.default_thinking):
+            try:
+                prompt = fmt.render(messages, tools, turn, thinking).prompt
+            except FormatError:
+                continue
+            by_reading[thinking] = len(tok.encode(prompt))
+        if by_reading:
+            out[name] = by_reading
     return out
 
 
@@ -70,9 +81,15 @@ class Choice:
     how: str  # detected | pinned | unreported (no prompt_tokens) | mismatch | undecided (still in the canary)
     answers: int  # answers with prompt_tokens that were judged
     fits: tuple[str, ...]  # variants exact on at least FIT_SHARE of them
+    # Whether the model thought on the judged answers where neither answer nor request said (`unsaid`
+    # of them): the reading their counts fit under `variant` (the format's default on a tie or when
+    # none fits); None when every judged answer said.
+    thinking: bool | None = None
+    unsaid: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"variant": self.variant, "how": self.how, "answers": self.answers, "fits": list(self.fits)}
+        return {"variant": self.variant, "how": self.how, "answers": self.answers, "fits": list(self.fits),
+                "thinking": self.thinking, "unsaid": self.unsaid}
 
 
 @dataclass(frozen=True)
@@ -90,15 +107,27 @@ def _gap_summary(gaps: Sequence[int]) -> str:
             if s else "never rendered")
 
 
+def _on_off(thinking: bool) -> str:
+    return "on" if thinking else "off"
+
+
 @dataclass
 class _Provider:
     answers: int = 0  # every answer seen while undecided
-    gaps: dict[str, list[int]] = field(default_factory=dict)  # per variant, answers with prompt_tokens
-    reported: int = 0
+    reported: int = 0  # answers with prompt_tokens
+    unsaid: int = 0  # of those, answers where neither the answer nor the request said whether it thought
+    default: bool | None = None  # the format's reading when nothing says (the first of such an answer)
+    exact: Counter[str] = field(default_factory=Counter)  # per variant: answers exact under a reading they allow
+    gaps: dict[str, dict[bool, list[int]]] = field(default_factory=dict)  # per variant and reading
+    readings: dict[str, Counter[bool]] = field(default_factory=dict)  # per variant: the reading unsaid answers fit
 
 
 class VariantDetector:
-    """Accumulates (provider, prompt_tokens, lengths per variant) over the canary and decides."""
+    """Accumulates (provider, prompt_tokens, lengths per variant and thinking reading) over the
+    canary and decides. An answer fits a variant when the provider's count equals the length under
+    one of the thinking readings the rebuilder may take for it (the rule the rebuilder keeps a
+    sample by); for answers that did not say, the reading they fit is counted, and the provider's
+    reading (the majority) is recorded and used first by the rebuilder."""
 
     def __init__(self, format_name: str, variants: Sequence[str], canary: int, pinned: str | None = None):
         self.format_name = format_name
@@ -120,8 +149,7 @@ class VariantDetector:
         """Should this provider's next answer be rendered (is it still undecided)?"""
         return self._key(provider) not in self.chosen
 
-    def observe(self, provider: str | None, prompt_tokens: int | None,
-                lengths: Mapping[str, int]) -> TemplateStop | None:
+    def observe(self, provider: str | None, prompt_tokens: int | None, lengths: Lengths) -> TemplateStop | None:
         """Count one answer; returns a TemplateStop the first time a provider fits no variant."""
         key = self._key(provider)
         if key in self.chosen:
@@ -130,30 +158,58 @@ class VariantDetector:
         p.answers += 1
         if prompt_tokens is not None:
             p.reported += 1
+            unsaid = any(len(by) > 1 for by in lengths.values())
+            p.unsaid += unsaid
             for v in self.variants:
-                if v in lengths:
-                    g = p.gaps.setdefault(v, [])
-                    g.append(lengths[v] - prompt_tokens)
+                by = lengths.get(v) or {}
+                gaps = {t: n - prompt_tokens for t, n in by.items()}
+                for t, g in gaps.items():
+                    p.gaps.setdefault(v, {}).setdefault(t, []).append(g)
+                fit = next((t for t, g in gaps.items() if g == 0), None)
+                if fit is None:
+                    continue
+                p.exact[v] += 1
+                if len(by) > 1:
+                    p.default = next(iter(by)) if p.default is None else p.default
+                    p.readings.setdefault(v, Counter())[fit] += 1
         if p.answers < self.canary:
             return None
         return self._decide(key)
 
+    def _reading(self, p: _Provider, variant: str) -> bool | None:
+        """The thinking reading the provider's unsaid answers fit under `variant` (its default on a tie)."""
+        if not p.unsaid:
+            return None
+        counts = p.readings.get(variant) or Counter()
+        default = True if p.default is None else p.default
+        return (not default) if counts[not default] > counts[default] else default
+
     def _judge(self, key: str, p: _Provider) -> tuple[Choice, str | None]:
         """The choice for a provider on what it gave, and the stop message when nothing fits."""
         n = p.reported
-        fits = tuple(v for v in self.variants if n and sum(g == 0 for g in p.gaps.get(v, ())) >= FIT_SHARE * n)
+        fits = tuple(v for v in self.variants if n and p.exact[v] >= FIT_SHARE * n)
         if self.pinned:
-            return Choice(self.pinned, "pinned", n, fits), None
+            return Choice(self.pinned, "pinned", n, fits, self._reading(p, self.pinned), p.unsaid), None
         if not n:
             return Choice(self.default, "unreported", 0, ()), None
         if fits:
-            return Choice(self.default if self.default in fits else fits[0], "detected", n, fits), None
-        detail = "; ".join(f"{v}: {_gap_summary(p.gaps.get(v, ()))}" for v in self.variants)
-        return Choice(self.default, "mismatch", n, ()), (
+            v = self.default if self.default in fits else fits[0]
+            return Choice(v, "detected", n, fits, self._reading(p, v), p.unsaid), None
+        detail = "; ".join(self._variant_gaps(p, v) for v in self.variants)
+        unsaid = (f" ({p.unsaid} of them did not say whether the model was thinking: both readings tried)"
+                  if p.unsaid else "")
+        return Choice(self.default, "mismatch", n, (), self._reading(p, self.default), p.unsaid), (
             f"provider {key}: no template variant of {self.format_name} gives the prompt length it counted "
-            f"(usage.prompt_tokens) on {FIT_SHARE:.0%} of {n} answers: {detail}. It renders a template eyrie "
-            "does not know; route to another provider, set target.chatFormat to the model's family, or pin "
+            f"(usage.prompt_tokens) on {FIT_SHARE:.0%} of {n} answers{unsaid}: {detail}. It renders a template "
+            "eyrie does not know; route to another provider, set target.chatFormat to the model's family, or pin "
             "target.templateVariant knowingly")
+
+    def _variant_gaps(self, p: _Provider, variant: str) -> str:
+        by = p.gaps.get(variant) or {}
+        if not p.unsaid:
+            return f"{variant}: {_gap_summary([g for gaps in by.values() for g in gaps])}"
+        per = ", ".join(f"thinking {_on_off(t)} {_gap_summary(g)}" for t, g in by.items())
+        return f"{variant}: exact {p.exact[variant]}/{p.reported} under either reading ({per or 'never rendered'})"
 
     def _decide(self, key: str) -> TemplateStop | None:
         choice, message = self._judge(key, self._open.pop(key))
@@ -201,8 +257,8 @@ class CanaryProbe:
         return bool(self.spec.target.tokenizer) and self._seen[self._provider(response)] < self.canary
 
     def lengths(self, request: dict[str, Any], response: dict[str, Any],
-                usage: dict[str, Any]) -> dict[str, int] | None:
-        """The prompt length per variant for a canary answer, None past the canary."""
+                usage: dict[str, Any]) -> dict[str, dict[bool, int]] | None:
+        """The prompt length per variant and thinking reading for a canary answer, None past the canary."""
         if not self.wants(response):
             return None
         tok = self._tokenizer()
@@ -215,7 +271,9 @@ class CanaryProbe:
         return prompt_lengths(self._formats, tok, request, response, usage)
 
 
-def chosen_variants(summary: Mapping[str, Any] | None) -> dict[str, str]:
-    """provider -> variant from a `summary()` (as stored in progress.json)."""
+def chosen_variants(summary: Mapping[str, Any] | None) -> dict[str, tuple[str, bool | None]]:
+    """provider -> (variant, thinking when nothing says, None for the format's default) from a
+    `summary()` (as stored in progress.json)."""
     by = (summary or {}).get("byProvider") or {}
-    return {p: c["variant"] for p, c in by.items() if isinstance(c, dict) and isinstance(c.get("variant"), str)}
+    return {p: (c["variant"], c.get("thinking") if isinstance(c.get("thinking"), bool) else None)
+            for p, c in by.items() if isinstance(c, dict) and isinstance(c.get("variant"), str)}
