@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# What the test suite needs beside Python packages, once per machine: the real Kubernetes control plane
-# built from Go modules (tests/cluster/build.sh, cached outside the repository: seconds when warm) and
-# Debian's headless chromium for the report page (installed only when missing; needs root or sudo).
+# What the test suite needs beside Python packages, once per machine: the real Kubernetes control plane and node
+# binaries built from Go modules (tests/cluster/build.sh, cached outside the repository: seconds when warm),
+# Debian's headless chromium for the report page, and for the real node (tests/cluster/node.py) Debian's containerd,
+# runc, CNI plugins, iptables, conntrack and a static busybox (the node's test image). Packages are installed only
+# when missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests/cluster/build.sh
-if ! command -v chromium >/dev/null; then
+# command or file -> the Debian package that provides it
+declare -A packages=([chromium]=chromium [containerd]=containerd [runc]=runc
+  [/usr/lib/cni/bridge]=containernetworking-plugins [iptables]=iptables [conntrack]=conntrack
+  [/bin/busybox]=busybox-static)
+missing=()
+for need in "${!packages[@]}"; do
+  if [[ "$need" == /* ]]; then [[ -e "$need" ]] || missing+=("${packages[$need]}")
+  else command -v "$need" >/dev/null || missing+=("${packages[$need]}"); fi
+done
+if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from ..conftest import S3_SECRET_KEY
+from .node import Node, busybox_image, running_node
 from .testbed import (
     CONFIGMAPS,
     DSG,
@@ -49,6 +50,16 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     with running_control_plane(tmp_path_factory.mktemp("testbed")) as cp:
         sys.stderr.write(f"\ntestbed: etcd + kube-apiserver + kube-controller-manager ready in {cp.started_in:.1f}s\n")
         yield cp
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A real node (node.py: containerd, kubelet, kube-proxy, CoreDNS, kube-scheduler) on a control plane of its
+    own: the tests that play the kubelet's part (Player) keep `control_plane`, where no pod ever runs."""
+    with running_node(tmp_path_factory.mktemp("node-testbed"), images=[busybox_image()[1]]) as n:
+        sys.stderr.write(f"\ntestbed: control plane for a node in {n.cp.started_in:.1f}s, node Ready and its "
+                         f"services up in {n.started_in:.1f}s\n")
+        yield n
 
 
 def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -73,8 +73,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EYRIE_TESTBED_CACHE") or Path.home() / ".cache" / "eyrie-testbed")
 
 
-def binary(component: str, name: str) -> Path:
-    version = versions()[component.upper()]
+def binary(component: str, name: str, version_key: str | None = None) -> Path:
+    """A binary build.sh put under <cache>/<component>-<version>/bin (the version pinned in versions.env under
+    `version_key`, by default the component's name)."""
+    version = versions()[version_key or component.upper()]
     path = cache_dir() / f"{component}-{version}" / "bin" / name
     if not (path.is_file() and os.access(path, os.X_OK)):
         raise TestbedMissing(f"{path} is missing: build the testbed first with `{BUILD_SCRIPT}` (once per machine)")
@@ -149,23 +151,26 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
+    return x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs),
+                      x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
 def _issue(subject: str, key: Any, issuer: tuple[str, Any] | None = None, sans: tuple[str, ...] = (),
-           days: int = 2, ca: bool = False) -> x509.Certificate:
-    """A certificate for `key`'s public half, signed by `issuer` (name, key) or by itself. A SAN that parses as an
-    IP address is an IP SAN."""
+           days: int = 2, ca: bool = False, client: bool = False, orgs: tuple[str, ...] = ()) -> x509.Certificate:
+    """A certificate for `key`'s public half, signed by `issuer` (name, key) or by itself: a server's, or with
+    `client` a client's whose `orgs` are its groups (as the API server and the kubelet read them). A SAN that parses
+    as an IP address is an IP SAN."""
     now = datetime.datetime.now(datetime.UTC)
     issuer_name, issuer_key = issuer or (subject, key)
-    b = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(_name(issuer_name))
+    b = (x509.CertificateBuilder().subject_name(_name(subject, orgs)).issuer_name(_name(issuer_name))
          .public_key(key.public_key()).serial_number(x509.random_serial_number())
          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=days)))
     if ca:
         b = b.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
     else:
-        b = b.add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        usage = x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH if client else x509.oid.ExtendedKeyUsageOID.SERVER_AUTH
+        b = b.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     if sans:
         names: list[x509.GeneralName] = []
         for s in sans:
@@ -181,11 +186,21 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def write_pki(d: Path) -> None:
-    ca_key, serve_key, sa_key = _key(), _key(), _key()
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"  # the range's first address: the `kubernetes` Service's, which pods dial
+CLUSTER_DOMAIN = "cluster.local"
+
+
+def write_pki(d: Path, addresses: tuple[str, ...] = ()) -> None:
+    """The CA, the API server's serving certificate (for 127.0.0.1, the names and address pods use, and `addresses`),
+    the service-account signing key, and the client certificate the API server shows a kubelet (logs, exec)."""
+    ca_key, serve_key, sa_key, kubelet_client_key = _key(), _key(), _key(), _key()
     ca = _issue("eyrie-testbed-ca", ca_key, ca=True)
-    serving = _issue("kube-apiserver", serve_key, ("eyrie-testbed-ca", ca_key),
-                     ("localhost", "kubernetes.default.svc", "127.0.0.1"))
+    names = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             f"kubernetes.default.svc.{CLUSTER_DOMAIN}", "127.0.0.1", KUBERNETES_SERVICE_IP)
+    serving = _issue("kube-apiserver", serve_key, ("eyrie-testbed-ca", ca_key), (*names, *addresses))
+    kubelet_client = _issue("kube-apiserver-kubelet-client", kubelet_client_key, ("eyrie-testbed-ca", ca_key),
+                            client=True, orgs=("system:masters",))
     d.mkdir(parents=True, exist_ok=True)
     (d / "ca.crt").write_bytes(_pem(ca))
     (d / "serving.crt").write_bytes(_pem(serving))
@@ -193,8 +208,29 @@ def write_pki(d: Path) -> None:
     (d / "sa.key").write_bytes(_pem_key(sa_key))
     (d / "sa.pub").write_bytes(sa_key.public_key().public_bytes(serialization.Encoding.PEM,
                                                                   serialization.PublicFormat.SubjectPublicKeyInfo))
-    for f in ("serving.key", "sa.key"):
+    (d / "kubelet-client.crt").write_bytes(_pem(kubelet_client))
+    (d / "kubelet-client.key").write_bytes(_pem_key(kubelet_client_key))
+    for f in ("serving.key", "sa.key", "kubelet-client.key"):
         (d / f).chmod(0o600)
+
+
+def node_link(api_port: int) -> tuple[str, str]:
+    """The two ends (host, node) of the veth /30 between the host and the node of the control plane on `api_port`:
+    inside 10.200.0.0/14, and distinct among testbeds alive at once on a machine (each holds its port)."""
+    base = int(ipaddress.IPv4Address("10.200.0.0")) + 4 * api_port
+    return str(ipaddress.IPv4Address(base + 1)), str(ipaddress.IPv4Address(base + 2))
+
+
+# the identities a node's components authenticate as (bootstrap RBAC binds the last two; the Node authorizer the
+# kubelet's), each with a token in the API server's token file
+NODE_IDENTITIES = {"kubelet": ("system:node:{node}", "system:nodes"), "kube-proxy": ("system:kube-proxy", ""),
+                   "kube-scheduler": ("system:kube-scheduler", ""), "coredns": ("system:coredns", "")}
+# the control plane a node needs beside the Job and garbage collectors: the node's not-ready taint lifted once it is
+# Ready, Deployments, Services' endpoints, the kube-root-ca.crt ConfigMap of projected ServiceAccount volumes,
+# finished pods collected
+NODE_CONTROLLERS = ("node-lifecycle-controller", "deployment-controller", "replicaset-controller",
+                    "endpoints-controller", "endpointslice-controller", "root-ca-certificate-publisher-controller",
+                    "pod-garbage-collector-controller", "ttl-after-finished-controller", "service-cidr-controller")
 
 
 @dataclass
@@ -231,10 +267,18 @@ def spawn(name: str, argv: list[str | Path], log: Path, env: dict[str, str] | No
 
 @dataclass
 class ControlPlane:
-    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 free ports, data under `root`."""
+    """etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 free ports, data under `root`.
+
+    With `node` (a node's name) it is ready for that node (node.py): it advertises the host end of the node's veth
+    (node_link: the address pods reach it at, the `kubernetes` Service's endpoint), authorizes kubelets with the Node
+    authorizer and NodeRestriction, shows kubelets its client certificate, runs the controllers pods need, and holds
+    a token for each of the node's components (`tokens`)."""
 
     root: Path
+    node: str | None = None
     admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    tokens: dict[str, str] = field(default_factory=dict)
+    api_port: int = 0
     procs: list[Process] = field(default_factory=list)
     url: str = ""
     api: httpx.Client | None = None
@@ -248,11 +292,29 @@ class ControlPlane:
         etcd, apiserver, kcm = binary("etcd", "etcd"), binary("kubernetes", "kube-apiserver"), \
             binary("kubernetes", "kube-controller-manager")
         t0 = time.monotonic()
-        write_pki(self.pki)
-        tokens = self.root / "tokens.csv"
-        tokens.write_text(f"{self.admin_token},eyrie-admin,eyrie-admin,system:masters\n")
-        tokens.chmod(0o600)
         client_port, peer_port, api_port, kcm_port = free_port(), free_port(), free_port(), free_port()
+        self.api_port = api_port
+        node_flags: list[str | Path] = []
+        controllers = ("garbage-collector-controller", "job-controller", "serviceaccount-token-controller",
+                       "serviceaccount-controller", "namespace-controller")
+        rows = [f"{self.admin_token},eyrie-admin,eyrie-admin,system:masters"]
+        if self.node:
+            advertise = node_link(api_port)[0]
+            write_pki(self.pki, (advertise,))
+            for component, (user, group) in NODE_IDENTITIES.items():
+                self.tokens[component] = secrets.token_urlsafe(24)
+                user = user.format(node=self.node)
+                rows.append(f'{self.tokens[component]},{user},{user},"{group}"' if group else
+                            f"{self.tokens[component]},{user},{user}")
+            node_flags = [f"--advertise-address={advertise}", "--kubelet-preferred-address-types=InternalIP",
+                          f"--kubelet-client-certificate={self.pki / 'kubelet-client.crt'}",
+                          f"--kubelet-client-key={self.pki / 'kubelet-client.key'}"]
+            controllers += NODE_CONTROLLERS
+        else:
+            write_pki(self.pki)
+        tokens = self.root / "tokens.csv"
+        tokens.write_text("\n".join(rows) + "\n")
+        tokens.chmod(0o600)
         etcd_url = f"http://127.0.0.1:{client_port}"
         self.procs.append(spawn("etcd", [
             etcd, "--name=testbed", f"--data-dir={self.root / 'etcd'}", "--log-level=warn",
@@ -269,13 +331,13 @@ class ControlPlane:
             f"--secure-port={api_port}", f"--cert-dir={self.root / 'apiserver-certs'}",
             f"--tls-cert-file={self.pki / 'serving.crt'}", f"--tls-private-key-file={self.pki / 'serving.key'}",
             f"--client-ca-file={self.pki / 'ca.crt'}", f"--token-auth-file={tokens}",
-            "--authorization-mode=RBAC", "--anonymous-auth=false",
+            f"--authorization-mode={'Node,RBAC' if self.node else 'RBAC'}", "--anonymous-auth=false",
             # as OpenShift and hardened clusters run it: blockOwnerDeletion needs update on the owner's finalizers
-            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement" + (",NodeRestriction" * bool(self.node)),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={self.pki / 'sa.pub'}",
             f"--service-account-signing-key-file={self.pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.96.0.0/16", "--profiling=false", "--v=1",
+            f"--service-cluster-ip-range={SERVICE_CIDR}", "--profiling=false", "--v=1", *node_flags,
         ], self.root / "kube-apiserver.log"))
         self.api = httpx.Client(base_url=self.url, verify=self.tls(), timeout=30,
                                 headers={"Authorization": f"Bearer {self.admin_token}"})
@@ -286,8 +348,7 @@ class ControlPlane:
             f"--authorization-kubeconfig={admin}", "--leader-elect=false", "--bind-address=127.0.0.1",
             f"--secure-port={kcm_port}", f"--tls-cert-file={self.pki / 'serving.crt'}",
             f"--tls-private-key-file={self.pki / 'serving.key'}",
-            "--controllers=garbage-collector-controller,job-controller,serviceaccount-token-controller,"
-            "serviceaccount-controller,namespace-controller",
+            f"--controllers={','.join(controllers)}",
             f"--service-account-private-key-file={self.pki / 'sa.key'}", f"--root-ca-file={self.pki / 'ca.crt'}",
             "--profiling=false", "--v=1",
         ], self.root / "kube-controller-manager.log"))
@@ -338,11 +399,13 @@ class ControlPlane:
 
     # --- clients
 
-    def kubeconfig(self, where: Path, token: str | None = None, namespace: str = "default") -> Path:
-        """A kubeconfig for the admin, or for whoever holds `token` (a ServiceAccount's)."""
+    def kubeconfig(self, where: Path, token: str | None = None, namespace: str = "default",
+                   server: str | None = None) -> Path:
+        """A kubeconfig for the admin, or for whoever holds `token` (a ServiceAccount's), at `server` (default: the
+        server's loopback address)."""
         where.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "testbed",
-            "clusters": [{"name": "testbed", "cluster": {"server": self.url,
+            "clusters": [{"name": "testbed", "cluster": {"server": server or self.url,
                                                           "certificate-authority": str(self.pki / "ca.crt")}}],
             "users": [{"name": "user", "user": {"token": token or self.admin_token}}],
             "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": "user",
@@ -429,9 +492,12 @@ class ControlPlane:
         _raise(r)
         return r.json()
 
-    def delete(self, res: Resource, ns: str, name: str, propagation: str = "Background") -> None:
-        r = self._request("DELETE", api_path(*res, ns or None, name),
-                          json={"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation})
+    def delete(self, res: Resource, ns: str, name: str, propagation: str = "Background",
+               grace_seconds: int | None = None) -> None:
+        options: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        r = self._request("DELETE", api_path(*res, ns or None, name), json=options)
         if r.status_code != 404:
             _raise(r)
 
@@ -460,8 +526,8 @@ def _raise(r: httpx.Response) -> None:
 
 
 @contextmanager
-def running_control_plane(root: Path) -> Iterator[ControlPlane]:
-    cp = ControlPlane(root)
+def running_control_plane(root: Path, node: str | None = None) -> Iterator[ControlPlane]:
+    cp = ControlPlane(root, node)
     try:
         cp.start()
         yield cp
