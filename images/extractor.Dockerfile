@@ -1,16 +1,51 @@
-# The extraction image (spec.extraction.image): `eyrie extract` in GPU pods, SGLang prefill-only.
-# Base: the official SGLang image (CUDA 13, Python 3.12) of the version the `sglang` extra pins (pyproject.toml).
-# Build from the repository root:  docker build -f images/extractor.Dockerfile -t ghcr.io/eyrie-dev/eyrie-extractor:0.1.0 .
+# The extraction image (spec.extraction.image): `eyrie extract` in the extraction Job's pods.
+# Two variants of one eyrie wheel, one entry point:
+#   the default target, for GPU pods (SGLang prefill-only): the official SGLang image (CUDA 13, Python 3.12) of the
+#   version the `sglang` extra pins (pyproject.toml);
+#     docker build -f images/extractor.Dockerfile -t ghcr.io/eyrie-dev/eyrie-extractor:0.1.0 .
+#   `--target cpu`, for CPU pods (extraction.engine: transformers): Python 3.11 with torch's CPU build;
+#     docker build -f images/extractor.Dockerfile --target cpu -t ghcr.io/eyrie-dev/eyrie-extractor:0.1.0-cpu .
+# Build from the repository root.
 
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23-cu130
+# the wheel stage's and the CPU variant's base
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
-FROM ${SGLANG_IMAGE} AS wheel
+# --- the repository's wheel, for both variants (the COPYs below fail if its version is not EYRIE_VERSION)
+FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY jobs ./jobs
 COPY operator ./operator
-RUN python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+# -P: the working directory is not put on sys.path, or /src/operator would shadow the standard library's operator
+RUN python -P -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
+# --- CPU variant (--target cpu): the transformers backend
+FROM ${PYTHON_IMAGE} AS cpu
+ARG EYRIE_VERSION=0.1.0
+ARG TORCH_VERSION=2.13.0
+# torch's CPU build; empty: pip's default index, whose Linux torch is the CUDA build (several GB more)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+LABEL org.opencontainers.image.title="eyrie-extractor" \
+      org.opencontainers.image.version="${EYRIE_VERSION}" \
+      org.opencontainers.image.description="eyrie[jobs] with torch ${TORCH_VERSION}: hidden-state extraction on CPU (transformers backend)"
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/home/eyrie \
+    HF_HOME=/home/eyrie/.cache/huggingface
+COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}" \
+    && python -m pip install --no-cache-dir "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
+    && rm -rf /tmp/wheels \
+    && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \
+    && groupadd --gid 10001 eyrie \
+    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eyrie --shell /usr/sbin/nologin eyrie
+USER 10001:10001
+WORKDIR /home/eyrie
+ENTRYPOINT []
+CMD ["eyrie", "extract", "--help"]
+
+# --- GPU variant (the default target): SGLang's image
 FROM ${SGLANG_IMAGE}
 ARG EYRIE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.23

@@ -10,7 +10,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY jobs ./jobs
 COPY operator ./operator
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+# -P: the working directory is not put on sys.path, or /src/operator would shadow the standard library's operator
+RUN python -P -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 # --- runtime
 FROM ${PYTHON_IMAGE}

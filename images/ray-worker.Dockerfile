@@ -1,6 +1,8 @@
 # The Ray image of a generation RayJob (spec.generation.ray.image): head and workers run eyrie's
 # generation job. Base: the official Ray image for the Ray version eyrie is tested with, Python 3.11.
 # Build from the repository root:  docker build -f images/ray-worker.Dockerfile -t ghcr.io/eyrie-dev/eyrie-ray-worker:0.1.0 .
+# RAY_IMAGE may instead be a plain Python 3.11 image (hack/images.sh passes a Debian one): the user ray is then
+# created here and Ray itself comes with eyrie[jobs], pinned to RAY_VERSION.
 
 ARG RAY_IMAGE=rayproject/ray:2.60.0-py311
 
@@ -11,23 +13,32 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY jobs ./jobs
 COPY operator ./operator
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+# -P: the working directory is not put on sys.path, or /src/operator would shadow the standard library's operator
+RUN python -P -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 
 FROM ${RAY_IMAGE}
 ARG EYRIE_VERSION=0.1.0
 ARG RAY_VERSION=2.60.0
 ARG TORCH_VERSION=2.13.0
+# torch's CPU build; empty: pip's default index, whose Linux torch is the CUDA build (several GB more)
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 LABEL org.opencontainers.image.title="eyrie-ray-worker" \
       org.opencontainers.image.version="${EYRIE_VERSION}" \
       org.opencontainers.image.description="Ray ${RAY_VERSION} with eyrie: the generation job's head and workers"
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1
-# the base image's user (uid 1000), never root
-USER ray
-RUN python -m pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
-COPY --from=wheel --chown=1000:100 /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-# the constraint keeps the image's Ray: driver and workers must run the same Ray version
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/home/ray
+# installed as root: the official image's Python belongs to ray, a plain base's to root
+USER root
+# the official image's user (uid 1000, group users); a plain Python base gets the same one
+RUN id -u ray >/dev/null 2>&1 || useradd --uid 1000 --gid 100 --create-home --home-dir /home/ray --shell /bin/bash ray
+RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
+COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+# the constraint keeps the image's Ray (or installs exactly it): driver and workers must run the same Ray version
 RUN echo "ray==${RAY_VERSION}" > /tmp/ray-constraint.txt \
     && python -m pip install --no-cache-dir --constraint /tmp/ray-constraint.txt \
          "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
     && rm -rf /tmp/wheels /tmp/ray-constraint.txt \
     && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v; r = m.version('ray'); assert r == '${RAY_VERSION}', r"
+# numeric, so that a pod's runAsNonRoot can check it
+USER 1000:100
+WORKDIR /home/ray

@@ -1,11 +1,14 @@
-"""The Dockerfiles under images/: they cannot be built here (no Docker engine), so what can be checked
-statically is: each parses, pins its base by tag, runs as non-root, installs the wheel of the version
-the chart names, and its wheel stage (same COPYs, same pip command) really produces that wheel.
+"""The Dockerfiles under images/, read statically: each parses, pins its bases by tag, runs as a numeric non-root
+user, installs the wheel of the version the chart names, its wheel stage (same COPYs, same pip command, run here)
+really produces that wheel, and the extractor's two variants (GPU: SGLang's image; CPU: --target cpu) install the
+same wheel with the same entry point. hack/images.sh builds them with buildah (tests/test_image_archives.py runs what
+it built); the GPU extractor cannot be built here (its base is SGLang's CUDA image), hence the static checks.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -41,9 +44,30 @@ def parse(name: str) -> DockerfileParser:
     return DockerfileParser(path=str(IMAGES / f"{name}.Dockerfile"))
 
 
-def final_stage(df: DockerfileParser) -> list[dict[str, Any]]:
+def stages(df: DockerfileParser) -> dict[str, list[dict[str, Any]]]:
+    """Each stage's instructions, by its `AS` name ("" for the unnamed final stage)."""
     froms = [i for i, s in enumerate(df.structure) if s["instruction"] == "FROM"]
-    return df.structure[froms[-1]:]
+    out = {}
+    for start, end in zip(froms, [*froms[1:], len(df.structure)], strict=True):
+        words = df.structure[start]["value"].split()
+        out[words[2] if len(words) == 3 and words[1].upper() == "AS" else ""] = df.structure[start:end]
+    return out
+
+
+def final_stage(df: DockerfileParser) -> list[dict[str, Any]]:
+    return list(stages(df).values())[-1]
+
+
+def stage_args(stage: list[dict[str, Any]]) -> dict[str, str]:
+    """A stage's ARG defaults (an ARG is scoped to the stage that declares it)."""
+    pairs = [s["value"].split("=", 1) for s in stage if s["instruction"] == "ARG" and "=" in s["value"]]
+    return {k: v.strip('"') for k, v in pairs}
+
+
+def runtime_stages(name: str) -> dict[str, list[dict[str, Any]]]:
+    """The stages that become an image: those that install the wheel stage's wheel."""
+    return {k: v for k, v in stages(parse(name)).items()
+            if any(s["instruction"] == "COPY" and s["value"].startswith("--from=wheel ") for s in v)}
 
 
 def expand(text: str, args: dict[str, str]) -> str:
@@ -88,33 +112,89 @@ def test_ray_worker_base_matches_the_ray_we_depend_on():
 def test_extractor_base_matches_the_sglang_extra_pin():
     sglang = exact(pin("sglang", PYPROJECT["project"]["optional-dependencies"]["sglang"]))
     df = parse("extractor")
-    [base] = set(df.parent_images)
-    assert base.startswith(f"lmsysorg/sglang:v{sglang}-")
+    [gpu_from] = [s["value"] for s in final_stage(df) if s["instruction"] == "FROM"]
+    assert gpu_from == "${SGLANG_IMAGE}", "the default (last) stage is the GPU variant, FROM SGLang's image"
+    assert {i for i in df.parent_images if i.startswith("lmsysorg/sglang:")} == {f"lmsysorg/sglang:v{sglang}-cu130"}
     assert df.args["SGLANG_VERSION"] == sglang
 
 
+def test_extractor_cpu_variant_is_python_311_slim_with_torchs_cpu_build():
+    cpu = stages(parse("extractor"))["cpu"]
+    assert cpu[0]["value"] == "${PYTHON_IMAGE} AS cpu"
+    args = stage_args(cpu)
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    torch_pin = Requirement(f"torch=={args['TORCH_VERSION']}")
+    jobs = PYPROJECT["project"]["optional-dependencies"]["jobs"]
+    assert Version(args["TORCH_VERSION"]) in pin("torch", jobs).specifier
+    [install] = [s["value"] for s in cpu if s["instruction"] == "RUN" and "pip install" in s["value"]]
+    assert f'"{torch_pin.name}==${{TORCH_VERSION}}"' in install
+    assert '${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}' in install
+
+
 @pytest.mark.parametrize("name", sorted(IMAGE_VALUES))
-def test_final_stage_runs_as_non_root(name):
-    users = [s["value"].strip() for s in final_stage(parse(name)) if s["instruction"] == "USER"]
-    assert users, f"{name}: the final stage sets no USER (it would run as the base image's user)"
-    user = users[-1].split(":")[0]
-    assert user not in ("root", "0"), f"{name}: runs as root"
+def test_every_image_runs_as_a_numeric_non_root_user(name):
+    """Numeric, so that a pod's runAsNonRoot can be checked by the kubelet (a user name cannot be)."""
+    for stage_name, stage in runtime_stages(name).items():
+        users = [s["value"].strip() for s in stage if s["instruction"] == "USER"]
+        assert users, f"{name} {stage_name}: the stage sets no USER (it would run as the base image's user)"
+        uid, _, gid = users[-1].partition(":")
+        assert uid.isdigit() and gid.isdigit(), f"{name} {stage_name}: USER {users[-1]} is not uid:gid"
+        assert int(uid) != 0, f"{name} {stage_name}: runs as root"
+
+
+def wheel_installs(name: str) -> dict[str, str]:
+    """Each runtime stage's one `pip install` of the wheel, its ARGs expanded."""
+    out = {}
+    for stage_name, stage in runtime_stages(name).items():
+        args = stage_args(stage)
+        assert args["EYRIE_VERSION"] == CHART["appVersion"] == VERSION, f"{name} {stage_name}"
+        copies = [expand(s["value"], args) for s in stage if s["instruction"] == "COPY" and WHEEL in
+                  expand(s["value"], args)]
+        assert len(copies) == 1 and copies[0].startswith("--from=wheel ") and copies[0].endswith(
+            f"/dist/{WHEEL} /tmp/wheels/"), f"{name} {stage_name}: no COPY of the wheel stage's wheel"
+        runs = [expand(s["value"], args) for s in stage if s["instruction"] == "RUN"]
+        installs = [r for r in runs if re.search(rf"pip install[^&]*/tmp/wheels/{re.escape(WHEEL)}(\[[a-z,]+\])?\"", r)]
+        assert len(installs) == 1, f"{name} {stage_name}: one pip install of {WHEEL} expected"
+        out[stage_name] = installs[0]
+    return out
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_VALUES))
 def test_installs_the_wheel_of_the_charts_version(name):
-    df = parse(name)
-    assert df.args["EYRIE_VERSION"] == CHART["appVersion"] == VERSION
-    stage = final_stage(df)
-    copies = [expand(s["value"], df.args) for s in stage if s["instruction"] == "COPY" and WHEEL in
-              expand(s["value"], df.args)]
-    assert len(copies) == 1 and copies[0].startswith("--from=wheel "), f"{name}: no COPY of the wheel stage's wheel"
-    runs = [expand(s["value"], df.args) for s in stage if s["instruction"] == "RUN"]
-    installs = [r for r in runs if re.search(rf"pip install[^&]*/tmp/wheels/{re.escape(WHEEL)}(\[[a-z,]+\])?\"", r)]
-    assert len(installs) == 1, f"{name}: one pip install of {WHEEL} expected"
-    # the build asserts the installed distribution's version, so a mismatch fails the build
-    assert f"m.version('eyrie'); assert v == '{VERSION}'" in installs[0]
-    assert df.labels["org.opencontainers.image.version"] == VERSION
+    installs = wheel_installs(name)
+    assert installs
+    for stage_name, install in installs.items():
+        # the build asserts the installed distribution's version, so a mismatch fails the build
+        assert f"m.version('eyrie'); assert v == '{VERSION}'" in install, f"{name} {stage_name}"
+    assert parse(name).labels["org.opencontainers.image.version"] == VERSION
+
+
+def test_both_extractor_variants_install_the_same_wheel_with_the_same_entry_point():
+    installs = wheel_installs("extractor")
+    assert set(installs) == {"cpu", ""}, "a CPU variant (--target cpu) and the GPU default"
+    extras = {k: re.search(rf"/tmp/wheels/{re.escape(WHEEL)}\[([a-z,]+)\]", v).group(1) for k, v in installs.items()}
+    assert extras == {"cpu": "jobs", "": "jobs,sglang"}
+
+    def entry(stage: list[dict[str, Any]]) -> dict[str, str]:
+        keep = ("USER", "WORKDIR", "ENTRYPOINT", "CMD")
+        return {s["instruction"]: s["value"] for s in stage if s["instruction"] in keep}
+
+    cpu, gpu = stages(parse("extractor"))["cpu"], final_stage(parse("extractor"))
+    assert entry(cpu) == entry(gpu) == {"USER": "10001:10001", "WORKDIR": "/home/eyrie", "ENTRYPOINT": "[]",
+                                        "CMD": '["eyrie", "extract", "--help"]'}
+    env = [s["value"] for s in cpu if s["instruction"] == "ENV"]
+    assert env and "HF_HOME=/home/eyrie/.cache/huggingface" in env[0]
+
+
+def test_ray_worker_builds_from_the_official_ray_image_or_a_plain_python_one():
+    """The ray user (uid 1000, group users) is the official image's; on a plain Python base the stage creates it,
+    and Ray comes with eyrie[jobs] under the RAY_VERSION constraint."""
+    stage = final_stage(parse("ray-worker"))
+    runs = [s["value"] for s in stage if s["instruction"] == "RUN"]
+    assert any(r.startswith("id -u ray >/dev/null 2>&1 || useradd --uid 1000 --gid 100") for r in runs)
+    [install] = [r for r in runs if "/tmp/wheels/" in r and "pip install" in r]
+    assert '"ray==${RAY_VERSION}"' in install and "--constraint /tmp/ray-constraint.txt" in install
+    assert [s["value"] for s in stage if s["instruction"] == "USER"][-1] == "1000:100"
 
 
 def test_extractor_installs_the_sglang_extra_without_replacing_the_images_stack():
@@ -146,15 +226,37 @@ def test_build_context_ignore_lets_through_exactly_what_the_wheel_stage_copies(n
     assert "*" in ignore and sources == allowed == {"pyproject.toml", "README.md", "jobs", "operator"}
 
 
+def wheel_command(name: str) -> list[str]:
+    [run] = [s["value"] for s in stages(parse(name))["wheel"] if s["instruction"] == "RUN"]
+    return run.split()
+
+
+def test_the_wheel_stages_are_one_command():
+    assert wheel_command("operator") == wheel_command("ray-worker") == wheel_command("extractor")
+    for name in IMAGE_VALUES:
+        stage = stages(parse(name))["wheel"]
+        assert [s["value"] for s in stage if s["instruction"] == "WORKDIR"] == ["/src"]
+
+
 def test_the_wheel_stage_builds_the_wheel_the_images_install(tmp_path):
-    """Run the wheel stage's COPYs and pip command here; the images COPY exactly this file name."""
+    """Run the wheel stage's COPYs and its pip command, word for word, here, in its WORKDIR (the build context's
+    `operator/` sits there beside the standard library's `operator`); the images COPY exactly this file name."""
     for item in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / item, tmp_path / item)
     for folder in ("jobs", "operator"):
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-cache-dir", "--no-deps",
-                        "--no-build-isolation", "--wheel-dir", str(tmp_path / "dist"), str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
+    argv = wheel_command("operator")
+    assert argv[0] == "python" and argv[-1] == "."
+    # -S, with this environment's import path given explicitly: nothing (no .pth file) has imported the standard
+    # library's `operator` yet when the working directory goes on sys.path, as in the image's plain Python
+    argv = [sys.executable, "-S", *argv[1:]]
+    argv[argv.index("/dist")] = str(tmp_path / "dist")
+    path = subprocess.run([sys.executable, "-P", "-c", "import os, sys; print(os.pathsep.join(sys.path))"],
+                          cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    env = {**os.environ, "PYTHONPATH": path}
+    # offline here: setuptools from this environment instead of an isolated download of the same requirement
+    r = subprocess.run([*argv[:-1], "-q", "--no-build-isolation", "."], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [WHEEL]
     names = set(zipfile.ZipFile(tmp_path / "dist" / WHEEL).namelist())

@@ -22,7 +22,7 @@ commands:
   export FORMAT     export hidden states (e.g. `export specforge OUTPUT_URI DIR`)
   operator          run the Kubernetes operator (kopf)
 
-Run `eyrie COMMAND --help` for a command's options.
+Run `eyrie COMMAND --help` for a command's options; `eyrie --version` prints the installed version.
 """
 
 
@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         sys.exit(0 if argv else 2)
+    if argv[0] == "--version":  # the distribution's version: an image's eyrie is the chart's appVersion
+        from importlib.metadata import version
+
+        print(f"eyrie {version('eyrie')}")
+        sys.exit(0)
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         print(f"eyrie: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)

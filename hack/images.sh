@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Builds, without a Docker engine, the images the chart and the DatasetGenerations name (DESIGN §9): buildah (vfs
+# storage, chroot isolation) runs each Dockerfile under images/ unchanged but for its ARGs, FROM a Debian bookworm +
+# Python 3.11 base assembled here by mmdebstrap from Debian's packages (no container registry is reachable), into
+#   ${EYRIE_TESTBED_CACHE:-~/.cache/eyrie-testbed}/images/NAME-VERSION.oci.tar
+# each named inside as the chart names it (ghcr.io/eyrie-dev/eyrie-operator:VERSION, ...), so that
+# `ctr -n k8s.io images import FILE` gives a node the chart's default images. Also the sandbox ("pause") image a
+# containerd node needs, compiled from Kubernetes' own build/pause at the pinned version. Each archive is keyed by
+# what goes into it (this script, its Dockerfile, the files of its build context, its build arguments, the base's
+# recipe) in NAME-VERSION.oci.tar.key: a warm machine rebuilds nothing. Needs root (mmdebstrap, buildah), network
+# to Debian's archive and the Python package index, and the testbed's Go module cache (tests/cluster/build.sh).
+#   hack/images.sh [--check] [NAME...]   NAME: pause operator ray-worker extractor-cpu (default: all)
+#   --check: build nothing; list what is missing or stale, exit 1 if anything is
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=../tests/cluster/versions.env
+source tests/cluster/versions.env
+cache="${EYRIE_TESTBED_CACHE:-$HOME/.cache/eyrie-testbed}"
+out="$cache/images"
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)"
+check=0
+[[ "${1:-}" == --check ]] && { check=1; shift; }
+stale=()
+if ((!check)); then
+  [[ "$(id -u)" -eq 0 ]] || { echo "images: needs root (mmdebstrap and buildah's chroot builds)" >&2; exit 1; }
+  mkdir -p "$out"
+  exec 9>"$out/.lock"
+  flock 9  # one build at a time per cache: a second caller waits, then finds the archives built
+fi
+buildah=(nice -n 10 buildah --root "$out/storage" --runroot "$out/run" --storage-driver vfs)
+# The build machine's trust store, mounted into each RUN and never written into an image: pip inside the builds
+# then trusts what the machine trusts (an egress proxy's own CA, say).
+certs=()
+[[ -f /etc/ssl/certs/ca-certificates.crt ]] && certs=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+
+sha() { sha256sum | cut -c1-64; }
+
+fresh() {  # fresh NAME ARCHIVE KEY: whether ARCHIVE was built from KEY's inputs (with --check: note it if not)
+  [[ -f "$2" && "$(cat "$2.key" 2>/dev/null)" == "$3" ]] && return 0
+  ((check)) && { stale+=("$1 ($2)"); return 0; }
+  return 1
+}
+
+# The base: what python:3.11-slim-bookworm is (Debian bookworm's minimal set, its Python 3.11 and pip, CA
+# certificates), from Debian's own packages. EXTERNALLY-MANAGED goes: the image's Python is the image's to manage.
+base_options=(--variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
+  --customize-hook='rm -f "$1"/usr/lib/python3.11/EXTERNALLY-MANAGED "$1"/etc/resolv.conf "$1"/etc/hostname'
+  --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*')
+base_sources=("deb http://deb.debian.org/debian bookworm main"
+  "deb http://deb.debian.org/debian bookworm-updates main"
+  "deb http://deb.debian.org/debian-security bookworm-security main")
+base_key="$(printf '%s\n' "${base_options[@]}" "${base_sources[@]}" | sha)"
+base="localhost/eyrie-testbed/python:3.11-bookworm-${base_key:0:12}"
+
+timed() {  # timed WHAT COMMAND...: runs it, logs its wall time and the load to images/build-times.log
+  local what=$1 start=$SECONDS; shift
+  "$@"
+  printf '%s %s %ss load %s\n' "$(date -u +%FT%TZ)" "$what" "$((SECONDS - start))" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/build-times.log" >&2
+}
+
+ensure_base() {  # the base image in buildah's store, assembled when missing
+  "${buildah[@]}" inspect --type image "$base" >/dev/null 2>&1 && return 0
+  echo "images: assembling the base $base with mmdebstrap (once per machine)" >&2
+  local tmp c; tmp="$(mktemp -d)"
+  timed "base mmdebstrap" nice -n 10 mmdebstrap --quiet "${base_options[@]}" bookworm "$tmp/rootfs.tar" "${base_sources[@]}"
+  c="$("${buildah[@]}" from scratch)"
+  "${buildah[@]}" add "$c" "$tmp/rootfs.tar" / >/dev/null
+  "${buildah[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd '["python3"]' --label org.opencontainers.image.title=eyrie-testbed-python \
+    --label org.opencontainers.image.description="Debian bookworm, its Python 3.11 and pip (mmdebstrap)" "$c"
+  "${buildah[@]}" commit --quiet --rm "$c" "$base" >/dev/null
+  rm -rf "$tmp"
+}
+
+# The files of a Dockerfile's build context: what its .dockerignore lets through (only `!` lines after `*`).
+context_files() {
+  local ignore=$1 paths
+  mapfile -t paths < <(sed -n 's:^!\(.*[^/]\)/*$:\1:p' "$ignore")
+  find "${paths[@]}" -type f ! -path '*/__pycache__/*' | LC_ALL=C sort
+}
+
+# build NAME REF DOCKERFILE [BUILD ARGS...]: the Dockerfile built from the repository root into NAME-VERSION.oci.tar
+build() {
+  local name=$1 ref=$2 file=$3; shift 3
+  local archive="$out/$name-$version.oci.tar" ignore="$file.dockerignore" files key
+  mapfile -t files < <(context_files "$ignore")
+  key="$({ printf '%s\n' "$ref" "$base" "$@"; sha256sum hack/images.sh "$file" "$ignore" "${files[@]}"; } | sha)"
+  fresh "$name" "$archive" "$key" && return 0
+  ensure_base
+  echo "images: building $name ($ref) from $file" >&2
+  timed "$name build" "${buildah[@]}" bud --quiet --isolation chroot --pull-never --layers=false \
+    -f "$file" --ignorefile "$ignore" "${certs[@]}" -t "$ref" "$@" . >/dev/null
+  publish "$name" "$ref" "$archive" "$key"
+}
+
+publish() {  # publish NAME REF ARCHIVE KEY: the image from the store into its archive (atomically), then out of the store
+  local name=$1 ref=$2 archive=$3 key=$4
+  rm -f "$archive.tmp"
+  timed "$name push" "${buildah[@]}" push --quiet "$ref" "oci-archive:$archive.tmp:$ref"
+  mv "$archive.tmp" "$archive"
+  echo "$key" >"$archive.key"
+  "${buildah[@]}" rmi "$ref" >/dev/null
+  echo "images: $archive ($(du -h "$archive" | cut -f1))" >&2
+}
+
+# The pause image, from Kubernetes' own source and Dockerfile at the pinned version (what registry.k8s.io serves).
+pause() {
+  local src="$cache/go/mod/k8s.io/kubernetes@$KUBERNETES/build/pause"
+  [[ -d "$src" ]] || GOMODCACHE="$cache/go/mod" GOFLAGS=-mod=mod GOTOOLCHAIN=local \
+    go mod download "k8s.io/kubernetes@$KUBERNETES"
+  local tag arch ref archive key
+  tag="$(sed -n 's/^TAG ?= //p' "$src/Makefile")"
+  arch="$(dpkg --print-architecture)"
+  ref="registry.k8s.io/pause:$tag"
+  archive="$out/pause-$tag.oci.tar"
+  key="$({ printf '%s\n' "$ref" "$arch"; gcc --version | head -1; sha256sum hack/images.sh
+    cat "$src/Dockerfile" "$src/linux/pause.c" | sha; } | sha)"
+  fresh pause "$archive" "$key" && return 0
+  echo "images: building $ref from $src" >&2
+  local ctx; ctx="$(mktemp -d)"
+  mkdir "$ctx/bin"
+  cp "$src/Dockerfile" "$ctx/"
+  # the Makefile's flags: -Os -Wall -Werror -static, the version string pause -v prints
+  gcc -Os -Wall -Werror -static -DVERSION="v$tag-$KUBERNETES" -o "$ctx/bin/pause-linux-$arch" "$src/linux/pause.c"
+  timed "pause build" "${buildah[@]}" bud --quiet --isolation chroot --layers=false --build-arg BASE=scratch \
+    --build-arg ARCH="$arch" -t "$ref" "$ctx" >/dev/null
+  rm -rf "$ctx"
+  publish pause "$ref" "$archive" "$key"
+}
+
+all=(pause operator ray-worker extractor-cpu)
+names=("$@")
+((${#names[@]})) || names=("${all[@]}")
+for name in "${names[@]}"; do
+  case "$name" in
+    pause) pause ;;
+    operator) build operator "ghcr.io/eyrie-dev/eyrie-operator:$version" images/operator.Dockerfile \
+      --build-arg PYTHON_IMAGE="$base" ;;
+    # TORCH_INDEX_URL empty: pip's default index (the CPU index is not reachable here), so torch is its CUDA build
+    ray-worker) build ray-worker "ghcr.io/eyrie-dev/eyrie-ray-worker:$version" images/ray-worker.Dockerfile \
+      --build-arg RAY_IMAGE="$base" --build-arg TORCH_INDEX_URL= ;;
+    extractor-cpu) build extractor-cpu "ghcr.io/eyrie-dev/eyrie-extractor:$version-cpu" images/extractor.Dockerfile \
+      --target cpu --build-arg PYTHON_IMAGE="$base" --build-arg TORCH_INDEX_URL= ;;
+    *) echo "images: unknown image $name (one of: ${all[*]})" >&2; exit 2 ;;
+  esac
+done
+if ((check)); then
+  ((${#stale[@]} == 0)) || { printf 'images: missing or stale (run hack/images.sh): %s\n' "${stale[@]}" >&2; exit 1; }
+fi
