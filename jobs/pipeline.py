@@ -56,11 +56,11 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
         notify(f"warning: {TEXT_MODE_WARNING}")
     with ExitStack() as stack:
         base_url = stack.enter_context(provider(spec))
-        if spec.tools.mode == "audit" and not store.exists(layout.AUDIT):
+        if spec.tools.mode == "audit":
             from eyrie.jobs.generate.audit import AuditError, run_audit
 
             try:
-                doc = run_audit(dg, spec.tools.gate.canary_samples, ctx, base_url)
+                doc = run_audit(dg, spec.tools.gate.canary_samples, ctx, base_url)  # reuses what it has
                 if on_audit is not None:
                     on_audit(doc)
             except AuditError as e:

@@ -269,7 +269,8 @@ def _raw_rows(source: SourceSpec, endpoint: str | None, mark: Mark = START) -> I
         yield from _lines(stream, mark.row if seekable else 0)
 
 
-def _decode_line(line: bytes) -> Any:
+def decode_line(line: bytes) -> Any:
+    """One JSONL line decoded, or a ValueError (not raised) naming what is wrong with it."""
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError as e:
@@ -637,7 +638,6 @@ def iter_source(source: SourceSpec, endpoint: str | None = None, *, whole: bool 
     The S3 endpoint defaults to EYRIE_S3_ENDPOINT (see `store.open_store`). Raises SourceError when
     the file cannot be opened or is corrupt as a whole.
     """
-    parse = _FORMATS[source.format]
     if source.limit is not None:
         stop = source.limit if stop is None else min(stop, source.limit)
     mark = index.mark_for(start) if index is not None else START
@@ -648,17 +648,23 @@ def iter_source(source: SourceSpec, endpoint: str | None = None, *, whole: bool 
         taken += 1
         if taken <= start:
             continue
-        try:
-            if isinstance(raw, bytes):
-                raw = _decode_line(raw)  # error positions within the line
-            if isinstance(raw, _RowError):
-                raise raw
-            if not isinstance(raw, dict):
-                raise _RowError(f"row is a JSON {json_type_name(raw)}, not an object")
-            if json_depth(raw, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
-                raise _RowError(f"row nests deeper than {MAX_ROW_DEPTH} levels")
-            messages, tools = parse(raw, whole)
-        except _RowError as e:
-            yield BadRow(source.name, i, str(e))
-            continue
-        yield Prompt(source.name, i, messages, tools, source.format)
+        if isinstance(raw, bytes):
+            raw = decode_line(raw)  # error positions within the line
+        yield prompt_from_row(source.name, source.format, i, raw, whole=whole)
+
+
+def prompt_from_row(source: str, fmt: str, row: int, raw: Any, *, whole: bool = False) -> Prompt | BadRow:
+    """One decoded row of a dataset in format `fmt` (openai, sharegpt, glaive) as a Prompt, or a
+    BadRow saying what is wrong: the one reading of each format, for sources and for any other file
+    that holds such rows (`eyrie audit --from`)."""
+    try:
+        if isinstance(raw, _RowError):
+            raise raw
+        if not isinstance(raw, dict):
+            raise _RowError(f"row is a JSON {json_type_name(raw)}, not an object")
+        if json_depth(raw, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
+            raise _RowError(f"row nests deeper than {MAX_ROW_DEPTH} levels")
+        messages, tools = _FORMATS[fmt](raw, whole)
+    except _RowError as e:
+        return BadRow(source, row, str(e))
+    return Prompt(source, row, messages, tools, fmt)

@@ -270,6 +270,46 @@ class S3Store:
         self.delete(probe)
 
 
+class PrefixedStore:
+    """The part of a store under one folder, seen as a store of its own: code written for a run's
+    output (the journal, parts, `records.iter_records`) works unchanged on a sub-tree of it, such as
+    the audit's answers (`contract/audit.py`)."""
+
+    def __init__(self, inner: Store, prefix: str):
+        self.inner = inner
+        self.prefix = _clean_key(prefix.strip("/")) + "/"
+        self.uri = inner.url(self.prefix.rstrip("/"))
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(self.prefix + key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.inner.get(self.prefix + key)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self.inner.get_range(self.prefix + key, offset, length)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(self.prefix + key)
+
+    def size(self, key: str) -> int:
+        return self.inner.size(self.prefix + key)
+
+    def list(self, prefix: str = "") -> list[str]:
+        n = len(self.prefix)
+        inside = (self.prefix + prefix.strip("/")).rstrip("/")
+        return [k[n:] for k in self.inner.list(inside) if k.startswith(self.prefix)]
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self.prefix + key)
+
+    def url(self, key: str) -> str:
+        return self.inner.url(self.prefix + key)
+
+    def check_writable(self) -> None:
+        self.inner.check_writable()
+
+
 def s3_credentials_from_env() -> S3Credentials | None:
     ak, sk = os.environ.get("EYRIE_S3_ACCESS_KEY"), os.environ.get("EYRIE_S3_SECRET_KEY")
     return S3Credentials(ak, sk) if ak and sk else None

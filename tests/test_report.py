@@ -205,7 +205,7 @@ def test_sections_without_data_are_left_out(tmp_path):
 def test_report_cli_refuses_a_folder_that_is_no_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
-    assert r.returncode == 2 and "no progress.json or manifest.json" in r.stderr
+    assert r.returncode == 2 and "no progress.json, manifest.json or audit.json" in r.stderr
 
 
 # ------------------------------------------------------------------------------- in a browser

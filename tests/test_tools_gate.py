@@ -1,12 +1,10 @@
-"""The drift gate (canary then sliding window), its metrics, and the audit summary."""
+"""The drift gate (canary then sliding window) and its metrics."""
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from eyrie.jobs.spec import GateSpec
 from eyrie.jobs.tools.checks import ResponseCheck
-from eyrie.jobs.tools.gate import DriftStop, ToolGate, summarize_mode
+from eyrie.jobs.tools.gate import DriftStop, ToolGate
 from eyrie.jobs.tools.validation import CallVerdict
 
 GOOD = (True, True, 0, 1, False)  # declared, called, invalid_calls, calls, leaked
@@ -111,18 +109,3 @@ def test_gate_stops_once_and_observe_is_constant_time_per_answer():
     stops = feed(g, [SILENT] * 100_000)
     assert [n for n, _ in stops] == [200]
     assert len(g._recent) == 200 and g.window.answers == 200
-
-
-def test_summarize_mode():
-    v = CallVerdict
-    checks = [ResponseCheck(True, [v(0, "a", True, [])], {}),
-              ResponseCheck(True, [v(0, "a", False, []), v(1, "b", True, [])], {}),
-              ResponseCheck(True, [], {"content": ["<|tool_call_begin|>"]}),
-              ResponseCheck(False, [], {})]
-    s = summarize_mode(checks, ["0.0012", Decimal("0.003"), 0.0005, None], [100, 200, 301, None])
-    assert s == {"answers": 4, "declaredPrompts": 3, "callRate": 0.666667, "calls": 3, "invalidCalls": 1,
-                 "invalidRate": 0.333333, "leaks": 1, "leakRate": 0.25, "meanOutputTokens": 200.33,
-                 "costUSD": "0.0047"}
-    assert summarize_mode([], [], []) == {"answers": 0, "declaredPrompts": 0, "callRate": 0.0, "calls": 0,
-                                          "invalidCalls": 0, "invalidRate": 0.0, "leaks": 0, "leakRate": 0.0,
-                                          "meanOutputTokens": 0.0, "costUSD": "0"}

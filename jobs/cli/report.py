@@ -22,8 +22,8 @@ def report_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     store = open_store(args.output, args.endpoint)
     data = collect(store)
-    if data.progress is None and data.manifest is None:
-        raise InputError(f"{store.uri}: no progress.json or manifest.json there; is this a run's output?")
+    if data.progress is None and data.manifest is None and data.audit is None:
+        raise InputError(f"{store.uri}: no progress.json, manifest.json or audit.json there; is this a run's output?")
     print_report(data, Console())
     if args.html:
         from eyrie.jobs.report.html import render

@@ -79,7 +79,7 @@ def run_main(argv: list[str]) -> int:
     with ProgressBar(show) as bar:
         outcome, message = run_stages(dg, ctx, args.until, inline=inline, on_progress=bar.update,
                                       notify=lambda msg: err.print(f"eyrie: {msg}", markup=False),
-                                      on_audit=print_table if show else None)
+                                      on_audit=lambda doc: print_audit(doc, err))
     store = open_output(dg.spec)
     prog = read_progress(store) or {}
     s = prog.get("samples", {})
@@ -135,32 +135,77 @@ def crd_main(argv: list[str]) -> int:
     return 0
 
 
-def print_table(doc: dict[str, Any]) -> None:
-    from eyrie.jobs.report.terminal import audit_table
+def print_audit(doc: dict[str, Any], console: Console | None = None) -> None:
+    """The audit's verdict and tables; whole tables, not 80-column ones, when not on a terminal."""
+    from eyrie.jobs.report.terminal import audit_renderables
 
-    Console().print(audit_table(doc))
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(file=console.file, width=160)
+    for r in audit_renderables(doc):
+        console.print(r)
+
+
+AUDIT_EPILOG = """
+examples:
+  eyrie audit SPEC                      50 tool-declaring prompts, a seeded random sample, both ways
+  eyrie audit SPEC --samples 200        the same 50 again (reused: not paid twice) and 150 more
+  eyrie audit SPEC --from answers.jsonl answers you already have: checked and counted, nothing sent
+  eyrie audit SPEC --from answers.jsonl --rerun 40
+                                        and the other tools mode bought for 40 of their prompts
+
+Answers are kept under the output (audit/answers/); an audit with the same prompts and the same model,
+sampling and provider settings reuses them. Results: <output>/audit.json (the history of every audit).
+"""
 
 
 def audit_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="eyrie audit", description="The same tool-declaring prompts sent with "
-                                 "tools as text and as the API's `tools`, side by side.")
-    ap.add_argument("spec")
-    ap.add_argument("--samples", type=int, default=50, help="tool-declaring prompts to send both ways")
-    args = ap.parse_args(argv)
-    if args.samples < 1:
-        print("eyrie audit: --samples must be at least 1", file=sys.stderr)
-        return 2
-    dg = load_spec(args.spec)
-    from eyrie.jobs.generate.audit import AuditError, run_audit
+    from eyrie.jobs.generate.audit import DEFAULT_SAMPLES, DEFAULT_SEED, AuditError, run_audit, run_audit_from
 
+    ap = argparse.ArgumentParser(
+        prog="eyrie audit", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=AUDIT_EPILOG,
+        description="The same tool-declaring prompts sent with tools as text (in the system prompt) and as "
+                    "the API's `tools`, side by side: call rates, validity, formats, agreement and cost, each "
+                    "with its 95% interval, and a verdict in words.")
+    ap.add_argument("spec", nargs="?", help="the DatasetGeneration spec (optional with --from: without it "
+                    "nothing is written and answers without usage.cost are not priced)")
+    ap.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
+                    help="tool-declaring prompts to send both ways: a random sample of them, seeded "
+                         "(default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                    help="seed of the random sample (default: %(default)s); the same seed keeps the same prompts")
+    ap.add_argument("--from", dest="from_file", metavar="FILE",
+                    help="analyse answers already bought: JSONL(.gz) of request/response rows, or dataset rows "
+                         "with the provider's content, reasoning and usage (docs/operating.md); sends nothing")
+    ap.add_argument("--rerun", type=int, default=0, metavar="N",
+                    help="with --from: buy the other tools mode for N of the file's prompts (a seeded sample), "
+                         "under the spec's budget")
+    args = ap.parse_args(argv)
+    if args.samples < 1 or args.rerun < 0:
+        print("eyrie audit: --samples must be at least 1 and --rerun at least 0", file=sys.stderr)
+        return 2
+    if args.spec is None and args.from_file is None:
+        ap.error("a SPEC is needed (or --from FILE)")
+    if args.rerun and args.from_file is None:
+        ap.error("--rerun goes with --from")
+    dg = load_spec(args.spec) if args.spec else None
     try:
-        with provider(dg.spec) as base_url:
-            doc = run_audit(dg, args.samples, RunContext.from_env(), base_url)
+        if args.from_file is not None:
+            if args.rerun:
+                with provider(dg.spec) as base_url:
+                    doc = run_audit_from(args.from_file, dg, RunContext.from_env(), base_url, args.rerun, args.seed)
+            else:  # nothing is sent: no provider is started or called
+                doc = run_audit_from(args.from_file, dg, RunContext.from_env(), None, 0, args.seed)
+        else:
+            with provider(dg.spec) as base_url:
+                doc = run_audit(dg, args.samples, RunContext.from_env(), base_url, args.seed)
     except AuditError as e:
         print(f"eyrie audit: {e}", file=sys.stderr)
         return 2
-    print_table(doc)
-    print(f"spent ${doc['spentUSD']}; written to {open_output(dg.spec).url(layout.AUDIT)}", file=sys.stderr)
+    print_audit(doc)
+    where = f"; written to {open_output(dg.spec).url(layout.AUDIT)}" if dg is not None else ""
+    print(f"spent ${doc['spentUSD']} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
+          file=sys.stderr)
     if doc["outcome"] != Outcome.DONE:
         print(f"stopped early: {doc['message']}", file=sys.stderr)
         return 3

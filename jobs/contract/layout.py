@@ -14,6 +14,8 @@ import orjson
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"
 AUDIT = "audit.json"
+AUDIT_ANSWERS = "audit/answers"  # what `eyrie audit` bought: one folder per settings fingerprint
+AUDIT_SHARDS = {"text": 0, "structured": 1}  # the audit's answers of each tools mode, as a shard
 BUDGET = "budget.json"  # the persisted upper bound of what may have been paid (see coordinator)
 GENERATIONS = "generations"
 PLAN = "generations/plan.json"  # the shards' row ranges, kept by every attempt (generate/plan.py)
@@ -27,6 +29,8 @@ FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parque
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
 _JOURNAL_RE = re.compile(r"^generations/shard-(\d{5})/journal/([0-9a-f]{8})-(\d{8})\.jsonl\.gz$")
+_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
+_AUDIT_RE = re.compile(r"^audit/answers/([0-9a-f]{16})/")
 _SAMPLES_RE = re.compile(r"^samples/shard-(\d{5})\.parquet$")
 
 
@@ -46,6 +50,24 @@ def journal_key(shard: int, writer: str, seq: int) -> str:
     """One group commit of a shard's answers (`writer`: 8 hex digits naming the worker instance,
     `seq`: its commit number); compacted into parts when the shard ends (records.compact_shard)."""
     return f"{journal_prefix(shard)}/{writer}-{seq:08d}.jsonl.gz"
+
+
+def audit_answers_prefix(fingerprint: str) -> str:
+    """The folder of one audit answer set: a store of its own (`store.PrefixedStore`) laid out like a
+    run's output (`generations/shard-NNNNN/...`, one shard per tools mode, `AUDIT_SHARDS`), plus
+    `settings.json`, the settings the fingerprint hashes (model, sampling, provider)."""
+    if not _FINGERPRINT_RE.match(fingerprint):
+        raise ValueError(f"not an audit fingerprint: {fingerprint!r}")
+    return f"{AUDIT_ANSWERS}/{fingerprint}"
+
+
+AUDIT_SETTINGS = "settings.json"  # inside an answer set's folder
+
+
+def parse_audit_answers_key(key: str) -> str | None:
+    """The fingerprint of the answer set a key belongs to (None for any other key)."""
+    m = _AUDIT_RE.match(key)
+    return m.group(1) if m else None
 
 
 def samples_key(shard: int) -> str:

@@ -1,111 +1,539 @@
 """`eyrie audit`: the same tool-declaring prompts sent with tools as text and as the API's `tools`.
 
 This is the measurement the project exists for: does the model call tools as often, as validly and
-as cleanly when they are only described in the system prompt as when they are declared natively?
-It costs a few dollars, is paid from the spec's budget, and is recorded in `<output>/audit.json`.
+in the same way when they are only described in the system prompt as when they are declared
+natively, and what does the difference cost at the size of the whole dataset? The figures and the
+verdict come from `tools/audit_stats.py`; this module picks the prompts, buys the answers once and
+keeps them.
+
+What it promises:
+- **Paid once.** Every answer is durable in the store (`audit/answers/<fingerprint>/`, laid out
+  like a run's generations: journal group commits, then parts) before its slot is freed. An audit
+  with the same prompts and the same settings (model, sampling, provider: the `fingerprint`) sends
+  nothing it already has; `--samples N` larger than before buys only the new prompts; a changed
+  setting is a new answer set.
+- **The same sample.** The default sample is a seeded random one of the tool-declaring prompts:
+  each prompt's priority is a hash of (seed, sample id), and the N lowest are taken, so the sample
+  of N+k holds the sample of N, whatever the order or the size of the sources.
+- **Paid from the budget.** Requests go through the run's coordinator and budget committer; what
+  the audit paid is part of the spend the next run starts from (`contract/audit.audit_spend`), and
+  of what `eyrie report` shows as spent and paid per provider, as soon as an answer is durable.
+- `--from FILE` reads answers someone already paid for (`generate/recorded.py`): the same checks
+  and figures, nothing sent; `--rerun N` buys the other mode for N of those prompts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from eyrie.jobs import sources
+from eyrie.jobs.api import reported_cost
 from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.generate.budget import usd
-from eyrie.jobs.generate.checkpoint import BudgetCommitter, previous_audit_spend, read_checkpoint
+from eyrie.jobs.generate.budget import Pricing, actual_cost, usd
+from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import Counts, Outcome, RunCoordinator
+from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
 from eyrie.jobs.generate.preflight import preflight
+from eyrie.jobs.generate.recorded import RecordedRow, RowProblem, read_recorded
+from eyrie.jobs.generate.requests import build_body
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
-from eyrie.jobs.spec import DatasetGeneration
-from eyrie.jobs.store import open_output
-from eyrie.jobs.tools import checks, declarations
-from eyrie.jobs.tools.gate import summarize_mode
+from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
+from eyrie.jobs.store import Store, open_output
+from eyrie.jobs.tools import audit_stats, checks, declarations
 
-MODES = ("text", "structured")
+MODES = audit_stats.MODES
+DEFAULT_SAMPLES = 50
+DEFAULT_SEED = 0
+EXAMPLES = 3  # side-by-side answers kept in audit.json for the report
+MAX_PROBLEMS = 100  # malformed rows of a --from file named one by one; the rest are counted
+EXCERPT = 600  # characters of an answer shown in an example
 
 
 class AuditError(EyrieError, RuntimeError):
     """The audit could not run (no tool-declaring prompts, budget already spent)."""
 
 
-def pick_prompts(dg: DatasetGeneration, n: int) -> list[tuple[str, sources.Prompt]]:
-    """The first n prompts, in source order, that declare tools in either form."""
-    picked: list[tuple[str, sources.Prompt]] = []
+# ------------------------------------------------------------------------------ the sample
+
+
+def priority(seed: int, sample_id: str) -> int:
+    """A prompt's place in the seeded random order of the audit's sample."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()[:8], "big")
+
+
+@dataclass
+class Picked:
+    """The audit's sample, in priority order, and the dataset it is drawn from."""
+
+    prompts: list[tuple[str, sources.Prompt]]
+    declared: dict[str, frozenset[str]]  # sample id -> the function names its prompt declares
+    population: dict[str, Any]  # prompts, declaredPrompts, unparsable, bySource
+    references: dict[str, frozenset[str] | None] = field(default_factory=dict)
+
+
+class _Lowest:
+    """The n items of lowest priority seen so far (a bounded max-heap)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._heap: list[tuple[int, int, Any]] = []
+        self._i = 0
+
+    def offer(self, pri: int, item: Any) -> None:
+        self._i += 1
+        entry = (-pri, self._i, item)
+        if len(self._heap) < self.n:
+            heapq.heappush(self._heap, entry)
+        elif -self._heap[0][0] > pri:
+            heapq.heapreplace(self._heap, entry)
+
+    def items(self) -> list[Any]:
+        return [item for _p, _i, item in sorted(self._heap, key=lambda e: (-e[0], e[1]))]
+
+
+def _names(tools: Iterable[dict[str, Any]]) -> frozenset[str]:
+    return frozenset(t["function"]["name"] for t in tools)
+
+
+def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Picked:
+    """A seeded random sample of n tool-declaring prompts from the spec's sources (one streaming
+    pass, O(n) memory), with the counts the costs are projected to."""
+    lowest = _Lowest(n)
+    declared: dict[str, frozenset[str]] = {}
+    pop: dict[str, Any] = {"prompts": 0, "declaredPrompts": 0, "unparsable": 0, "bySource": {}}
     for src in dg.spec.sources:
+        counts = pop["bySource"].setdefault(src.name, {"prompts": 0, "declaredPrompts": 0})
         for item in sources.iter_source(src, dg.spec.output.endpoint):
             if isinstance(item, sources.BadRow):
                 continue
+            pop["prompts"] += 1
+            counts["prompts"] += 1
             prepared = declarations.prepare_prompt(item, "structured")
-            if isinstance(prepared, declarations.Prepared) and prepared.declared:
-                picked.append((item.sample_id(), item))
-                if len(picked) == n:
-                    return picked
+            if isinstance(prepared, declarations.Rejected):
+                pop["unparsable"] += 1
+                continue
+            if prepared.declared:
+                pop["declaredPrompts"] += 1
+                counts["declaredPrompts"] += 1
+                sid = item.sample_id()
+                lowest.offer(priority(seed, sid), (sid, item, _names(prepared.declared_tools)))
+    chosen = lowest.items()
+    for sid, _p, names in chosen:
+        declared[sid] = names
+    picked = Picked([(sid, p) for sid, p, _n in chosen], declared, pop)
+    picked.references = _references(dg, picked.prompts)
     return picked
 
 
-async def _send_all(dg: DatasetGeneration, base_url: str, api_key: str | None,
-                    prompts: list[tuple[str, sources.Prompt]],
-                    coord: RunCoordinator) -> dict[str, list[records.Record]]:
-    out: dict[str, list[records.Record]] = {}
-    for mode in MODES:
-        spec = dg.spec.model_copy(deep=True)
-        spec.tools.mode = mode
-        config = WorkerConfig(spec.model_dump_json(by_alias=True), f"audit-{mode}", "audit", base_url,
+def reference_calls(prompt_messages: list[dict[str, Any]], whole: list[dict[str, Any]]) -> frozenset[str] | None:
+    """The functions the dataset's own answer to the prompt calls (empty: it answered without a
+    call); None when the row holds no answer to it. The answer is the first assistant turn after the
+    prompt's last user turn, counted in the whole conversation."""
+    users = sum(m.get("role") == "user" for m in prompt_messages)
+    seen = 0
+    for i, m in enumerate(whole):
+        if m.get("role") == "user":
+            seen += 1
+            if seen == users:
+                nxt = whole[i + 1] if i + 1 < len(whole) else None
+                if nxt is None or nxt.get("role") != "assistant":
+                    return None
+                return frozenset(str((c.get("function") or {}).get("name")) for c in nxt.get("tool_calls") or ()
+                                 if isinstance(c, dict))
+    return None
+
+
+def _references(dg: DatasetGeneration, picked: list[tuple[str, sources.Prompt]]) -> dict[str, frozenset[str] | None]:
+    """The dataset's own answers to the picked prompts (a second pass, over the sources they come from)."""
+    want: dict[tuple[str, int], tuple[str, sources.Prompt]] = {(p.source, p.row): (sid, p) for sid, p in picked}
+    refs: dict[str, frozenset[str] | None] = {sid: None for sid, _ in picked}
+    for src in dg.spec.sources:
+        left = sum(1 for s, _r in want if s == src.name)
+        if not left:
+            continue
+        for item in sources.iter_source(src, dg.spec.output.endpoint, whole=True):
+            hit = want.get((item.source, item.row))
+            if hit is None:
+                continue
+            if isinstance(item, sources.Prompt):
+                refs[hit[0]] = reference_calls(hit[1].messages, item.messages)
+            left -= 1
+            if not left:
+                break
+    return refs
+
+
+# ------------------------------------------------------------------------ the answer set
+
+
+def audit_settings(spec: DatasetGenerationSpec) -> dict[str, Any]:
+    """What makes two audits' answers interchangeable: where they were sent and the request's
+    settings (model, sampling, reasoning, provider routing), not the prompt."""
+    body = build_body(spec, [], None)
+    body.pop("messages")
+    settings: dict[str, Any] = {"baseUrl": spec.api.base_url, "request": body}
+    if spec.api.base_url == SIMULATED:
+        settings["simulator"] = spec.api.simulator.dump() if spec.api.simulator else None
+    return settings
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+class AnswerSet:
+    """The answers bought with one set of settings: shard `AUDIT_SHARDS[mode]` of a store of its own."""
+
+    def __init__(self, store: Store, settings: dict[str, Any]):
+        self.settings = settings
+        self.fingerprint = fingerprint(settings)
+        self.store = stored.answer_store(store, self.fingerprint)
+        self.states: dict[str, ShardState] = {m: scan_shard(self.store, layout.AUDIT_SHARDS[m]) for m in MODES}
+
+    def have(self, mode: str) -> set[str]:
+        return self.states[mode].done
+
+    def write_settings(self) -> None:
+        if not self.store.exists(layout.AUDIT_SETTINGS):
+            self.store.put(layout.AUDIT_SETTINGS, orjson.dumps(self.settings, option=orjson.OPT_INDENT_2))
+
+    def compact(self, part_records: int) -> None:
+        """Journal objects left by this audit (or a killed one) become parts."""
+        for mode in MODES:
+            shard = layout.AUDIT_SHARDS[mode]
+            if records.list_journal(self.store, shard):
+                compact_shard(self.store, shard, self.states[mode], part_records)
+
+    def load(self, sids: set[str]) -> dict[str, dict[str, records.Record]]:
+        """mode -> sample id -> record, of the wanted samples."""
+        out: dict[str, dict[str, records.Record]] = {m: {} for m in MODES}
+        for mode in MODES:
+            for rec in records.iter_records(self.store, layout.AUDIT_SHARDS[mode]):
+                if rec["sample_id"] in sids:
+                    out[mode][rec["sample_id"]] = rec
+        return out
+
+
+async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
+                todo: dict[str, list[tuple[str, sources.Prompt]]], coord: RunCoordinator, answers: AnswerSet) -> int:
+    """Send each mode's prompts; each answer durable before its slot is freed. Returns requests sent."""
+    journal = Journal(answers.store)
+    slots = asyncio.Semaphore(spec.api.max_concurrency)  # shared: both modes together stay within it
+    sent = 0
+
+    async def one(worker: ShardWorker, shard: int, sid: str, prompt: sources.Prompt) -> None:
+        nonlocal sent
+        async with slots:
+            if worker.stopping:
+                return
+            rec = await worker.process(sid, prompt)
+            if rec is not None:
+                sent += rec["status"] != "rejected"
+                await journal.commit(shard, rec)
+
+    workers = []
+    for mode, items in todo.items():
+        if not items:
+            continue
+        mspec = spec.model_copy(deep=True)
+        mspec.tools.mode = mode
+        config = WorkerConfig(mspec.model_dump_json(by_alias=True), f"audit-{mode}", "audit", base_url,
                               spec.api.max_concurrency, spec.api.requests_per_minute, spec.api.tokens_per_minute)
-        worker = ShardWorker(config, coord, None, api_key=api_key)
-        async with worker.open_client():
-            recs = await asyncio.gather(*(worker.process(sid, p) for sid, p in prompts))
+        workers.append((ShardWorker(config, coord, None, api_key=api_key), layout.AUDIT_SHARDS[mode], items))
+    async with contextlib.AsyncExitStack() as clients:
+        for worker, _shard, _items in workers:
+            await clients.enter_async_context(worker.open_client())
+        async with asyncio.TaskGroup() as tg:  # the journal's writer fails the audit if the store does
+            writer = tg.create_task(journal.run())
+            try:
+                await asyncio.gather(*(one(w, shard, sid, p) for w, shard, items in workers for sid, p in items))
+            finally:
+                writer.cancel()
+    for worker, _shard, _items in workers:
         await worker.budget.give_back()
-        out[mode] = [r for r in recs if r is not None]
     await coord.settle_commit()
-    return out
+    return sent
 
 
-def summarize(recs: dict[str, list[records.Record]]) -> dict[str, Any]:
-    table: dict[str, Any] = {}
-    for mode, rs in recs.items():
-        ok = [r for r in rs if r["status"] == "ok"]
-        table[mode] = summarize_mode(
-            [checks.ResponseCheck.from_record(r["checks"]) for r in ok],
-            [r["costUSD"] for r in ok],
-            [(r.get("usage") or {}).get("completion_tokens") for r in ok])
-        table[mode]["failed"] = len(rs) - len(ok)
-    t, s = table["text"], table["structured"]
-    table["difference"] = {k: round(s[k] - t[k], 6) for k in ("callRate", "invalidRate", "leakRate",
-                                                               "meanOutputTokens")}
-    return table
-
-
-def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: str) -> dict[str, Any]:
-    """Send `samples` tool-declaring prompts both ways, paid from the run's budget; write audit.json."""
+def _buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: AnswerSet,
+         todo: dict[str, list[tuple[str, sources.Prompt]]]) -> tuple[int, Decimal, str, str]:
+    """Send what the answer set lacks, paid from the budget: (requests sent, spent, outcome, message)."""
     spec = dg.spec
     store = open_output(spec)
+    count = sum(len(v) for v in todo.values())
+    if not count:
+        answers.compact(spec.generation.part_records)
+        return 0, Decimal(0), Outcome.DONE, ""
+    if base_url is None:
+        raise AuditError("this audit needs answers it does not have, and no provider was given")
     asyncio.run(preflight(spec, base_url, store, ctx.api_key))
-    prompts = pick_prompts(dg, samples)
-    if not prompts:
-        raise AuditError("no prompt in the sources declares tools: nothing to compare")
+    answers.write_settings()
     ckpt = read_checkpoint(store)
     # crash-safe like the run: the bound of what may have been paid is persisted before it is
     # granted, so a kill -9 mid-audit cannot let the next run spend past maxUSD
     committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
-    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), 2 * len(prompts), [],
-                           commit=committer, workers=len(MODES))
-    recs = asyncio.run(_send_all(dg, base_url, ctx.api_key, prompts, coord))
-    spent = coord.book.spent - ckpt.spent
-    doc = {
-        "samples": len(prompts),
-        "model": spec.target.model,
-        "outcome": coord.outcome if coord.outcome != Outcome.RUNNING else Outcome.DONE,
-        "message": coord.message,
-        "spentUSD": usd(spent),
-        "cumulativeSpentUSD": usd(previous_audit_spend(store) + spent),
-        "modes": summarize(recs),
-        "sampleIds": [sid for sid, _ in prompts],
-    }
-    store.put(layout.AUDIT, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), count, [], commit=committer,
+                           workers=sum(bool(v) for v in todo.values()))
+    sent = asyncio.run(_send(spec, base_url, ctx.api_key, todo, coord, answers))
+    answers.compact(spec.generation.part_records)
+    outcome = coord.outcome if coord.outcome != Outcome.RUNNING else Outcome.DONE
+    return sent, coord.book.spent - ckpt.spent, outcome, coord.message
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def _call_text(rec: records.Record, c: dict[str, Any]) -> str:
+    args = c.get("arguments") if "arguments" in c else audit_stats._structured_arguments(rec, c.get("index"))
+    shown = orjson.dumps(args).decode() if args is not None else "(arguments do not parse)"
+    mark = "" if c.get("valid") else " INVALID"
+    return f"{c.get('name')}({shown[:200]}){mark} [{c.get('format') or 'structured'}]"
+
+
+def _side(rec: records.Record | None) -> dict[str, Any] | None:
+    if rec is None:
+        return None
+    resp = rec.get("response") or {}
+    chks = rec.get("checks") or {}
+    return {"status": rec.get("status"), "content": (resp.get("content") or "")[:EXCERPT],
+            "calls": [_call_text(rec, c) for c in chks.get("calls") or ()], "prose": bool(chks.get("prose")),
+            "costUSD": rec.get("costUSD")}
+
+
+def _last_user(prompt: sources.Prompt) -> str:
+    for m in reversed(prompt.messages):
+        if m.get("role") == "user" and isinstance(m.get("content"), str):
+            return m["content"][:EXCERPT]
+    return ""
+
+
+def examples(prompts: dict[str, sources.Prompt], pairs: dict[str, dict[str, records.Record]],
+             facts: dict[str, dict[str, audit_stats.AnswerFact]]) -> list[dict[str, Any]]:
+    """A few prompts with both modes' answers side by side: where the modes differ first (one
+    called and the other did not, then different calls), then one where they agree."""
+    def kind(sid: str) -> int:
+        t, s = facts["text"].get(sid), facts["structured"].get(sid)
+        if t is None or s is None:
+            return 9
+        if t.called != s.called:
+            return 0
+        if t.called and t.call_key(True) != s.call_key(True):
+            return 1
+        return 2 if t.called else 3
+
+    sids = sorted((sid for sid in prompts if sid in pairs["text"] or sid in pairs["structured"]),
+                  key=lambda sid: (kind(sid), sid))
+    chosen, kinds = [], set()
+    for sid in sids:  # one of each kind first, then whatever is left
+        if kind(sid) not in kinds:
+            kinds.add(kind(sid))
+            chosen.append(sid)
+    chosen += [sid for sid in sids if sid not in chosen]
+    return [{"sampleId": sid, "source": prompts[sid].source, "user": _last_user(prompts[sid]),
+             "text": _side(pairs["text"].get(sid)), "structured": _side(pairs["structured"].get(sid))}
+            for sid in chosen[:EXAMPLES]]
+
+
+def _facts(pairs: dict[str, dict[str, records.Record]], declared: dict[str, frozenset[str]],
+           references: dict[str, frozenset[str] | None]) -> dict[str, dict[str, audit_stats.AnswerFact]]:
+    return {m: {sid: audit_stats.fact_from_record(rec, declared.get(sid, ()), reference=references.get(sid))
+                for sid, rec in pairs[m].items()} for m in MODES}
+
+
+def _finish(store: Store | None, entry: dict[str, Any]) -> dict[str, Any]:
+    """Make `entry` the latest audit in audit.json (history kept), unless it repeats the latest
+    exactly (nothing bought, the same sample): then the stored document is the answer."""
+    if store is None:
+        return {"version": stored.VERSION, **entry}
+    prev = stored.read_audit(store)
+    same = ("fingerprint", "kind", "seed", "sampleIds", "from")
+    if prev and entry.get("sent") == 0 and all(prev.get(k) == entry.get(k) for k in same):
+        return {**prev, **{k: entry[k] for k in ("sent", "reused", "spentUSD", "outcome", "message")}}
+    doc = stored.with_entry(prev, entry, stored.audit_spend(store))
+    stored.write_audit(store, doc)
     return doc
+
+
+def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: str | None,
+              seed: int = DEFAULT_SEED) -> dict[str, Any]:
+    """Both modes' answers to a seeded sample of `samples` tool-declaring prompts, bought once and
+    paid from the run's budget; returns audit.json as written."""
+    spec = dg.spec
+    store = open_output(spec)
+    picked = pick_prompts(dg, samples, seed)
+    if not picked.prompts:
+        raise AuditError("no prompt in the sources declares tools: nothing to compare")
+    answers = AnswerSet(store, audit_settings(spec))
+    todo = {m: [(sid, p) for sid, p in picked.prompts if sid not in answers.have(m)] for m in MODES}
+    wanted = sum(len(v) for v in todo.values())
+    sent, spent, outcome, message = _buy(dg, ctx, base_url, answers, todo)
+    sids = {sid for sid, _ in picked.prompts}
+    pairs = answers.load(sids)
+    facts = _facts(pairs, picked.declared, picked.references)
+    figures = audit_stats.summarize([f for m in MODES for f in facts[m].values()], picked.population)
+    entry = {
+        "kind": "prompts", "at": now_iso(), "samples": len(picked.prompts), "seed": seed,
+        "model": spec.target.model, "fingerprint": answers.fingerprint, "settings": answers.settings,
+        "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
+        "reused": 2 * len(picked.prompts) - wanted, "population": picked.population,
+        "figures": figures, "verdict": audit_stats.verdict(figures),
+        "examples": examples(dict(picked.prompts), pairs, facts),
+        "sampleIds": [sid for sid, _ in picked.prompts],
+    }
+    return _finish(store, entry)
+
+
+# ----------------------------------------------------------------------------- --from FILE
+
+
+@dataclass
+class RecordedPass:
+    """One streaming pass over a recorded file: the facts of every answer and what else it held."""
+
+    facts: list[audit_stats.AnswerFact] = field(default_factory=list)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    bad_rows: int = 0
+    rows: int = 0
+    no_tools: int = 0
+    unparsable: list[dict[str, Any]] = field(default_factory=list)
+    unparsable_rows: int = 0
+    cost: Decimal = Decimal(0)
+    priced: dict[str, int] = field(default_factory=lambda: {"usage": 0, "pricing": 0, "unpriced": 0})
+    modes: dict[str, int] = field(default_factory=dict)
+
+
+def _cost(row: RecordedRow, pricing: Pricing | None, tally: RecordedPass) -> Decimal | None:
+    reported = reported_cost(row.usage)
+    cost = actual_cost(pricing, row.usage, reported)
+    tally.priced["usage" if reported is not None else "pricing" if cost is not None else "unpriced"] += 1
+    if cost is not None:
+        tally.cost += cost
+    return cost
+
+
+def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun: int = 0,
+                     seed: int = DEFAULT_SEED) -> tuple[RecordedPass, list[tuple[str, sources.Prompt, str]],
+                                                        dict[str, frozenset[str]]]:
+    """Check every recorded answer as a run checks its own (pure but for reading the file); the
+    `rerun` prompts of lowest priority among the judged answers come back as (id, prompt, mode)."""
+    tally = RecordedPass()
+    lowest = _Lowest(rerun) if rerun else None
+    declared: dict[str, frozenset[str]] = {}
+    for item in read_recorded(path):
+        if isinstance(item, RowProblem):
+            tally.bad_rows += 1
+            if len(tally.problems) < MAX_PROBLEMS:
+                tally.problems.append({"row": item.line, "error": item.error})
+            continue
+        tally.rows += 1
+        tally.modes[item.mode] = tally.modes.get(item.mode, 0) + 1
+        cost = _cost(item, pricing, tally)
+        sid = item.prompt.sample_id()
+        prepared = declarations.prepare_prompt(item.prompt, item.mode)  # type: ignore[arg-type]
+        if isinstance(prepared, declarations.Rejected):
+            tally.unparsable_rows += 1
+            if len(tally.unparsable) < MAX_PROBLEMS:
+                tally.unparsable.append({"row": item.line, "error": prepared.reason})
+            tally.facts.append(audit_stats.AnswerFact(sid, item.prompt.source, item.mode, "unparsable"))
+            continue
+        if not prepared.declared:
+            tally.no_tools += 1
+            continue
+        names = _names(prepared.declared_tools)
+        rec: dict[str, Any] = {"sample_id": sid, "source": item.prompt.source, "toolsMode": item.mode,
+                               "usage": item.usage, "response": item.response}
+        if item.response is None:
+            rec["status"] = "failed"
+        else:
+            rec["status"] = "ok"
+            rec["checks"] = checks.check_response(prepared, item.response).to_record()
+            if lowest is not None:
+                lowest.offer(priority(seed, sid), (sid, item.prompt, item.mode))
+                declared[sid] = names
+        tally.facts.append(audit_stats.fact_from_record(rec, names, cost=float(cost) if cost is not None else None))
+    picked = lowest.items() if lowest is not None else []
+    return tally, picked, {sid: declared[sid] for sid, _p, _m in picked}
+
+
+def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunContext, base_url: str | None,
+                   rerun: int = 0, seed: int = DEFAULT_SEED) -> dict[str, Any]:
+    """Figures of answers a user already has; with `rerun`, the other mode bought for that many
+    of their prompts (under the spec's budget). Nothing is sent without `rerun`. With a spec the
+    document is written to its output's audit.json; without one it is only returned."""
+    if rerun and dg is None:
+        raise AuditError("--rerun needs a SPEC: its model, provider and budget pay for the comparison")
+    pricing = None
+    if dg is not None:
+        prices = dg.spec.effective_pricing()
+        pricing = Pricing(prices.input_per_million, prices.output_per_million)
+    tally, picked, declared = analyse_recorded(path, pricing, rerun=rerun, seed=seed)
+    facts = list(tally.facts)
+    sent, spent, outcome, message = 0, Decimal(0), Outcome.DONE, ""
+    fp = settings = None
+    examples_doc: list[dict[str, Any]] = []
+    store = open_output(dg.spec) if dg is not None else None
+    if dg is not None and picked:
+        other = {"text": "structured", "structured": "text"}
+        answers = AnswerSet(store, audit_settings(dg.spec))
+        fp, settings = answers.fingerprint, answers.settings
+        todo: dict[str, list[tuple[str, sources.Prompt]]] = {m: [] for m in MODES}
+        for sid, prompt, mode in picked:
+            if sid not in answers.have(other[mode]):
+                todo[other[mode]].append((sid, prompt))
+        sent, spent, outcome, message = _buy(dg, ctx, base_url, answers, todo)
+        pairs = answers.load(set(declared))
+        bought = {m: [audit_stats.fact_from_record(rec, declared[sid]) for sid, rec in pairs[m].items()]
+                  for m in MODES}
+        facts += bought["text"] + bought["structured"]
+        side_facts = {m: {f.sample_id: f for f in [*bought[m], *(f for f in tally.facts
+                                                                 if f.sample_id in declared and f.mode == m)]}
+                      for m in MODES}
+        examples_doc = examples({sid: p for sid, p, _m in picked}, _with_recorded(pairs, picked, path), side_facts)
+    judged = sum(1 for f in tally.facts if f.status != "unparsable")
+    population = {"prompts": tally.rows, "declaredPrompts": judged}
+    figures = audit_stats.summarize(facts, population)
+    name = Path(str(path)).name
+    entry = {
+        "kind": "from", "at": now_iso(), "samples": len(picked), "seed": seed,
+        "model": dg.spec.target.model if dg is not None else None, "fingerprint": fp, "settings": settings,
+        "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
+        "reused": len(picked) - sent if picked else 0, "population": population,
+        "from": {"file": str(path), "rows": tally.rows, "badRows": tally.bad_rows, "problems": tally.problems,
+                 "modes": tally.modes, "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows,
+                 "unparsable": tally.unparsable, "costUSD": usd(tally.cost), "priced": tally.priced},
+        "figures": figures, "verdict": audit_stats.verdict(figures, recorded=name),
+        "examples": examples_doc, "sampleIds": [sid for sid, _p, _m in picked],
+    }
+    return _finish(store, entry)
+
+
+def _with_recorded(bought: dict[str, dict[str, records.Record]], picked: list[tuple[str, sources.Prompt, str]],
+                   path: str | Path) -> dict[str, dict[str, records.Record]]:
+    """The recorded answers of the picked prompts as records (a second, short pass over the file)
+    beside the bought ones, for the side-by-side examples."""
+    want = {sid: mode for sid, _p, mode in picked}
+    out = {m: dict(bought[m]) for m in MODES}
+    for item in read_recorded(path):
+        if isinstance(item, RecordedRow) and item.response is not None:
+            sid = item.prompt.sample_id()
+            if want.get(sid) == item.mode:
+                prepared = declarations.prepare_prompt(item.prompt, item.mode)  # type: ignore[arg-type]
+                if isinstance(prepared, declarations.Prepared):
+                    out[item.mode][sid] = {"sample_id": sid, "status": "ok", "response": item.response,
+                                           "checks": checks.check_response(prepared, item.response).to_record(),
+                                           "costUSD": None}
+    return out

@@ -8,6 +8,7 @@ from decimal import Decimal
 import orjson
 
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.audit import audit_spend
 from eyrie.jobs.contract.progress import now_iso, read_progress
 from eyrie.jobs.generate.budget import usd
 from eyrie.jobs.generate.coordinator import Counts, Observation
@@ -41,7 +42,8 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
                                error_kind=(rec.get("error") or {}).get("type")))
         if gate is not None and rec.get("status") == "ok" and rec.get("checks"):
             gate.absorb(ResponseCheck.from_record(rec["checks"]))
-    audit = previous_audit_spend(store)
+    # every answer an audit kept (durable before its slot was freed, so a killed audit counts too)
+    audit = audit_spend(store)
     prev = read_progress(store)
     if prev and prev.get("spentUSD"):
         # progress also counts answers that were paid but never flushed before a crash...
@@ -70,12 +72,5 @@ class BudgetCommitter:
 def read_committed(store: Store) -> Decimal:
     try:
         return Decimal(orjson.loads(store.get(layout.BUDGET))["committedUSD"])
-    except NotFound:
-        return Decimal(0)
-
-
-def previous_audit_spend(store: Store) -> Decimal:
-    try:
-        return Decimal(orjson.loads(store.get(layout.AUDIT)).get("cumulativeSpentUSD", "0"))
     except NotFound:
         return Decimal(0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from eyrie.jobs.contract import layout, records, timeseries
+from eyrie.jobs.contract import audit, layout, records, timeseries
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
 from eyrie.jobs.contract.manifest import read_json
 from eyrie.jobs.contract.progress import read_progress
@@ -93,18 +93,22 @@ class Answers:
     prompt_tokens: Reservoir = field(default_factory=Reservoir)
     completion_tokens: Reservoir = field(default_factory=Reservoir)
 
-    def add(self, r: records.Record) -> None:
-        status = str(r.get("status", "?"))
-        self.status[status] = self.status.get(status, 0) + 1
-        if status != "ok":
-            return
-        resp = r.get("response") or {}
-        provider = str(resp.get("provider") or "(unknown)")
+    def add_paid(self, r: records.Record) -> str:
+        """Count what an answer cost against its provider (also the audit's answers); its provider."""
+        provider = str((r.get("response") or {}).get("provider") or "(unknown)")
         try:
             cost = Decimal(str(r.get("costUSD", "0")))
         except InvalidOperation:
             cost = Decimal(0)
         _bounded(self.cost_by_provider, provider, Money).usd += cost
+        return provider
+
+    def add(self, r: records.Record) -> None:
+        status = str(r.get("status", "?"))
+        self.status[status] = self.status.get(status, 0) + 1
+        if status != "ok":
+            return
+        provider = self.add_paid(r)
         pol = str(r.get("policy", "keep"))
         self.policy[pol] = self.policy.get(pol, 0) + 1
         usage = r.get("usage") or {}
@@ -151,6 +155,7 @@ class ReportData:
     fidelity: dict[str, Any] | None  # the manifest's `fidelity` section
     fidelity_scores: dict[str, Reservoir] | None  # per-sample columns of fidelity/*.parquet
     agentic: dict[str, Any] | None
+    audit_spent: Decimal = Decimal(0)  # what every audit paid, as its kept answers say (contract/audit.py)
 
     @property
     def budget(self) -> Decimal | None:
@@ -159,8 +164,11 @@ class ReportData:
 
     @property
     def spent(self) -> Decimal:
+        """The run's spend, with what audits paid since the run last wrote its progress."""
         src = self.progress or self.manifest or {}
-        return Decimal(str(src.get("spentUSD") or "0"))
+        spent = Decimal(str(src.get("spentUSD") or "0"))
+        counted = Decimal(str((self.progress or {}).get("auditUSD") or "0"))
+        return spent + max(Decimal(0), self.audit_spent - counted)
 
 
 FIDELITY_COLUMNS = ("top1_agreement", "mean_nll")
@@ -193,14 +201,17 @@ def collect(store: Store) -> ReportData:
     answers = Answers()
     for r in records.iter_records(store):
         answers.add(r)
+    for r in audit.iter_audit_records(store):  # paid like the run's own answers
+        answers.add_paid(r)
     extraction = (manifest or {}).get("extraction")
     if extraction is None:
         summary = summarize_extraction(store)
         extraction = summary.to_manifest() if summary else None
     return ReportData(
-        uri=store.uri, progress=progress, manifest=manifest, audit=read_json(store, layout.AUDIT),
+        uri=store.uri, progress=progress, manifest=manifest, audit=audit.read_audit(store),
         reconstruction=read_json(store, layout.SAMPLES_SUMMARY), extraction=extraction,
         series=timeseries.read_timeseries(store), answers=answers,
         fidelity=(manifest or {}).get("fidelity"), fidelity_scores=_fidelity_scores(store),
         agentic=(manifest or {}).get("agentic") or (progress or {}).get("agentic"),
+        audit_spent=audit.audit_spend(store),
     )

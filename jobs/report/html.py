@@ -21,10 +21,10 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
-from rich.console import Console
+from rich.console import Console, Group
 
 from eyrie.jobs.report.data import ReportData
-from eyrie.jobs.report.terminal import print_report
+from eyrie.jobs.report.terminal import audit_renderables, print_report
 from eyrie.jobs.tools.gate import Tally
 
 TEMPLATE = "plotly_white"
@@ -122,19 +122,27 @@ def tool_figure(d: ReportData) -> go.Figure | None:
     return f
 
 
+def _bars(f: go.Figure, labels: list[str], estimates: list[dict[str, Any] | None], name: str) -> None:
+    """Bars with their 95% intervals as error bars."""
+    ys = [(e or {}).get("value") for e in estimates]
+    hi = [(e["high"] - e["value"]) if e and e.get("value") is not None else 0 for e in estimates]
+    lo = [(e["value"] - e["low"]) if e and e.get("value") is not None else 0 for e in estimates]
+    f.add_bar(x=labels, y=ys, name=name, error_y={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo})
+
+
 def audit_figures(d: ReportData) -> list[go.Figure]:
-    if not d.audit:
+    figs = (d.audit or {}).get("figures")
+    if not figs:
         return []
-    m = d.audit["modes"]
-    modes = ("text", "structured")
-    rates = _fig(f"audit: tools as text vs structured ({d.audit['samples']} prompts)",
+    modes = [m for m in ("text", "structured") if m in figs["modes"]]
+    rates = _fig(f"audit: tools as text vs structured ({d.audit.get('samples')} prompts, 95% intervals)",
                  yaxis={"title": "rate", "tickformat": ".0%"}, barmode="group")
-    labels = {"callRate": "tool-call rate", "invalidRate": "invalid-call rate", "leakRate": "leak rate"}
+    labels = {"callRate": "tool-call rate", "validRate": "valid-call rate", "hallucinatedRate": "hallucinated",
+              "leakRate": "leak rate"}
     for mode in modes:
-        rates.add_bar(x=list(labels.values()), y=[m[mode][k] for k in labels], name=mode)
-    dollars = _fig("audit: dollars per mode", yaxis_title="USD")
-    dollars.add_bar(x=list(modes), y=[float(m[mode]["costUSD"]) for mode in modes],
-                    text=[f"${m[mode]['costUSD']}" for mode in modes], marker_color=["#636efa", "#ef553b"])
+        _bars(rates, list(labels.values()), [figs["modes"][mode].get(k) for k in labels], mode)
+    dollars = _fig("audit: dollars per answer (95% intervals)", yaxis_title="USD")
+    _bars(dollars, modes, [figs["modes"][m]["costPerAnswer"] for m in modes], "USD per answer")
     return [rates, dollars]
 
 
@@ -219,15 +227,29 @@ header p{margin:4px 0 0;color:#cbd5e1;font-size:14px}main{padding:8px 28px 40px}
 h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .grid{display:flex;flex-wrap:wrap;gap:14px}
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:4px;width:640px;height:340px}
+p.verdict{background:#fff;border-left:4px solid #2563eb;padding:10px 14px;font-size:15px;line-height:1.45;
+max-width:1100px}
 pre.tables{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:12px;font-size:12px;overflow-x:auto}
 """
 
 
-def terminal_html(d: ReportData) -> str:
-    """The terminal tables, recorded and exported with inline styles (the same text as `eyrie report`)."""
+def terminal_html(d: ReportData, audit: bool = False) -> str:
+    """The terminal tables, recorded and exported with inline styles (the same text as `eyrie report`);
+    the audit's own tables only with `audit` (they have a section of their own)."""
     console = Console(record=True, width=120, file=io.StringIO(), color_system="truecolor")
-    print_report(d, console)
+    if audit:
+        console.print(Group(*audit_renderables(d.audit or {})[1:]))
+    else:
+        print_report(d, console, audit=False)
     return console.export_html(inline_styles=True, code_format="<pre class='tables'>{code}</pre>")
+
+
+def audit_html(d: ReportData) -> str:
+    """The audit on the page's first screen: its verdict in words, then its tables."""
+    if not d.audit or not d.audit.get("figures"):
+        return ""
+    return (f"<h2>Audit: tools as text vs structured</h2><p class='verdict'>{html.escape(d.audit['verdict'])}</p>"
+            f"{terminal_html(d, audit=True)}")
 
 
 def render(d: ReportData) -> str:
@@ -246,5 +268,5 @@ def render(d: ReportData) -> str:
         f"<title>eyrie report - {html.escape(d.uri)}</title><style>{CSS}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
         f"<header><h1>eyrie report</h1><p>{html.escape(subtitle)}</p></header><main>"
-        f"<h2>Summary</h2>{terminal_html(d)}{body}</main></body></html>"
+        f"{audit_html(d)}<h2>Summary</h2>{terminal_html(d)}{body}</main></body></html>"
     )

@@ -4,13 +4,16 @@ answers). Sections without data are left out, so the same code reads a run at an
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from rich.console import Console, Group
+from rich.markup import escape
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from eyrie.jobs.report.data import ReportData
+from eyrie.jobs.tools.audit_stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.tools.gate import Tally
 
 
@@ -32,7 +35,7 @@ def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
     t.add_column()
     for k, v in rows:
         if v is not None:
-            t.add_row(k, str(v))
+            t.add_row(k, v if isinstance(v, Text) else str(v))
     return t
 
 
@@ -57,7 +60,7 @@ def run_table(d: ReportData) -> Table:
     rows: list[tuple[str, Any]] = [
         ("output", d.uri), ("outcome", p.get("outcome")), ("stage", p.get("stage")), ("attempt", p.get("attempt")),
         ("spent", f"${spent}{share}"),
-        ("audit spend", f"${p['auditUSD']}" if Decimal(str(p.get("auditUSD") or 0)) else None),
+        ("audit spend", f"${d.audit_spent}" if d.audit_spent else None),
         ("forecast", _forecast(p)),
         ("requests (this attempt)", p.get("requests")), ("retries", p.get("retries")),
         ("errors", ", ".join(f"{k} {v}" for k, v in (p.get("errors") or {}).items()) or None),
@@ -124,20 +127,195 @@ def per_tool_table(d: ReportData) -> Table | None:
     return t
 
 
-def audit_table(doc: dict[str, Any]) -> Table:
-    """`eyrie audit`'s table: the same prompts with tools as text and as structured `tools`."""
-    m = doc["modes"]
-    table = Table(title=f"tools as text vs structured: {doc['samples']} prompts, model {doc['model']}",
-                  title_justify="left")
-    table.add_column("metric")
-    for col in ("text", "structured", "difference"):
-        table.add_column(col, justify="right")
-    for key, label in (("callRate", "tool-call rate"), ("invalidRate", "invalid-call rate"),
-                       ("leakRate", "leak rate"), ("meanOutputTokens", "mean output tokens")):
-        table.add_row(label, str(m["text"][key]), str(m["structured"][key]), f"{m['difference'][key]:+}")
-    table.add_row("cost (USD)", m["text"]["costUSD"], m["structured"]["costUSD"], "")
-    table.add_row("failed requests", str(m["text"]["failed"]), str(m["structured"]["failed"]), "")
-    return table
+def _cell(e: dict[str, Any] | None, kind: str = "rate") -> str:
+    """A figure, its interval and its n, as the verdict prints it."""
+    if not e or e.get("value") is None:
+        return "n/a" if not e else f"n/a (n={e.get('n', 0)})"
+    text = {"rate": fmt_rate, "usd": fmt_usd, "num": fmt_num}.get(kind)
+    shown = text(e) if text else fmt_diff(e, kind.removeprefix("diff-"))
+    return f"{shown} n={e['n']}"
+
+
+_AUDIT_ROWS = (  # (label, key in a mode's figures, kind, key in the paired difference)
+    ("tool-call rate", "callRate", "rate", "callRate"),
+    ("  where the dataset's answer calls one", "neededCallRate", "rate", None),
+    ("  where it does not", "unneededCallRate", "rate", None),
+    ("calls per answer", "callsPerAnswer", "num", "callsPerAnswer"),
+    ("valid-call rate", "validRate", "rate", "validRate"),
+    ("hallucinated-function rate", "hallucinatedRate", "rate", None),
+    ("wrong-function rate", "wrongFunctionRate", "rate", None),
+    ("leak rate", "leakRate", "rate", None),
+    ("output tokens per answer", "outputTokens", "num", "outputTokens"),
+    ("USD per answer", "costPerAnswer", "usd", "costPerAnswer"),
+)
+_DIFF_KIND = {"callRate": "diff-rate", "validRate": "diff-rate", "callsPerAnswer": "diff-calls",
+              "outputTokens": "diff-tokens", "costPerAnswer": "diff-usd"}
+
+
+def audit_verdict(doc: dict[str, Any] | None) -> Panel | None:
+    if not doc or not doc.get("verdict"):
+        return None
+    return Panel(Text(doc["verdict"]), title="audit verdict: tools as text vs structured", title_align="left")
+
+
+def _audit_main(doc: dict[str, Any]) -> Table:
+    figs = doc["figures"]
+    modes = [m for m in ("text", "structured") if m in figs["modes"]]
+    paired = figs.get("paired")
+    where = f"recorded in {escape(doc['from']['file'])}" if doc.get("kind") == "from" else f"seed {doc.get('seed')}"
+    t = Table(title=f"tools as text vs structured: {doc.get('samples')} prompts ({where}), model {doc.get('model')}; "
+                    f"sent {doc.get('sent', 0)} requests, reused {doc.get('reused', 0)} answers, "
+                    f"spent ${doc.get('spentUSD')}",
+              title_justify="left", caption="95% intervals: Wilson for rates, seeded bootstrap for means and "
+              "differences (over prompts answered in both modes); n: answers, calls or prompts counted",
+              caption_justify="left")
+    t.add_column("figure")
+    for m in modes:
+        t.add_column(m, justify="right")
+    if paired:
+        t.add_column("structured - text", justify="right")
+    t.add_row("answers", *(str(figs["modes"][m]["answers"]) for m in modes),
+              *([f"{paired['prompts']} prompts in both"] if paired else []))
+    for label, key, kind, dkey in _AUDIT_ROWS:
+        cells = [figs["modes"][m].get(key) for m in modes]
+        if key in ("neededCallRate", "unneededCallRate", "wrongFunctionRate") and not any(c and c["n"] for c in cells):
+            continue
+        diff = [_cell(paired["difference"].get(dkey), _DIFF_KIND[dkey]) if dkey else ""] if paired else []
+        t.add_row(label, *(_cell(c, kind) for c in cells), *diff)
+    t.add_row("USD, these answers", *(f"${figs['modes'][m]['costUSD']}" for m in modes), *([""] if paired else []))
+    t.add_row("failed requests", *(str(figs["modes"][m]["failed"]) for m in modes), *([""] if paired else []))
+    if any(figs["modes"][m]["unparsable"] for m in modes):
+        t.add_row("functions not parsable", *(str(figs["modes"][m]["unparsable"]) for m in modes),
+                  *([""] if paired else []))
+    if paired:
+        t.add_section()
+        blank = [""] * len(modes)
+        t.add_row("same calls, same arguments", *blank, _cell(paired["argumentAgreement"]))
+        t.add_row("same functions called", *blank, _cell(paired["functionAgreement"]))
+    proj = figs.get("projection")
+    if proj and proj.get("declaredPrompts"):
+        t.add_section()
+        label = f"USD at {proj['prompts']:,} prompts ({proj['declaredPrompts']:,} declare tools)"
+        t.add_row(label, *(_cell(proj.get(f"{m}USD"), "usd") for m in modes),
+                  *([_cell(proj.get("differenceUSD"), "diff-usd")] if paired else []))
+    return t
+
+
+def _audit_formats(doc: dict[str, Any]) -> Table:
+    from eyrie.jobs.tools.audit_stats import CATEGORIES
+
+    figs = doc["figures"]["modes"]
+    modes = [m for m in ("text", "structured") if m in figs]
+    t = Table(title="how the answers called: the format of their calls (share of answers)", title_justify="left")
+    t.add_column("format")
+    for m in modes:
+        t.add_column(f"{m} answers", justify="right")
+        t.add_column(f"{m} calls", justify="right")
+    for cat in CATEGORIES:
+        cells = []
+        for m in modes:
+            f = figs[m]["formats"].get(cat)
+            cells += [f"{f['count']} ({fmt_rate(f)})" if f else "0", str(figs[m]["callsByFormat"].get(cat, ""))]
+        if any(c not in ("0", "") for c in cells):
+            t.add_row(cat, *cells)
+    return t
+
+
+def _audit_by_source(doc: dict[str, Any]) -> Table | None:
+    by = doc["figures"].get("bySource")
+    if not by:
+        return None
+    t = Table(title="per prompt set (source)", title_justify="left")
+    cols = ("source", "text call rate", "structured call rate", "text valid", "structured valid", "same calls",
+            "USD/answer difference")
+    for c in cols:
+        t.add_column(c, justify="left" if c == "source" else "right", no_wrap=True)
+    for name, g in by.items():
+        p = g.get("paired") or {}
+        rates = [_cell((g.get(m) or {}).get(k)) for k in ("callRate", "validRate") for m in ("text", "structured")]
+        t.add_row(name, *rates, _cell(p.get("argumentAgreement")),
+                  _cell((p.get("difference") or {}).get("costPerAnswer"), "diff-usd"))
+    return t
+
+
+def _audit_by_tool(doc: dict[str, Any]) -> Table | None:
+    by = doc["figures"].get("byTool")
+    if not by:
+        return None
+    left = doc["figures"].get("toolsLeftOut")
+    t = Table(title="per tool", title_justify="left",
+              caption=f"{left} more tools not shown" if left else None, caption_justify="left")
+    for c in ("tool", "declared in (text / structured)", "text call rate", "structured call rate", "text calls valid",
+              "structured calls valid"):
+        t.add_column(c, justify="left" if c == "tool" else "right", no_wrap=True)
+    for name, g in by.items():
+        tx, st = g.get("text") or {}, g.get("structured") or {}
+        t.add_row(name, f"{tx.get('declaredIn', 0)} / {st.get('declaredIn', 0)}", _cell(tx.get("callRate")),
+                  _cell(st.get("callRate")), _cell(tx.get("validRate")), _cell(st.get("validRate")))
+    return t
+
+
+def _audit_examples(doc: dict[str, Any]) -> Table | None:
+    ex = doc.get("examples")
+    if not ex:
+        return None
+    t = Table(title="side by side: the same prompt in both modes", title_justify="left", show_lines=True)
+    t.add_column("prompt", ratio=1)
+    t.add_column("text", ratio=2)
+    t.add_column("structured", ratio=2)
+
+    def side(s: dict[str, Any] | None) -> str:
+        if not s:
+            return "(not answered)"
+        calls = "\n".join(s["calls"]) or ("(prose only)" if s.get("prose") else "(no call)")
+        return f"{calls}\n{s['content'][:300]}".strip()
+
+    for e in ex:  # what a model or a dataset wrote is text, never rich markup
+        t.add_row(Text(f"[{e['source']}] {e['user'][:200]}"), Text(side(e.get("text"))),
+                  Text(side(e.get("structured"))))
+    return t
+
+
+def _audit_recorded(doc: dict[str, Any]) -> Table | None:
+    f = doc.get("from")
+    if not f:
+        return None
+    shown = "; ".join(f"row {p['row']}: {p['error']}" for p in f["problems"][:5])
+    more = f" (and {f['badRows'] - 5} more in audit.json)" if f["badRows"] > 5 else ""
+    unp = "; ".join(f"row {p['row']}: {p['error']}" for p in f["unparsable"][:3])
+    rows: list[tuple[str, Any]] = [
+        ("file", f["file"]), ("rows read", f"{f['rows']:,}"),
+        ("by tools mode", ", ".join(f"{k} {v:,}" for k, v in f["modes"].items())),
+        ("malformed rows", f"{f['badRows']:,}" + (f": {shown}{more}" if shown else "")),
+        ("rows without declared functions", f"{f['noTools']:,}"),
+        ("rows whose functions do not parse", f"{f['unparsableRows']:,}" + (f": {unp}" if unp else "")),
+        ("what these answers cost", f"${f['costUSD']} (from usage.cost {f['priced']['usage']:,}, at the spec's prices "
+                                     f"{f['priced']['pricing']:,}, unpriced {f['priced']['unpriced']:,})"),
+    ]
+    return _kv("recorded answers (--from)", [(k, Text(str(v))) for k, v in rows])  # rows' text is not markup
+
+
+def _audit_legacy(doc: dict[str, Any]) -> Table:
+    t = Table(title=f"tools as text vs structured: {doc.get('samples')} prompts (an older audit.json: run "
+                    "`eyrie audit` again for intervals and the verdict)", title_justify="left")
+    t.add_column("metric")
+    for col in ("text", "structured"):
+        t.add_column(col, justify="right")
+    m = doc.get("legacyModes") or {}
+    for key in ("callRate", "invalidRate", "leakRate", "meanOutputTokens", "costUSD"):
+        t.add_row(key, *(str((m.get(mode) or {}).get(key, "")) for mode in ("text", "structured")))
+    return t
+
+
+def audit_renderables(doc: dict[str, Any], full: bool = True) -> list[Any]:
+    """The audit: the verdict, then its tables (the headline table only when not `full`)."""
+    if not doc.get("figures"):
+        return [_audit_legacy(doc)] if doc.get("legacyModes") else []
+    out: list[Any] = [audit_verdict(doc), _audit_main(doc)]
+    if full:
+        out += [_audit_recorded(doc), _audit_formats(doc), _audit_by_source(doc), _audit_by_tool(doc),
+                _audit_examples(doc)]
+    return [r for r in out if r is not None]
 
 
 def _gap(g: dict[str, Any] | None) -> str | None:
@@ -217,14 +395,16 @@ def agentic_table(d: ReportData) -> Table | None:
     return _kv("agentic", [(k, v) for k, v in a.items() if not isinstance(v, dict | list)])
 
 
-def tables(d: ReportData, full: bool = True) -> list[Table]:
-    """Every table with data; `full=False` is the one-screen summary `eyrie run` ends with."""
-    out: list[Table | None] = [run_table(d), samples_table(d), tools_table(d)]
+def tables(d: ReportData, full: bool = True, audit: bool = True) -> list[Any]:
+    """Every table with data; `full=False` is the one-screen summary `eyrie run` ends with;
+    `audit=False` leaves the audit out (the page shows it in a section of its own)."""
+    shown = audit_renderables(d.audit, full) if d.audit and audit else []
+    out: list[Any] = [run_table(d), *shown[:1], samples_table(d), tools_table(d)]
     if full:
-        out += [per_tool_table(d), audit_table(d.audit) if d.audit else None]
+        out += [per_tool_table(d), *shown[1:]]
     out += [reconstruction_table(d), extraction_table(d), fidelity_table(d), agentic_table(d)]
     return [t for t in out if t is not None]
 
 
-def print_report(d: ReportData, console: Console, full: bool = True) -> None:
-    console.print(Group(*tables(d, full)))
+def print_report(d: ReportData, console: Console, full: bool = True, audit: bool = True) -> None:
+    console.print(Group(*tables(d, full, audit)))

@@ -1,4 +1,4 @@
-"""Run-level tool semantics: the drift gate, the progress metrics and the audit summary. Pure.
+"""Run-level tool semantics: the drift gate and the progress metrics. Pure (the audit: `audit_stats.py`).
 
 The gate exists so a run with the wrong tool semantics (a model that stops calling tools, calls them
 badly, or a provider that leaks raw markers) stops after `canarySamples` answers, not after the
@@ -9,9 +9,7 @@ same size. Each observe is O(1): a deque of per-answer tuples and running sums.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.spec import GateSpec
@@ -158,17 +156,3 @@ class ToolGate:
                 "leaks": t.leaked, "answers": t.answers, "calls": t.calls,
                 "perTool": {k: dict(v) for k, v in sorted(self.per_tool.items())}}
 
-
-def summarize_mode(checks: Sequence[ResponseCheck], costs: Iterable[Decimal | str | float | int | None],
-                   output_tokens: Iterable[int | None]) -> dict[str, Any]:
-    """One column of the audit table: rates over the answers of one tools mode, tokens and cost."""
-    t = Tally()
-    for c in checks:
-        t.add(c.declared, c.called, len(c.calls), c.invalid_calls, c.leaked)
-    tokens = [n for n in output_tokens if n is not None]
-    cost = sum((Decimal(str(c)) for c in costs if c is not None), Decimal(0))
-    return {"answers": t.answers, "declaredPrompts": t.declared, "callRate": round(t.call_rate, 6),
-            "calls": t.calls, "invalidCalls": t.invalid, "invalidRate": round(t.invalid_rate, 6),
-            "leaks": t.leaked, "leakRate": round(t.leak_rate, 6),
-            "meanOutputTokens": round(sum(tokens) / len(tokens), 2) if tokens else 0.0,
-            "costUSD": str(cost)}

@@ -1,0 +1,93 @@
+"""What `eyrie audit` leaves in the store: its answers (`audit/answers/<fingerprint>/`) and
+`audit.json` (the latest audit's figures and verdict, and the history of every audit before it).
+
+The answers are the truth of what the audits paid: `audit_spend` sums them (plus what an audit.json
+written before answers were kept says was paid), so a run's checkpoint and the report count audit
+spend the moment an answer is durable, even when the audit was killed before writing audit.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+from eyrie.jobs.contract import layout, records
+from eyrie.jobs.store import NotFound, PrefixedStore, Store
+
+VERSION = 2
+MAX_HISTORY = 100  # audits remembered in audit.json (their figures; the answers stay in the store)
+
+
+def answer_store(store: Store, fingerprint: str) -> PrefixedStore:
+    """One answer set, as a store laid out like a run's output (journal, parts, iter_records)."""
+    return PrefixedStore(store, layout.audit_answers_prefix(fingerprint))
+
+
+def fingerprints(store: Store) -> list[str]:
+    """Every answer set the store holds."""
+    return sorted({fp for k in store.list(layout.AUDIT_ANSWERS) if (fp := layout.parse_audit_answers_key(k))})
+
+
+def iter_audit_records(store: Store) -> Iterator[records.Record]:
+    """Every answer any audit bought, each once per answer set and mode."""
+    for fp in fingerprints(store):
+        yield from records.iter_records(answer_store(store, fp))
+
+
+def _usd(value: Any) -> Decimal:
+    try:
+        d = Decimal(str(value or "0"))
+    except InvalidOperation:
+        return Decimal(0)
+    return d if d.is_finite() else Decimal(0)
+
+
+def read_audit(store: Store) -> dict[str, Any] | None:
+    """audit.json as version 2: a version-1 document (the last audit only, no answers kept) becomes
+    a history of one whose spend is carried as `legacySpentUSD`."""
+    try:
+        doc = orjson.loads(store.get(layout.AUDIT))
+    except NotFound:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if doc.get("version") == VERSION:
+        return doc
+    legacy = {"kind": "prompts", "at": None, "samples": doc.get("samples"), "model": doc.get("model"),
+              "outcome": doc.get("outcome"), "spentUSD": doc.get("spentUSD"), "legacyModes": doc.get("modes")}
+    return {"version": VERSION, "legacySpentUSD": str(_usd(doc.get("cumulativeSpentUSD") or doc.get("spentUSD"))),
+            "history": [legacy], **legacy}
+
+
+def audit_spend(store: Store) -> Decimal:
+    """What every audit paid: the cost of every answer kept, plus what older audits reported."""
+    doc = read_audit(store) or {}
+    return _usd(doc.get("legacySpentUSD")) + sum((_usd(r.get("costUSD")) for r in iter_audit_records(store)),
+                                                 Decimal(0))
+
+
+def history_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """What audit.json remembers of an audit once a newer one is the latest: its overall figures and
+    verdict, not its per-source/per-tool tables, examples or sample ids."""
+    figures = entry.get("figures") or {}
+    keep = ("kind", "at", "samples", "seed", "model", "fingerprint", "from", "outcome", "spentUSD", "sent",
+            "reused", "verdict", "legacyModes")
+    out = {k: entry[k] for k in keep if k in entry}
+    if figures:
+        out["figures"] = {k: figures[k] for k in ("modes", "paired", "projection") if k in figures}
+    return out
+
+
+def with_entry(previous: dict[str, Any] | None, entry: dict[str, Any], spent_total: Decimal) -> dict[str, Any]:
+    """The audit.json that makes `entry` the latest and appends it to the history (bounded)."""
+    prev = previous or {}
+    history = [*prev.get("history", []), history_entry(entry)][-MAX_HISTORY:]
+    return {"version": VERSION, **entry, "cumulativeSpentUSD": str(spent_total),
+            "legacySpentUSD": prev.get("legacySpentUSD", "0"), "history": history}
+
+
+def write_audit(store: Store, doc: dict[str, Any]) -> None:
+    store.put(layout.AUDIT, orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -1,0 +1,165 @@
+"""Generations a user already has, read back for `eyrie audit --from FILE`: one JSON object a line
+(`.jsonl`, or `.jsonl.gz`), each a prompt and the answer a provider gave to it. Nothing is sent.
+
+The prompt, first of:
+- `request`: the chat-completions body as sent (`messages`, and `tools` when they were structured);
+- `messages` (+ `tools`): an openai row; `conversations`: a sharegpt row; `system` + `chat`: a glaive
+  row (functions as text in the system prompt, the prompt being the first USER turn) -- read by the
+  same code that reads such rows as a source (`sources.prompt_from_row`).
+The answer, first of:
+- `response`: a chat.completion object (or an OpenAI batch line's `{"status_code", "body": {...}}`),
+  or an assistant message (`content`, `reasoning`, `tool_calls`) with `usage` beside it;
+- `choices` at the top level: the row is a chat.completion itself;
+- `content` / `reasoning` / `tool_calls` at the top level, with `usage`, `provider`, `model`.
+A row whose request carried `tools` is a structured-mode answer; otherwise a text-mode one.
+
+Rows are numbered from 1, as an editor shows the file's lines. A row that cannot be read is a
+`RowProblem` naming the row and what is wrong; reading goes on.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from eyrie.jobs import sources
+from eyrie.jobs.api import ApiError
+from eyrie.jobs.api.errors import _Retry  # what parse_completion raises for a body that is no answer
+from eyrie.jobs.api.sse import parse_completion
+from eyrie.jobs.contract.records import Response
+from eyrie.jobs.errors import InputError
+
+MAX_LINE_BYTES = 64 << 20  # one recorded row; longer ones are named, not read
+
+
+class RecordedFileError(InputError, RuntimeError):
+    """The file cannot be read at all (missing, unreadable, not gzip)."""
+
+
+@dataclass(slots=True)
+class RecordedRow:
+    """One row read back: the prompt, which mode it was sent in, and the answer (or the provider's
+    error, for a request that failed)."""
+
+    line: int
+    prompt: sources.Prompt
+    mode: str  # "text" | "structured"
+    response: Response | None
+    usage: dict[str, Any] | None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class RowProblem:
+    line: int
+    error: str
+
+
+_MESSAGE_KEYS = ("content", "reasoning", "reasoning_content", "tool_calls", "reasoning_details")
+
+
+def _open(path: Path) -> IO[bytes]:
+    try:
+        f: IO[bytes] = path.open("rb")
+    except OSError as e:
+        raise RecordedFileError(f"--from {path}: {e.strerror or e}") from None
+    if f.read(2) == b"\x1f\x8b":
+        f.seek(0)
+        return gzip.open(f)  # type: ignore[return-value]
+    f.seek(0)
+    return f
+
+
+def _prompt(raw: dict[str, Any], name: str, line: int) -> tuple[sources.Prompt | sources.BadRow, str] | str:
+    """(the prompt, its tools mode), or why the row holds none."""
+    request = raw.get("request")
+    if request is not None:
+        if not isinstance(request, dict):
+            return "'request' is not an object"
+        row, fmt = request, "openai"
+    elif "messages" in raw:
+        row, fmt = raw, "openai"
+    elif "conversations" in raw:
+        row, fmt = raw, "sharegpt"
+    elif "system" in raw and "chat" in raw:
+        row, fmt = raw, "glaive"
+    else:
+        return "no prompt: expected 'request' (a chat-completions body), 'messages', 'conversations' or " \
+               "'system' and 'chat'"
+    prompt = sources.prompt_from_row(name, fmt, line - 1, row)
+    return prompt, "structured" if isinstance(prompt, sources.Prompt) and prompt.tools else "text"
+
+
+def _completion(raw: dict[str, Any]) -> dict[str, Any] | str:
+    """The answer as a chat.completion object, whatever shape the row gives it in."""
+    resp = raw.get("response")
+    if resp is not None:
+        if not isinstance(resp, dict):
+            return "'response' is not an object"
+        if isinstance(resp.get("body"), dict) and "status_code" in resp:  # an OpenAI batch output line
+            resp = resp["body"]
+        if "choices" in resp or "error" in resp:
+            return resp
+        if any(k in resp for k in _MESSAGE_KEYS):
+            return {"choices": [{"message": resp, "finish_reason": resp.get("finish_reason")}],
+                    "usage": resp.get("usage", raw.get("usage")), "provider": raw.get("provider"),
+                    "model": raw.get("model")}
+        return "'response' holds neither 'choices' nor an assistant message"
+    if "choices" in raw:
+        return raw
+    if any(k in raw for k in _MESSAGE_KEYS):
+        message = {k: raw[k] for k in _MESSAGE_KEYS if k in raw}
+        return {"id": raw.get("id"), "choices": [{"message": message, "finish_reason": raw.get("finish_reason")}],
+                "usage": raw.get("usage"), "provider": raw.get("provider"), "model": raw.get("model")}
+    return "no answer: expected 'response', 'choices', or 'content'/'reasoning'/'tool_calls'"
+
+
+def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
+    """One decoded row (pure)."""
+    if isinstance(raw, ValueError):
+        return RowProblem(line, str(raw))
+    if not isinstance(raw, dict):
+        return RowProblem(line, f"row is a JSON {sources.json_type_name(raw)}, not an object")
+    got = _prompt(raw, name, line)
+    if isinstance(got, str):
+        return RowProblem(line, got)
+    prompt, mode = got
+    if isinstance(prompt, sources.BadRow):
+        return RowProblem(line, prompt.reason)
+    doc = _completion(raw)
+    if isinstance(doc, str):
+        return RowProblem(line, doc)
+    try:
+        response, usage = parse_completion(doc)
+    except ApiError as e:  # the provider's error instead of an answer: a failed request, not a bad row
+        return RecordedRow(line, prompt, mode, None, doc.get("usage") if isinstance(doc.get("usage"), dict)
+                           else None, error=f"{type(e).__name__}: {e}")
+    except _Retry as e:
+        return RowProblem(line, f"answer: {e}")
+    for key in ("content", "reasoning"):
+        if response.get(key) is not None and not isinstance(response.get(key), str):
+            return RowProblem(line, f"answer: {key} is a JSON {sources.json_type_name(response[key])}, not a string")
+    return RecordedRow(line, prompt, mode, response, usage)
+
+
+def read_recorded(path: str | Path, name: str | None = None) -> Iterator[RecordedRow | RowProblem]:
+    """Every row of the file, in order; `name` is the source name its prompts get (default: the
+    file's name), which their sample ids hash."""
+    p = Path(str(path).removeprefix("file://")).expanduser()
+    name = name or p.name
+    with _open(p) as f:
+        line = 0
+        try:
+            for raw_line in f:
+                line += 1
+                if not raw_line.strip():
+                    continue
+                if len(raw_line) > MAX_LINE_BYTES:
+                    yield RowProblem(line, f"row is {len(raw_line):,} bytes, over the {MAX_LINE_BYTES:,} limit")
+                    continue
+                yield parse_row(sources.decode_line(raw_line), name, line)
+        except (OSError, EOFError) as e:  # a truncated or corrupt .gz: what was read stands
+            yield RowProblem(line + 1, f"the file is corrupt from here on ({type(e).__name__}: {e})")

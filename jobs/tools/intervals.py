@@ -1,0 +1,121 @@
+"""95% intervals for the audit's figures. Pure and deterministic.
+
+Rates get Wilson's score interval (right at 0% and 100% and for small n, where the normal
+approximation gives intervals outside [0, 1] or of width zero). Means, ratios of sums and paired
+differences get a percentile bootstrap with a fixed seed, so the same answers give the same interval
+on every report. Differences between the two tools modes resample *prompts*: both modes' answers to
+a prompt stay together (the comparison is paired), and so do the several calls of one answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Z95 = 1.959963984540054  # the 97.5% quantile of the standard normal
+SEED = 0
+RESAMPLES = 2000
+_CHUNK_CELLS = 4_000_000  # indices drawn at once (resamples x n): bounds memory for large n
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure, its 95% interval and the sample size it rests on; None where n is 0."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"value": _round(self.value), "low": _round(self.low), "high": _round(self.high), "n": self.n}
+
+    def scaled(self, factor: float) -> Estimate:
+        """The same estimate times a constant (a per-answer figure projected to a dataset)."""
+        lo, hi = (None, None) if self.low is None else sorted((self.low * factor, self.high * factor))
+        return Estimate(None if self.value is None else self.value * factor, lo, hi, self.n)
+
+
+EMPTY = Estimate(None, None, None, 0)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def wilson(k: int, n: int, z: float = Z95) -> Estimate:
+    """k successes in n trials: the share and Wilson's score interval."""
+    if n <= 0:
+        return EMPTY
+    p = k / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
+
+
+def _indices(rng: np.random.Generator, n: int, resamples: int):
+    """Resampled index rows, a chunk at a time."""
+    step = max(1, _CHUNK_CELLS // max(1, n))
+    left = resamples
+    while left > 0:
+        take = min(step, left)
+        yield rng.integers(0, n, size=(take, n), dtype=np.int64 if n > 2**31 - 1 else np.int32)
+        left -= take
+
+
+def _percentile(stats: np.ndarray) -> tuple[float | None, float | None]:
+    finite = stats[np.isfinite(stats)]
+    if finite.size == 0:
+        return None, None
+    lo, hi = np.percentile(finite, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return num / den
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *, seed: int = SEED,
+                    resamples: int = RESAMPLES) -> Estimate:
+    """sum(num) / sum(den) over units (den omitted: the mean of num), with a bootstrap interval over
+    the units. n is the number of units with den > 0."""
+    a = np.asarray(num, dtype=np.float64)
+    d = np.ones_like(a) if den is None else np.asarray(den, dtype=np.float64)
+    n_units = int(np.count_nonzero(d))
+    if a.size == 0 or d.sum() == 0:
+        return Estimate(None, None, None, n_units)
+    value = float(a.sum() / d.sum())
+    rng = np.random.default_rng(seed)
+    stats = np.concatenate([_ratio(a[idx].sum(axis=1), d[idx].sum(axis=1)) for idx in _indices(rng, a.size, resamples)])
+    lo, hi = _percentile(stats)
+    return Estimate(value, lo, hi, n_units)
+
+
+def bootstrap_mean(values: Sequence[float], *, seed: int = SEED, resamples: int = RESAMPLES) -> Estimate:
+    return bootstrap_ratio(values, None, seed=seed, resamples=resamples)
+
+
+def paired_difference(num_a: Sequence[float], den_a: Sequence[float] | None, num_b: Sequence[float],
+                      den_b: Sequence[float] | None, *, seed: int = SEED, resamples: int = RESAMPLES) -> Estimate:
+    """(sum num_b / sum den_b) - (sum num_a / sum den_a) over the same units (prompts), resampled
+    together; den None: a mean. n is the number of units."""
+    na, nb = np.asarray(num_a, dtype=np.float64), np.asarray(num_b, dtype=np.float64)
+    da = np.ones_like(na) if den_a is None else np.asarray(den_a, dtype=np.float64)
+    db = np.ones_like(nb) if den_b is None else np.asarray(den_b, dtype=np.float64)
+    if not (na.size == nb.size == da.size == db.size):
+        raise ValueError("paired figures need one value per unit in both modes")
+    if na.size == 0 or da.sum() == 0 or db.sum() == 0:
+        return Estimate(None, None, None, int(na.size))
+    value = float(nb.sum() / db.sum() - na.sum() / da.sum())
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for idx in _indices(rng, na.size, resamples):
+        chunks.append(_ratio(nb[idx].sum(axis=1), db[idx].sum(axis=1)) - _ratio(na[idx].sum(axis=1),
+                                                                               da[idx].sum(axis=1)))
+    lo, hi = _percentile(np.concatenate(chunks))
+    return Estimate(value, lo, hi, int(na.size))
