@@ -1,4 +1,5 @@
-"""`eyrie audit` against the simulator: its table must say exactly what the simulator did."""
+"""`eyrie audit` end to end: against an independent fake provider whose text answers use each call
+format (tests/fake_provider.py), and against the simulator for the budget and the CLI."""
 
 from __future__ import annotations
 
@@ -6,26 +7,150 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_provider import CASES_IN_ORDER, CATEGORY, TOOLS, FakeProvider
+
 from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.generate.audit import pick_prompts, run_audit
+from eyrie.jobs.generate.checkpoint import read_checkpoint
 from eyrie.jobs.generate.requests import build_body
 from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, make_answer
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import open_store
 from eyrie.jobs.tools import declarations
-from eyrie.jobs.tools.leaks import scan_leaks
+from eyrie.jobs.tools.audit_stats import fmt_rate
+from eyrie.jobs.tools.intervals import wilson
 
 ROOT = Path(__file__).resolve().parents[1]
+PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
 
 
-def spec_file(tmp_path: Path, max_usd: str = "1.00") -> Path:
+def glaive_system() -> str:
+    body = "\n".join(json.dumps(t["function"], indent=2) for t in TOOLS)
+    return f"SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\n{body}"
+
+
+def case_rows(tmp_path: Path, cases: list[str]) -> tuple[Path, Path]:
+    """One openai row (tools given structurally) and one glaive row (functions as text) per case."""
+    openai_rows = [{"messages": [{"role": "user", "content": f"case={c} What is the weather in Paris?"}],
+                    "tools": TOOLS} for c in cases]
+    glaive_rows = [{"system": glaive_system(),
+                    "chat": f"USER: case={c} Weather in Paris, please?\n\n\nASSISTANT: <functioncall> "
+                            "{\"name\": \"get_weather\", \"arguments\": '{\"city\": \"Paris\"}'} <|endoftext|>\n"}
+                   for c in cases]
+    a, b = tmp_path / "openai.jsonl", tmp_path / "glaive.jsonl"
+    a.write_text("".join(json.dumps(r) + "\n" for r in openai_rows))
+    b.write_text("".join(json.dumps(r) + "\n" for r in glaive_rows))
+    return a, b
+
+
+def fake_spec(tmp_path: Path, base_url: str, cases: list[str], **over) -> Path:
+    a, b = case_rows(tmp_path, cases)
+    spec = {"sources": [{"name": "tools", "uri": str(a)}, {"name": "glaive", "uri": str(b), "format": "glaive"}],
+            "target": {"model": "fake/model"},
+            "api": {"baseUrl": base_url, "maxConcurrency": 4, "stream": False, "maxRetries": 0,
+                    "sampling": {"maxTokens": 256, "temperature": 0.6}},
+            "budget": {"maxUSD": "1.00", "pricing": PRICING}, "output": {"uri": f"file://{tmp_path}/out"}}
+    for k, v in over.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def test_each_text_format_is_counted_exactly(tmp_path):
+    """Every case once per source: the format of each text answer, its validity and whether it made
+    the structured answer's calls are known by construction."""
+    with FakeProvider() as fake:
+        dg = load_spec(fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER))
+        doc = run_audit(dg, 100, RunContext("t"), fake.base_url)
+    n = 2 * len(CASES_IN_ORDER)
+    assert doc["samples"] == n and doc["sent"] == 2 * n and fake.requests == 2 * n
+    t, s = doc["figures"]["modes"]["text"], doc["figures"]["modes"]["structured"]
+    want = Counter(CATEGORY[c] for c in CASES_IN_ORDER for _ in range(2))
+    assert {c: f["count"] for c, f in t["formats"].items()} == dict(want)
+    assert t["callsByFormat"] == {"deepseek": 2, "glaive": 4, "hermes": 12, "json": 4, "kimi": 2}
+    # invalid: the kelvin call (schema) and book_hotel (not declared), once per source
+    assert (t["calls"], t["invalidRate"]) == (24, wilson(4, 24).to_dict())
+    assert t["hallucinatedRate"] == wilson(2, 24).to_dict()
+    called = sum(CATEGORY[c] not in ("prose only", "no call") for c in CASES_IN_ORDER)
+    assert t["callRate"] == wilson(2 * called, n).to_dict()
+    assert s["callRate"] == wilson(n - 2, n).to_dict() and s["validRate"] == wilson(s["calls"], s["calls"]).to_dict()
+    p = doc["figures"]["paired"]
+    agree = [c for c in CASES_IN_ORDER if c not in ("invalid", "hallucinated", "other_args", "prose", "none")]
+    assert p["bothCalled"] == 2 * called and p["argumentAgreement"] == wilson(2 * len(agree), 2 * called).to_dict()
+    # the glaive rows carry the dataset's own answer, a get_weather call: every declared function the
+    # text answers called is that one (book_hotel is not declared: hallucinated, not wrong)
+    g = doc["figures"]["bySource"]["glaive"]["text"]
+    assert g["neededCallRate"] == wilson(called, len(CASES_IN_ORDER)).to_dict()
+    assert g["wrongFunctionRate"] == wilson(0, 12).to_dict()
+    assert doc["figures"]["bySource"]["tools"]["text"]["neededCallRate"]["n"] == 0  # no answer in those rows
+    assert doc["figures"]["byTool"]["get_weather"]["text"]["declaredIn"] == n
+    assert Decimal(doc["spentUSD"]) == fake.billed
+    for e in (t["callRate"], s["callRate"]):
+        assert fmt_rate(e) in doc["verdict"]
+    assert doc["examples"] and all(e["text"] and e["structured"] for e in doc["examples"])
+
+
+def test_a_repeated_audit_pays_nothing_and_samples_extend(tmp_path):
+    with FakeProvider() as fake:
+        path = fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER)
+        dg = load_spec(path)
+        first = run_audit(dg, 5, RunContext("t"), fake.base_url)
+        assert fake.requests == 10 and first["sent"] == 10
+        again = run_audit(dg, 5, RunContext("t"), fake.base_url)
+        assert fake.requests == 10 and again["sent"] == 0 and again["reused"] == 10  # nothing paid twice
+        assert again["figures"] == first["figures"]
+        more = run_audit(dg, 8, RunContext("t"), fake.base_url)
+        assert fake.requests == 16 and more["sent"] == 6
+        assert set(first["sampleIds"]) < set(more["sampleIds"])  # the sample of 8 holds the sample of 5
+        other = run_audit(dg, 8, RunContext("t"), fake.base_url, seed=1)
+        assert other["sampleIds"] != more["sampleIds"] and fake.requests == 16 + other["sent"]
+        assert other["sent"] == 2 * len(set(other["sampleIds"]) - set(more["sampleIds"]))
+        billed_before_change = fake.requests
+        doc = yaml.safe_load(path.read_text())
+        doc["api"]["sampling"]["temperature"] = 1.0  # a changed setting: old answers do not count
+        path.write_text(yaml.safe_dump(doc))
+        changed = run_audit(load_spec(path), 5, RunContext("t"), fake.base_url)
+        assert changed["sent"] == 10 and fake.requests == billed_before_change + 10
+        assert changed["fingerprint"] != first["fingerprint"]
+    store = open_store(f"file://{tmp_path}/out")
+    history = stored.read_audit(store)["history"]
+    assert [h["sent"] for h in history] == [10, 6, other["sent"], 10]  # the repeat added nothing
+    kept = list(stored.iter_audit_records(store))
+    assert len(kept) == fake.requests  # every answer bought is kept, each once
+    assert stored.audit_spend(store) == fake.billed
+
+
+def test_audit_spend_is_in_the_report_and_the_budget_at_once(tmp_path):
+    from eyrie.jobs.report import collect
+    from eyrie.jobs.report.terminal import run_table
+
+    with FakeProvider() as fake:
+        dg = load_spec(fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER))
+        run_audit(dg, 6, RunContext("t"), fake.base_url)
+    store = open_store(f"file://{tmp_path}/out")
+    data = collect(store)  # no run yet: only the audit
+    assert data.spent == fake.billed == data.audit_spent
+    assert data.answers.cost_by_provider["FakeCo"].usd == fake.billed
+    assert read_checkpoint(store).spent == fake.billed  # the next run's budget starts there
+    from rich.console import Console
+
+    c = Console(record=True, width=200)
+    c.print(run_table(data))
+    assert f"FakeCo ${fake.billed}" in c.export_text()
+
+
+def simulator_spec(tmp_path: Path, max_usd: str = "1.00") -> Path:
     spec = {
         "sources": [{"name": "glaive", "uri": str(ROOT / "examples/prompts/glaive_sample.jsonl"), "format": "glaive"},
                     {"name": "q", "uri": str(ROOT / "examples/prompts/quickstart.jsonl"), "format": "openai"}],
@@ -39,53 +164,40 @@ def spec_file(tmp_path: Path, max_usd: str = "1.00") -> Path:
     return p
 
 
-def expected(dg, picked, mode: str) -> dict:
-    cfg = SimulatorConfig()
-    called = leaks = 0
-    for _sid, prompt in picked:
-        prepared = declarations.prepare_prompt(prompt, mode)
-        ans = make_answer(build_body(dg.spec, prepared.messages, prepared.tools), cfg)
-        if mode == "text":  # the simulated model writes its call as a Kimi section: a call, not a leak
-            called += bool(ans.tool_calls) or "<|tool_calls_section_begin|>" in (ans.content or "")
-        else:
-            called += bool(ans.tool_calls)
-            leaks += bool(scan_leaks(ans.content) or scan_leaks(ans.reasoning))
-    return {"called": called, "leaks": leaks}
-
-
-def test_audit_table_matches_what_the_simulator_did(tmp_path):
-    path = spec_file(tmp_path)
-    dg = load_spec(path)
+def test_figures_match_what_the_simulator_did(tmp_path):
+    dg = load_spec(simulator_spec(tmp_path))
     picked = pick_prompts(dg, 20)
-    assert len(picked) == 20  # 8 glaive rows declare functions, then openai rows with tools
-    assert [p.source for _, p in picked[:8]] == ["glaive"] * 8
+    assert len(picked.prompts) == 20 and picked.population["declaredPrompts"] == 23
     with provider(dg.spec) as url:
         doc = run_audit(dg, 20, RunContext("audit-test"), url)
-    m = doc["modes"]
     for mode in ("text", "structured"):
-        exp = expected(dg, picked, mode)
-        assert m[mode]["answers"] == 20 and m[mode]["declaredPrompts"] == 20
-        assert m[mode]["callRate"] == round(exp["called"] / 20, 6), mode
-        assert m[mode]["leaks"] == exp["leaks"], mode
-    # structured: the model calls natively and never leaks; text: it calls less often, as text
-    assert m["structured"]["leaks"] == m["text"]["leaks"] == 0
-    assert m["structured"]["callRate"] > m["text"]["callRate"] > 0
-    assert m["difference"]["callRate"] == round(m["structured"]["callRate"] - m["text"]["callRate"], 6)
-    stored = json.loads(open_store(dg.spec.output.uri).get(layout.AUDIT))
-    assert stored["spentUSD"] == doc["spentUSD"]
-    assert Decimal(doc["spentUSD"]) == Decimal(m["text"]["costUSD"]) + Decimal(m["structured"]["costUSD"])
-    assert stored["sampleIds"] == [sid for sid, _ in picked]
+        called = 0
+        for _sid, prompt in picked.prompts:
+            prepared = declarations.prepare_prompt(prompt, mode)
+            ans = make_answer(build_body(dg.spec, prepared.messages, prepared.tools), SimulatorConfig())
+            # in text mode the simulated model writes its call as a Kimi section: a call, not a leak
+            called += bool(ans.tool_calls) or (mode == "text" and "<|tool_calls_section_begin|>" in (ans.content or ""))
+        f = doc["figures"]["modes"][mode]
+        assert f["answers"] == 20 and f["callRate"] == wilson(called, 20).to_dict(), mode
+        assert f["leakRate"]["value"] == 0, mode
+    s, t = doc["figures"]["modes"]["structured"], doc["figures"]["modes"]["text"]
+    assert s["callRate"]["value"] > t["callRate"]["value"] > 0
+    assert t["formats"]["kimi"]["count"] == round(t["callRate"]["value"] * 20)
+    stored_doc = json.loads(open_store(dg.spec.output.uri).get(layout.AUDIT))
+    assert stored_doc["sampleIds"] == [sid for sid, _ in picked.prompts] and stored_doc["version"] == 2
+    assert Decimal(doc["spentUSD"]) == sum(Decimal(r["costUSD"])
+                                           for r in stored.iter_audit_records(open_store(dg.spec.output.uri)))
 
 
 def test_audit_spend_counts_against_the_run_budget(tmp_path):
-    path = spec_file(tmp_path)
+    path = simulator_spec(tmp_path)
     dg = load_spec(path)
     with provider(dg.spec) as url:
         doc = run_audit(dg, 10, RunContext("audit-test"), url)
     audit_spent = Decimal(doc["spentUSD"])
     env = {**os.environ, "EYRIE_NO_RAY": "1"}
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress"],
-                       capture_output=True, text=True, env=env, timeout=120)
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     prog = json.loads(open_store(dg.spec.output.uri).get(layout.PROGRESS))
     recs = list(records.iter_records(open_store(dg.spec.output.uri)))
@@ -93,12 +205,20 @@ def test_audit_spend_counts_against_the_run_budget(tmp_path):
     assert Decimal(prog["spentUSD"]) == audit_spent + sum(Decimal(x["costUSD"]) for x in recs)
 
 
-def test_audit_cli_prints_the_table_and_refuses_without_tool_prompts(tmp_path):
-    path = spec_file(tmp_path)
+def test_audit_cli_prints_the_verdict_and_refuses_without_tool_prompts(tmp_path):
+    path = simulator_spec(tmp_path)
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path), "--samples", "6"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"})
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "tool-call rate" in r.stdout and "structured" in r.stdout and "leak rate" in r.stdout
+    out = " ".join(r.stdout.split())
+    assert "audit verdict" in out and "As text, the model called a tool on" in out
+    assert "tool-call rate" in out and "structured - text" in out and "n=6" in out
+    assert "12 requests sent, 0 answers reused" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path), "--samples", "6"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "0 requests sent, 12 answers reused" in r.stderr
+    h = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", "--help"], capture_output=True, text=True)
+    assert "random sample" in h.stdout and "(default: 50)" in h.stdout and "--seed" in h.stdout
     plain = tmp_path / "plain.jsonl"
     plain.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     doc = yaml.safe_load(path.read_text())
@@ -109,26 +229,42 @@ def test_audit_cli_prints_the_table_and_refuses_without_tool_prompts(tmp_path):
     assert r.returncode == 2 and "declares tools" in r.stderr
 
 
+def test_run_in_audit_mode_prints_the_audit_without_a_terminal(tmp_path):
+    path = simulator_spec(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["tools"] = {"mode": "audit", "gate": {"canarySamples": 6}}
+    path.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "EYRIE_NO_RAY": "1"}
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    err = " ".join(r.stderr.split())
+    assert "audit verdict" in err and "As text, the model called a tool on" in err and "n=6" in err
+    report = (tmp_path / "out" / layout.REPORT).read_text()
+    first = report.index("<h2>")
+    assert report[first:].startswith("<h2>Audit: tools as text vs structured</h2><p class='verdict'>As text")
+
+
 def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_path):
     """kill -9 mid-audit: what the audit may have paid is already in budget.json, so the run that
-    follows starts from at least the provider's bill and cannot spend past maxUSD."""
+    follows starts from at least the provider's bill and cannot spend past maxUSD; the answers
+    made durable before the kill are kept and not bought again."""
     import signal
     import time
 
-    from eyrie.jobs.generate.checkpoint import read_checkpoint
     from eyrie.jobs.simulator import SimulatorProcess
 
-    path = spec_file(tmp_path)
+    path = simulator_spec(tmp_path)
     doc = yaml.safe_load(path.read_text())
     with SimulatorProcess(SimulatorConfig(latency_ms=300)) as sim:
         doc["api"]["baseUrl"] = sim.base_url
-        doc["budget"]["pricing"] = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
+        doc["budget"]["pricing"] = PRICING
         path.write_text(yaml.safe_dump(doc))
         env = {**os.environ, "EYRIE_API_KEY": "sk-test-audit-kill"}
         proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path), "--samples", "20"],
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.time() + 60
+            deadline = time.time() + 120
             while sim.stats()["completed"] < 6:
                 assert time.time() < deadline and proc.poll() is None
                 time.sleep(0.05)
@@ -138,6 +274,12 @@ def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_p
             if proc.poll() is None:
                 proc.kill()
         billed = Decimal(sim.stats()["billedUSD"])
-    store = open_store(doc["output"]["uri"])
-    assert not store.exists(layout.AUDIT)  # it died before writing its table
-    assert billed > 0 and read_checkpoint(store).spent >= billed
+        store = open_store(doc["output"]["uri"])
+        assert not store.exists(layout.AUDIT)  # it died before writing its table
+        assert billed > 0 and read_checkpoint(store).spent >= billed
+        kept = len(list(stored.iter_audit_records(store)))
+        before = sim.stats()["requests"]
+        r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path), "--samples", "20"],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert sim.stats()["requests"] - before == 40 - kept  # what was kept is not bought again

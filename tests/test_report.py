@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import orjson
@@ -115,6 +116,29 @@ def test_reservoir_is_exact_below_its_size_and_uniform_above():
 # ------------------------------------------------------------------------------- a whole store
 
 
+def _audit_doc() -> dict:
+    """audit.json as `eyrie audit` writes it: 20 prompts both ways (figures from audit_stats)."""
+    from eyrie.jobs.contract.audit import with_entry
+    from eyrie.jobs.tools import audit_stats as st
+
+    facts = []
+    for i in range(20):
+        calls = {"text": ("hermes",) if i % 2 else (), "structured": ("structured",) if i % 10 else ()}
+        for mode, fmts in calls.items():
+            facts.append(st.AnswerFact(f"s{i}", "glaive", mode, "ok", frozenset({"get_weather"}),
+                                       tuple(st.CallFact("get_weather", i % 7 != 0, f, st.arguments_key({"c": i}), True)
+                                             for f in fmts), i == 4, False, 300, 0.0006 if mode == "text" else 0.0004))
+    figures = st.summarize(facts, {"prompts": 60, "declaredPrompts": 40})
+    entry = {"kind": "prompts", "samples": 20, "seed": 0, "model": "moonshotai/kimi-k2.5", "outcome": "Done",
+             "spentUSD": "0.02", "sent": 40, "reused": 0, "figures": figures, "verdict": st.verdict(figures),
+             "examples": [{"sampleId": "s1", "source": "glaive", "user": "Weather in [Paris]?",
+                           "text": {"status": "ok", "content": "<tool_call>...", "calls": ["get_weather({}) [hermes]"],
+                                    "prose": False},
+                           "structured": {"status": "ok", "content": "", "calls": ["get_weather({})"],
+                                          "prose": False}}]}
+    return with_entry(None, entry, Decimal("0.02"))
+
+
 def _full_store(root: Path) -> FileStore:
     """A run's output with every document the report reads, as the stages write them."""
     store = FileStore(root)
@@ -142,14 +166,7 @@ def _full_store(root: Path) -> FileStore:
                 "failures": {"moderation": 1},
                 "tokens": {"input": 9000, "output": 12000}, "tools": {"callRate": 0.7}}
     store.put(layout.PROGRESS, orjson.dumps(progress))
-    store.put(layout.AUDIT, orjson.dumps({
-        "samples": 20, "model": "moonshotai/kimi-k2.5", "outcome": "Done", "spentUSD": "0.02",
-        "modes": {"text": {"callRate": 0.55, "invalidRate": 0.08, "leakRate": 0.05, "meanOutputTokens": 310.0,
-                           "costUSD": "0.012", "failed": 0},
-                  "structured": {"callRate": 0.9, "invalidRate": 0.0, "leakRate": 0.0, "meanOutputTokens": 280.0,
-                                 "costUSD": "0.0085", "failed": 1},
-                  "difference": {"callRate": 0.35, "invalidRate": -0.08, "leakRate": -0.05,
-                                 "meanOutputTokens": -30.0}}}))
+    store.put(layout.AUDIT, orjson.dumps(_audit_doc()))
     summary = {"chatTemplate": {"format": "kimi-k2.5"}, "samples": {
         "records": 61, "kept": 55, "tokens": 30000, "responseTokens": 12000,
         "excluded": {"policy_drop": 5, "status_failed": 1}, "flags": {"token_count_gap": 3},
@@ -252,3 +269,28 @@ def test_html_page_renders_every_plot_in_chromium(tmp_path):
     page = Path(url.removeprefix("file://"))
     assert page == tmp_path / "out" / layout.REPORT
     check_page(page, expected, "report-full.png")
+
+
+def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tmp_path):
+    import html
+
+    data = collect(_full_store(tmp_path / "out"))
+    page = render(data)
+    assert page.index("<p class='verdict'>") < page.index("<h2>Summary</h2>") < page.index("plot-0")
+    assert html.escape(data.audit["verdict"]) in page and "As text, the model called a tool on" in page
+    assert page.count("side by side: the same prompt in both modes") == 1  # the audit's tables once
+    console = Console(record=True, width=160, file=io.StringIO())
+    print_report(data, console, full=False)  # eyrie run's one screen: the verdict right after the run table
+    text = console.export_text()
+    assert text.index("audit verdict") < text.index("samples by outcome")
+    old = FileStore(tmp_path / "old")
+    old.put(layout.PROGRESS, orjson.dumps({"attempt": "a", "outcome": "Done", "spentUSD": "0.5", "maxUSD": "5",
+                                           "auditUSD": "0.02"}))
+    old.put(layout.AUDIT, orjson.dumps({"samples": 20, "model": "m", "outcome": "Done", "spentUSD": "0.02",
+                                        "cumulativeSpentUSD": "0.05", "modes": {"text": {"callRate": 0.5},
+                                                                                "structured": {"callRate": 0.9}}}))
+    data = collect(old)
+    assert data.audit_spent == Decimal("0.05") and data.spent == Decimal("0.53")  # 0.03 paid by audits since
+    console = Console(record=True, width=160, file=io.StringIO())
+    print_report(data, console)
+    assert "an older audit.json" in console.export_text()

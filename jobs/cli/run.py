@@ -188,6 +188,8 @@ def audit_main(argv: list[str]) -> int:
         ap.error("a SPEC is needed (or --from FILE)")
     if args.rerun and args.from_file is None:
         ap.error("--rerun goes with --from")
+    if args.rerun and args.spec is None:
+        ap.error("--rerun needs a SPEC: its model, provider and budget pay for the comparison")
     dg = load_spec(args.spec) if args.spec else None
     try:
         if args.from_file is not None:

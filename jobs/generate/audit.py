@@ -429,9 +429,10 @@ def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun:
                      seed: int = DEFAULT_SEED) -> tuple[RecordedPass, list[tuple[str, sources.Prompt, str]],
                                                         dict[str, frozenset[str]]]:
     """Check every recorded answer as a run checks its own (pure but for reading the file); the
-    `rerun` prompts of lowest priority among the judged answers come back as (id, prompt, mode)."""
+    `rerun` prompts of lowest priority among the judged text-mode answers (structured ones in a
+    file of structured answers only) come back as (id, prompt, mode)."""
     tally = RecordedPass()
-    lowest = _Lowest(rerun) if rerun else None
+    lowest = {m: _Lowest(rerun) for m in MODES} if rerun else None
     declared: dict[str, frozenset[str]] = {}
     for item in read_recorded(path):
         if isinstance(item, RowProblem):
@@ -462,10 +463,12 @@ def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun:
             rec["status"] = "ok"
             rec["checks"] = checks.check_response(prepared, item.response).to_record()
             if lowest is not None:
-                lowest.offer(priority(seed, sid), (sid, item.prompt, item.mode))
+                lowest[item.mode].offer(priority(seed, sid), (sid, item.prompt, item.mode))
                 declared[sid] = names
         tally.facts.append(audit_stats.fact_from_record(rec, names, cost=float(cost) if cost is not None else None))
-    picked = lowest.items() if lowest is not None else []
+    picked = []
+    if lowest is not None:
+        picked = lowest["text"].items() or lowest["structured"].items()
     return tally, picked, {sid: declared[sid] for sid, _p, _m in picked}
 
 

@@ -132,13 +132,15 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
     doc = _completion(raw)
     if isinstance(doc, str):
         return RowProblem(line, doc)
+    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
     try:
         response, usage = parse_completion(doc)
     except ApiError as e:  # the provider's error instead of an answer: a failed request, not a bad row
-        return RecordedRow(line, prompt, mode, None, doc.get("usage") if isinstance(doc.get("usage"), dict)
-                           else None, error=f"{type(e).__name__}: {e}")
+        return RecordedRow(line, prompt, mode, None, usage, error=f"{type(e).__name__}: {e}")
     except _Retry as e:
-        return RowProblem(line, f"answer: {e}")
+        if e.kind == "error-body" or doc.get("error"):  # the provider's error too, a transient one
+            return RecordedRow(line, prompt, mode, None, usage, error=e.message)
+        return RowProblem(line, f"answer: {e.message}")
     for key in ("content", "reasoning"):
         if response.get(key) is not None and not isinstance(response.get(key), str):
             return RowProblem(line, f"answer: {key} is a JSON {sources.json_type_name(response[key])}, not a string")

@@ -142,6 +142,7 @@ _AUDIT_ROWS = (  # (label, key in a mode's figures, kind, key in the paired diff
     ("  where it does not", "unneededCallRate", "rate", None),
     ("calls per answer", "callsPerAnswer", "num", "callsPerAnswer"),
     ("valid-call rate", "validRate", "rate", "validRate"),
+    ("  calls that would not validate", "invalidRate", "rate", None),
     ("hallucinated-function rate", "hallucinatedRate", "rate", None),
     ("wrong-function rate", "wrongFunctionRate", "rate", None),
     ("leak rate", "leakRate", "rate", None),

@@ -461,6 +461,6 @@ def verdict(figs: dict[str, Any], *, recorded: str | None = None) -> str:
                    "comparison with the other mode." if recorded else "")
     unparsable = sum(m.get("unparsable", 0) for m in modes.values())
     if unparsable:
-        out.append(f"{unparsable} prompts' functions could not be parsed: they are not counted as answers without "
-                   "a call.")
+        out.append(f"{unparsable} prompt{'s' if unparsable > 1 else ''} declared functions that could not be parsed: "
+                   "counted as such, not as answers without a call.")
     return " ".join(p for p in out if p)
