@@ -20,7 +20,7 @@ from fake_provider import CASES_IN_ORDER, CATEGORY, TEXT_ANSWERS, TOOLS, FakePro
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
-from eyrie.jobs.generate.audit import analyse_recorded, run_audit_from
+from eyrie.jobs.generate.audit_from import analyse_recorded, run_audit_from
 from eyrie.jobs.generate.budget import Pricing
 from eyrie.jobs.generate.recorded import RecordedRow, RowProblem, parse_row, read_recorded
 from eyrie.jobs.spec import load_spec
@@ -139,7 +139,8 @@ def test_from_counts_like_a_run_and_sends_nothing(tmp_path):
 def test_from_counts_each_text_format_exactly(tmp_path):
     path, _ = recorded_file(tmp_path)
     prices = Pricing(Decimal("0.60"), Decimal("2.50"))
-    tally, _picked, _decl = analyse_recorded(path, prices)
+    tally = analyse_recorded(path, prices)
+    assert analyse_recorded(path, prices, workers=2).facts == tally.facts  # the same in a pool of processes
     text = [f for f in tally.facts if f.mode == "text" and f.status == "ok"]
     got = Counter(f.category for f in text)
     assert got == Counter(CATEGORY[c] for c in CASES_IN_ORDER for _ in range(2))

@@ -18,8 +18,8 @@ What it promises:
 - **Paid from the budget.** Requests go through the run's coordinator and budget committer; what
   the audit paid is part of the spend the next run starts from (`contract/audit.audit_spend`), and
   of what `eyrie report` shows as spent and paid per provider, as soon as an answer is durable.
-- `--from FILE` reads answers someone already paid for (`generate/recorded.py`): the same checks
-  and figures, nothing sent; `--rerun N` buys the other mode for N of those prompts.
+- `--from FILE` reads answers someone already paid for (`audit_from.py`): the same checks and
+  figures, nothing sent; `--rerun N` buys the other mode for N of those prompts.
 """
 
 from __future__ import annotations
@@ -31,29 +31,26 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import orjson
 
 from eyrie.jobs import sources
-from eyrie.jobs.api import reported_cost
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.generate.budget import Pricing, actual_cost, usd
+from eyrie.jobs.generate.budget import usd
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
 from eyrie.jobs.generate.preflight import preflight
-from eyrie.jobs.generate.recorded import RecordedRow, RowProblem, read_recorded
 from eyrie.jobs.generate.requests import build_body
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
-from eyrie.jobs.tools import audit_stats, checks, declarations
+from eyrie.jobs.tools import audit_stats, declarations
 
 MODES = audit_stats.MODES
 DEFAULT_SAMPLES = 50
@@ -85,7 +82,7 @@ class Picked:
     references: dict[str, frozenset[str] | None] = field(default_factory=dict)
 
 
-class _Lowest:
+class Lowest:
     """The n items of lowest priority seen so far (a bounded max-heap)."""
 
     def __init__(self, n: int):
@@ -94,6 +91,8 @@ class _Lowest:
         self._i = 0
 
     def offer(self, pri: int, item: Any) -> None:
+        if self.n <= 0:
+            return
         self._i += 1
         entry = (-pri, self._i, item)
         if len(self._heap) < self.n:
@@ -101,18 +100,22 @@ class _Lowest:
         elif -self._heap[0][0] > pri:
             heapq.heapreplace(self._heap, entry)
 
+    def entries(self) -> list[tuple[int, Any]]:
+        """(priority, item), lowest priority first."""
+        return [(-p, item) for p, _i, item in sorted(self._heap, key=lambda e: (-e[0], e[1]))]
+
     def items(self) -> list[Any]:
-        return [item for _p, _i, item in sorted(self._heap, key=lambda e: (-e[0], e[1]))]
+        return [item for _p, item in self.entries()]
 
 
-def _names(tools: Iterable[dict[str, Any]]) -> frozenset[str]:
+def names_of(tools: Iterable[dict[str, Any]]) -> frozenset[str]:
     return frozenset(t["function"]["name"] for t in tools)
 
 
 def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Picked:
     """A seeded random sample of n tool-declaring prompts from the spec's sources (one streaming
     pass, O(n) memory), with the counts the costs are projected to."""
-    lowest = _Lowest(n)
+    lowest = Lowest(n)
     declared: dict[str, frozenset[str]] = {}
     pop: dict[str, Any] = {"prompts": 0, "declaredPrompts": 0, "unparsable": 0, "bySource": {}}
     for src in dg.spec.sources:
@@ -130,7 +133,7 @@ def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Pic
                 pop["declaredPrompts"] += 1
                 counts["declaredPrompts"] += 1
                 sid = item.sample_id()
-                lowest.offer(priority(seed, sid), (sid, item, _names(prepared.declared_tools)))
+                lowest.offer(priority(seed, sid), (sid, item, names_of(prepared.declared_tools)))
     chosen = lowest.items()
     for sid, _p, names in chosen:
         declared[sid] = names
@@ -269,7 +272,7 @@ async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
     return sent
 
 
-def _buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: AnswerSet,
+def buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: AnswerSet,
          todo: dict[str, list[tuple[str, sources.Prompt]]]) -> tuple[int, Decimal, str, str]:
     """Send what the answer set lacks, paid from the budget: (requests sent, spent, outcome, message)."""
     spec = dg.spec
@@ -354,7 +357,7 @@ def _facts(pairs: dict[str, dict[str, records.Record]], declared: dict[str, froz
                 for sid, rec in pairs[m].items()} for m in MODES}
 
 
-def _finish(store: Store | None, entry: dict[str, Any]) -> dict[str, Any]:
+def finish(store: Store | None, entry: dict[str, Any]) -> dict[str, Any]:
     """Make `entry` the latest audit in audit.json (history kept), unless it repeats the latest
     exactly (nothing bought, the same sample): then the stored document is the answer."""
     if store is None:
@@ -380,7 +383,7 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
     answers = AnswerSet(store, audit_settings(spec))
     todo = {m: [(sid, p) for sid, p in picked.prompts if sid not in answers.have(m)] for m in MODES}
     wanted = sum(len(v) for v in todo.values())
-    sent, spent, outcome, message = _buy(dg, ctx, base_url, answers, todo)
+    sent, spent, outcome, message = buy(dg, ctx, base_url, answers, todo)
     sids = {sid for sid, _ in picked.prompts}
     pairs = answers.load(sids)
     facts = _facts(pairs, picked.declared, picked.references)
@@ -394,149 +397,4 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
         "examples": examples(dict(picked.prompts), pairs, facts),
         "sampleIds": [sid for sid, _ in picked.prompts],
     }
-    return _finish(store, entry)
-
-
-# ----------------------------------------------------------------------------- --from FILE
-
-
-@dataclass
-class RecordedPass:
-    """One streaming pass over a recorded file: the facts of every answer and what else it held."""
-
-    facts: list[audit_stats.AnswerFact] = field(default_factory=list)
-    problems: list[dict[str, Any]] = field(default_factory=list)
-    bad_rows: int = 0
-    rows: int = 0
-    no_tools: int = 0
-    unparsable: list[dict[str, Any]] = field(default_factory=list)
-    unparsable_rows: int = 0
-    cost: Decimal = Decimal(0)
-    priced: dict[str, int] = field(default_factory=lambda: {"usage": 0, "pricing": 0, "unpriced": 0})
-    modes: dict[str, int] = field(default_factory=dict)
-
-
-def _cost(row: RecordedRow, pricing: Pricing | None, tally: RecordedPass) -> Decimal | None:
-    reported = reported_cost(row.usage)
-    cost = actual_cost(pricing, row.usage, reported)
-    tally.priced["usage" if reported is not None else "pricing" if cost is not None else "unpriced"] += 1
-    if cost is not None:
-        tally.cost += cost
-    return cost
-
-
-def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun: int = 0,
-                     seed: int = DEFAULT_SEED) -> tuple[RecordedPass, list[tuple[str, sources.Prompt, str]],
-                                                        dict[str, frozenset[str]]]:
-    """Check every recorded answer as a run checks its own (pure but for reading the file); the
-    `rerun` prompts of lowest priority among the judged text-mode answers (structured ones in a
-    file of structured answers only) come back as (id, prompt, mode)."""
-    tally = RecordedPass()
-    lowest = {m: _Lowest(rerun) for m in MODES} if rerun else None
-    declared: dict[str, frozenset[str]] = {}
-    for item in read_recorded(path):
-        if isinstance(item, RowProblem):
-            tally.bad_rows += 1
-            if len(tally.problems) < MAX_PROBLEMS:
-                tally.problems.append({"row": item.line, "error": item.error})
-            continue
-        tally.rows += 1
-        tally.modes[item.mode] = tally.modes.get(item.mode, 0) + 1
-        cost = _cost(item, pricing, tally)
-        sid = item.prompt.sample_id()
-        prepared = declarations.prepare_prompt(item.prompt, item.mode)  # type: ignore[arg-type]
-        if isinstance(prepared, declarations.Rejected):
-            tally.unparsable_rows += 1
-            if len(tally.unparsable) < MAX_PROBLEMS:
-                tally.unparsable.append({"row": item.line, "error": prepared.reason})
-            tally.facts.append(audit_stats.AnswerFact(sid, item.prompt.source, item.mode, "unparsable"))
-            continue
-        if not prepared.declared:
-            tally.no_tools += 1
-            continue
-        names = _names(prepared.declared_tools)
-        rec: dict[str, Any] = {"sample_id": sid, "source": item.prompt.source, "toolsMode": item.mode,
-                               "usage": item.usage, "response": item.response}
-        if item.response is None:
-            rec["status"] = "failed"
-        else:
-            rec["status"] = "ok"
-            rec["checks"] = checks.check_response(prepared, item.response).to_record()
-            if lowest is not None:
-                lowest[item.mode].offer(priority(seed, sid), (sid, item.prompt, item.mode))
-                declared[sid] = names
-        tally.facts.append(audit_stats.fact_from_record(rec, names, cost=float(cost) if cost is not None else None))
-    picked = []
-    if lowest is not None:
-        picked = lowest["text"].items() or lowest["structured"].items()
-    return tally, picked, {sid: declared[sid] for sid, _p, _m in picked}
-
-
-def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunContext, base_url: str | None,
-                   rerun: int = 0, seed: int = DEFAULT_SEED) -> dict[str, Any]:
-    """Figures of answers a user already has; with `rerun`, the other mode bought for that many
-    of their prompts (under the spec's budget). Nothing is sent without `rerun`. With a spec the
-    document is written to its output's audit.json; without one it is only returned."""
-    if rerun and dg is None:
-        raise AuditError("--rerun needs a SPEC: its model, provider and budget pay for the comparison")
-    pricing = None
-    if dg is not None:
-        prices = dg.spec.effective_pricing()
-        pricing = Pricing(prices.input_per_million, prices.output_per_million)
-    tally, picked, declared = analyse_recorded(path, pricing, rerun=rerun, seed=seed)
-    facts = list(tally.facts)
-    sent, spent, outcome, message = 0, Decimal(0), Outcome.DONE, ""
-    fp = settings = None
-    examples_doc: list[dict[str, Any]] = []
-    store = open_output(dg.spec) if dg is not None else None
-    if dg is not None and picked:
-        other = {"text": "structured", "structured": "text"}
-        answers = AnswerSet(store, audit_settings(dg.spec))
-        fp, settings = answers.fingerprint, answers.settings
-        todo: dict[str, list[tuple[str, sources.Prompt]]] = {m: [] for m in MODES}
-        for sid, prompt, mode in picked:
-            if sid not in answers.have(other[mode]):
-                todo[other[mode]].append((sid, prompt))
-        sent, spent, outcome, message = _buy(dg, ctx, base_url, answers, todo)
-        pairs = answers.load(set(declared))
-        bought = {m: [audit_stats.fact_from_record(rec, declared[sid]) for sid, rec in pairs[m].items()]
-                  for m in MODES}
-        facts += bought["text"] + bought["structured"]
-        side_facts = {m: {f.sample_id: f for f in [*bought[m], *(f for f in tally.facts
-                                                                 if f.sample_id in declared and f.mode == m)]}
-                      for m in MODES}
-        examples_doc = examples({sid: p for sid, p, _m in picked}, _with_recorded(pairs, picked, path), side_facts)
-    judged = sum(1 for f in tally.facts if f.status != "unparsable")
-    population = {"prompts": tally.rows, "declaredPrompts": judged}
-    figures = audit_stats.summarize(facts, population)
-    name = Path(str(path)).name
-    entry = {
-        "kind": "from", "at": now_iso(), "samples": len(picked), "seed": seed,
-        "model": dg.spec.target.model if dg is not None else None, "fingerprint": fp, "settings": settings,
-        "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
-        "reused": len(picked) - sent if picked else 0, "population": population,
-        "from": {"file": str(path), "rows": tally.rows, "badRows": tally.bad_rows, "problems": tally.problems,
-                 "modes": tally.modes, "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows,
-                 "unparsable": tally.unparsable, "costUSD": usd(tally.cost), "priced": tally.priced},
-        "figures": figures, "verdict": audit_stats.verdict(figures, recorded=name),
-        "examples": examples_doc, "sampleIds": [sid for sid, _p, _m in picked],
-    }
-    return _finish(store, entry)
-
-
-def _with_recorded(bought: dict[str, dict[str, records.Record]], picked: list[tuple[str, sources.Prompt, str]],
-                   path: str | Path) -> dict[str, dict[str, records.Record]]:
-    """The recorded answers of the picked prompts as records (a second, short pass over the file)
-    beside the bought ones, for the side-by-side examples."""
-    want = {sid: mode for sid, _p, mode in picked}
-    out = {m: dict(bought[m]) for m in MODES}
-    for item in read_recorded(path):
-        if isinstance(item, RecordedRow) and item.response is not None:
-            sid = item.prompt.sample_id()
-            if want.get(sid) == item.mode:
-                prepared = declarations.prepare_prompt(item.prompt, item.mode)  # type: ignore[arg-type]
-                if isinstance(prepared, declarations.Prepared):
-                    out[item.mode][sid] = {"sample_id": sid, "status": "ok", "response": item.response,
-                                           "checks": checks.check_response(prepared, item.response).to_record(),
-                                           "costUSD": None}
-    return out
+    return finish(store, entry)

@@ -147,21 +147,33 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
     return RecordedRow(line, prompt, mode, response, usage)
 
 
-def read_recorded(path: str | Path, name: str | None = None) -> Iterator[RecordedRow | RowProblem]:
-    """Every row of the file, in order; `name` is the source name its prompts get (default: the
-    file's name), which their sample ids hash."""
-    p = Path(str(path).removeprefix("file://")).expanduser()
-    name = name or p.name
-    with _open(p) as f:
+def recorded_path(path: str | Path) -> Path:
+    return Path(str(path).removeprefix("file://")).expanduser()
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes] | RowProblem]:
+    """(row number, the line) of every line that is not blank; a truncated or corrupt `.gz` ends
+    with a RowProblem (what was read before it stands)."""
+    with _open(recorded_path(path)) as f:
         line = 0
         try:
             for raw_line in f:
                 line += 1
-                if not raw_line.strip():
-                    continue
-                if len(raw_line) > MAX_LINE_BYTES:
-                    yield RowProblem(line, f"row is {len(raw_line):,} bytes, over the {MAX_LINE_BYTES:,} limit")
-                    continue
-                yield parse_row(sources.decode_line(raw_line), name, line)
-        except (OSError, EOFError) as e:  # a truncated or corrupt .gz: what was read stands
+                if raw_line.strip():
+                    yield line, raw_line
+        except (OSError, EOFError) as e:
             yield RowProblem(line + 1, f"the file is corrupt from here on ({type(e).__name__}: {e})")
+
+
+def parse_line(raw_line: bytes, name: str, line: int) -> RecordedRow | RowProblem:
+    if len(raw_line) > MAX_LINE_BYTES:
+        return RowProblem(line, f"row is {len(raw_line):,} bytes, over the {MAX_LINE_BYTES:,} limit")
+    return parse_row(sources.decode_line(raw_line), name, line)
+
+
+def read_recorded(path: str | Path, name: str | None = None) -> Iterator[RecordedRow | RowProblem]:
+    """Every row of the file, in order; `name` is the source name its prompts get (default: the
+    file's name), which their sample ids hash."""
+    name = name or recorded_path(path).name
+    for item in iter_lines(path):
+        yield item if isinstance(item, RowProblem) else parse_line(item[1], name, item[0])

@@ -23,6 +23,7 @@ record's `checks`, as `tools.checks.check_response` wrote them, with each call's
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,7 +49,7 @@ class CallFact:
     name: str | None
     valid: bool
     format: str
-    arguments: int | None  # hash of the arguments' canonical JSON (None: they did not parse)
+    arguments: int | None  # a hash of the arguments' canonical JSON (None: they did not parse)
     declared: bool
 
 
@@ -101,7 +102,9 @@ def arguments_key(value: Any) -> int | None:
     if value is None:
         return None
     try:
-        return hash(orjson.dumps(_canonical(value), option=orjson.OPT_SORT_KEYS))
+        # a stable hash (not hash(): that differs between the processes a large --from file is read by)
+        digest = hashlib.blake2b(orjson.dumps(_canonical(value), option=orjson.OPT_SORT_KEYS), digest_size=8)
+        return int.from_bytes(digest.digest(), "big")
     except (TypeError, orjson.JSONEncodeError):
         return None
 

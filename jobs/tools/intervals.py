@@ -57,14 +57,25 @@ def wilson(k: int, n: int, z: float = Z95) -> Estimate:
     return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
 
 
-def _indices(rng: np.random.Generator, n: int, resamples: int):
-    """Resampled index rows, a chunk at a time."""
-    step = max(1, _CHUNK_CELLS // max(1, n))
-    left = resamples
-    while left > 0:
-        take = min(step, left)
-        yield rng.integers(0, n, size=(take, n), dtype=np.int64 if n > 2**31 - 1 else np.int32)
-        left -= take
+def _resampled_sums(columns: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Column sums of `resamples` bootstrap resamples of the rows of `columns` (units x values):
+    shape (resamples, values). Resampling units with replacement is the same as drawing how often
+    each distinct unit is taken from a multinomial; when units repeat (counts, 0/1 outcomes) that is
+    far less work than drawing n indices per resample, and it is exact either way."""
+    rng = np.random.default_rng(seed)
+    n = columns.shape[0]
+    distinct, inverse = np.unique(columns, axis=0, return_inverse=True)
+    if len(distinct) * 4 <= n:
+        weights = np.bincount(inverse.ravel(), minlength=len(distinct)) / n
+        counts = rng.multinomial(n, weights, size=resamples)
+        return counts @ distinct
+    out = np.empty((resamples, columns.shape[1]))
+    step = max(1, _CHUNK_CELLS // n)
+    for start in range(0, resamples, step):
+        idx = rng.integers(0, n, size=(min(step, resamples - start), n), dtype=np.intp)
+        for j in range(columns.shape[1]):
+            out[start:start + len(idx), j] = columns[:, j][idx].sum(axis=1)
+    return out
 
 
 def _percentile(stats: np.ndarray) -> tuple[float | None, float | None]:
@@ -80,6 +91,22 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return num / den
 
 
+def _columns(*cols: Sequence[float] | None) -> tuple[np.ndarray, list[int | None]]:
+    """The given columns side by side (None: a column of ones, not stored), and where each is."""
+    arrays, where = [], []
+    for c in cols:
+        if c is None:
+            where.append(None)
+        else:
+            where.append(len(arrays))
+            arrays.append(np.asarray(c, dtype=np.float64))
+    return np.column_stack(arrays), where
+
+
+def _pick(sums: np.ndarray, where: int | None, n: int) -> np.ndarray:
+    return np.full(sums.shape[0], float(n)) if where is None else sums[:, where]
+
+
 def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *, seed: int = SEED,
                     resamples: int = RESAMPLES) -> Estimate:
     """sum(num) / sum(den) over units (den omitted: the mean of num), with a bootstrap interval over
@@ -90,9 +117,9 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *,
     if a.size == 0 or d.sum() == 0:
         return Estimate(None, None, None, n_units)
     value = float(a.sum() / d.sum())
-    rng = np.random.default_rng(seed)
-    stats = np.concatenate([_ratio(a[idx].sum(axis=1), d[idx].sum(axis=1)) for idx in _indices(rng, a.size, resamples)])
-    lo, hi = _percentile(stats)
+    cols, (ia, id_) = _columns(a, den)
+    sums = _resampled_sums(cols, resamples, seed)
+    lo, hi = _percentile(_ratio(_pick(sums, ia, a.size), _pick(sums, id_, a.size)))
     return Estimate(value, lo, hi, n_units)
 
 
@@ -112,10 +139,9 @@ def paired_difference(num_a: Sequence[float], den_a: Sequence[float] | None, num
     if na.size == 0 or da.sum() == 0 or db.sum() == 0:
         return Estimate(None, None, None, int(na.size))
     value = float(nb.sum() / db.sum() - na.sum() / da.sum())
-    rng = np.random.default_rng(seed)
-    chunks = []
-    for idx in _indices(rng, na.size, resamples):
-        chunks.append(_ratio(nb[idx].sum(axis=1), db[idx].sum(axis=1)) - _ratio(na[idx].sum(axis=1),
-                                                                               da[idx].sum(axis=1)))
-    lo, hi = _percentile(np.concatenate(chunks))
+    cols, (ia, ida, ib, idb) = _columns(na, den_a, nb, den_b)
+    sums = _resampled_sums(cols, resamples, seed)
+    n = na.size
+    stats = _ratio(_pick(sums, ib, n), _pick(sums, idb, n)) - _ratio(_pick(sums, ia, n), _pick(sums, ida, n))
+    lo, hi = _percentile(stats)
     return Estimate(value, lo, hi, int(na.size))
