@@ -181,3 +181,21 @@ async def start_sim():
     yield start
     for s in servers:
         await s.close()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Skips for something missing here (reference files, a wheel) counted and named by what is
+    missing, so a green run that did not run them says so (under CI=true they fail instead)."""
+    from tests.reference_helpers import UNAVAILABLE
+
+    missing: dict[str, list[str]] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        if reason.startswith(UNAVAILABLE):
+            what = reason.removeprefix(UNAVAILABLE).split(":", 1)[0].strip()
+            missing.setdefault(what, []).append(rep.nodeid)
+    for what, nodes in missing.items():
+        terminalreporter.write_sep("=", f"{len(nodes)} tests skipped for missing {what}", yellow=True)
+        for node in nodes:
+            terminalreporter.write_line(f"  {node}")

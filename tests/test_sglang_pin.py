@@ -5,7 +5,8 @@ $EYRIE_SGLANG_WHEEL_CACHE), unpack its Python files, and walk their AST: every m
 backend imports (through `__all__` and star re-exports, as Python would), the attributes it reads,
 the hook targets and the signatures its hooks assume, the engine arguments it passes or refuses,
 and the capture setter and flag names per model family. Bumping the pin then says what broke
-before a GPU does. Skipped, saying why, only when the wheel can be neither found nor downloaded.
+before a GPU does. Skipped, saying why, only when the wheel can be neither found nor downloaded (a
+failure under CI=true: tests/reference_helpers.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from eyrie.jobs.extract import sglang_backend as sb
+from tests.reference_helpers import unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,8 +50,8 @@ def _wheel_source() -> Path:
                              capture_output=True, text=True, timeout=600)
         wheels = sorted(cache_dir.glob(f"sglang-{sb.SGLANG_VERSION}-*.whl"))
         if not wheels:
-            pytest.skip(f"sglang=={sb.SGLANG_VERSION} wheel neither cached in {cache_dir} nor downloadable: "
-                        f"{got.stderr.strip()[-300:]}")
+            unavailable("the sglang wheel", f"sglang=={sb.SGLANG_VERSION} neither cached in {cache_dir} nor "
+                                            f"downloadable: {got.stderr.strip()[-300:]}")
     tmp = cache_dir / f".src-{sb.SGLANG_VERSION}.{os.getpid()}"
     with zipfile.ZipFile(wheels[0]) as z:
         z.extractall(tmp, [n for n in z.namelist() if n.startswith("sglang/") and n.endswith(".py")])
