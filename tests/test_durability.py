@@ -2,7 +2,9 @@
 <= maxConcurrency; readers see a store left in any state once per sample; and any failing task
 stops the worker with outcome Failed instead of a hang.
 
-Real HTTP to the simulator, the inline driver, a real file store wrapped to watch every write.
+Real HTTP to the simulator, the inline driver, a real file store wrapped to watch every write (and,
+for the invariant, to write slower than the provider answers: a fast local disk would hide a slot
+freed before its commit, since the write would be done before the next answer came back).
 """
 
 from __future__ import annotations
@@ -32,19 +34,22 @@ CONCURRENCY = 6
 
 
 class WatchedStore(FileStore):
-    """A file store that counts the records made durable by journal writes."""
+    """A file store that counts the records made durable by journal writes; each journal write
+    takes at least `write_s` (a slow disk, a distant bucket)."""
 
-    def __init__(self, root: Path, fail_after: int | None = None):
+    def __init__(self, root: Path, fail_after: int | None = None, write_s: float = 0.0):
         super().__init__(root)
         self.durable = 0
         self.journal_writes = 0
         self.fail_after = fail_after
+        self.write_s = write_s
         self.lock = threading.Lock()
 
     def put(self, key: str, data: bytes) -> None:
         if layout.parse_journal_key(key):
             if self.fail_after is not None and self.journal_writes >= self.fail_after:
                 raise StoreError(f"cannot write {self.url(key)}: disk full (injected)")
+            time.sleep(self.write_s)  # on the journal's writer thread, as a slow PUT would block it
             super().put(key, data)
             with self.lock:
                 self.journal_writes += 1
@@ -73,7 +78,9 @@ def run(tmp_path: Path, store: FileStore, n: int, monkeypatch: pytest.MonkeyPatc
 
 
 def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatch):
-    store = WatchedStore(tmp_path / "out")
+    # each journal write takes 10x the provider's 30 ms: with the slot freed before its commit, a
+    # worker would collect about 3 slots x 10 answers paid but not durable during every write
+    store = WatchedStore(tmp_path / "out", write_s=0.3)
     paid, gaps = [0], []
     original = ChatClient.complete
 
@@ -88,7 +95,7 @@ def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatc
     result = run(tmp_path, store, 120, monkeypatch)
     assert result.outcome == "Done", result.message
     assert paid[0] == store.durable == 120
-    assert max(gaps) <= CONCURRENCY
+    assert max(gaps) <= CONCURRENCY, f"{max(gaps)} answers paid but not durable at once"
     assert max(gaps) > 1  # answers were really in flight together
     # group commit: answers that arrive together share a write
     assert store.journal_writes < 120
