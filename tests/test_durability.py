@@ -190,3 +190,34 @@ def test_a_worker_holds_a_few_prompts_not_its_shard(tmp_path, monkeypatch):
     result = run(tmp_path, FileStore(tmp_path / "out"), 800, monkeypatch, workers=1, latency_ms=0)
     assert result.outcome == "Done", result.message
     assert len(live) == 40 and max(live) <= 3 * CONCURRENCY  # a batch read ahead + those in flight
+
+
+def failed(sid: str, transient: bool) -> records.Record:
+    error = {"type": "http-429" if transient else "moderation", "message": "x"}
+    return {**record(sid), "status": "failed", "error": {**error, "transient": True} if transient else error}
+
+
+def test_a_sample_resent_after_a_transient_failure_reads_as_its_later_record_in_any_state(tmp_path):
+    """A transient failure is replaced by the next attempt's record wherever each sits (parts,
+    journal, either writer's order), a moderated failure is final, and a compaction never leaves a
+    transient failure behind the record that replaced it."""
+    store = FileStore(tmp_path / "out")
+    # shard 0: the failure compacted in a part, the resend still in the journal (killed mid-shard)
+    store.put(layout.part_key(0, 0), records.encode_part([failed("r0", True), failed("r1", False), record("r2")]))
+    store.put(layout.journal_key(0, "0000000a", 0), records.encode_part([record("r0")]))
+    got = {r["sample_id"]: r["status"] for r in records.iter_records(store, 0)}
+    assert got == {"r0": "ok", "r1": "failed", "r2": "ok"} and len(list(records.iter_records(store, 0))) == 3
+    # the scan resends only the transient one
+    assert scan_shard(store, 0).done == {"r0", "r1", "r2"}
+    store.delete(layout.journal_key(0, "0000000a", 0))
+    assert scan_shard(store, 0).done == {"r1", "r2"}
+    # shard 1: two attempts' journals left by kills; the later attempt's writer sorts first
+    store.put(layout.journal_key(1, "0000000b", 0), records.encode_part([record("r3"), failed("r4", True)]))
+    store.put(layout.journal_key(1, "0000000c", 0), records.encode_part([failed("r3", True), failed("r4", True)]))
+    assert {r["sample_id"]: r["status"] for r in records.iter_records(store, 1)} == {"r3": "ok", "r4": "failed"}
+    state = scan_shard(store, 1)
+    assert state.done == {"r3"}
+    compact_shard(store, 1, state, part_records=10)
+    parts = [records.decode_part(store.get(k)) for _s, _p, k in records.list_parts(store, 1)]
+    assert [r["sample_id"] for r in parts[0]] == ["r3", "r4", "r4"]  # r3's older failure dropped
+    assert [(r["sample_id"], r["status"]) for r in records.iter_records(store, 1)] == [("r3", "ok"), ("r4", "failed")]

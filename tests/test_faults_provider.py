@@ -227,3 +227,51 @@ def test_byok_answers_mixed_with_credit_answers_are_counted_in_full(tmp_path, mo
         upstream = Decimal(str(u["cost_details"]["upstream_inference_cost"]))
         assert Decimal(r["costUSD"]) == Decimal(str(u["cost"])) + upstream
     assert Decimal(progress(store)["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
+
+
+def test_transient_failures_are_resent_on_resume_and_permanent_ones_are_not(tmp_path, monkeypatch):
+    """maxRetries 0 against 429, 503, the in-flight 402 and moderation 403s on half the requests: a
+    sample whose retries ran out on a transient error is recorded failed (`error.transient`) and
+    counted in `failures` by reason with `resendOnResume`; the resume (against a provider that now
+    answers) sends exactly those again, and never a moderated one. Nothing is paid twice: a failed
+    attempt is billed nothing (OpenRouter's zero completion insurance: an error is not charged)."""
+    n = 40
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(n))
+    out = f"file://{tmp_path}/out"
+    faults = ["429", "503", "402-in-flight", "403-moderation"]
+    with SimulatorProcess(SimulatorConfig(fault_rate=0.5, faults=faults, retry_after_s=0, seed=CALM_SEED)) as sim:
+        r1, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, max_retries=0)),
+                               monkeypatch)
+        first = sim.stats()
+    assert r1.outcome == "Done", r1.message
+    by_row = assert_exactly_once(persisted(store), range(n))
+    failed = {row: r for row, r in by_row.items() if r["status"] == "failed"}
+    kinds = {"429": "http-429", "503": "http-503", "402-in-flight": "402-in-flight", "403-moderation": "moderation"}
+    assert sorted(r["error"]["type"] for r in failed.values()) == sorted(
+        kinds[f] for f, k in first["faults"].items() for _ in range(k))
+    transient = {row for row, r in failed.items() if r["error"]["type"] != "moderation"}
+    moderated = set(failed) - transient
+    assert transient and moderated, first["faults"]
+    assert all(failed[row]["error"].get("transient") is True for row in transient)
+    assert not any("transient" in failed[row]["error"] for row in moderated)
+    p1 = progress(store)
+    assert p1["failures"] == {kinds[f]: k for f, k in first["faults"].items()}
+    assert p1["samples"]["failed"] == len(failed) and p1["resendOnResume"] == len(transient)
+
+    with SimulatorProcess(SimulatorConfig()) as sim:
+        r2, store = run_inline(write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, max_retries=0)),
+                               monkeypatch)
+        second = sim.stats()
+    assert r2.outcome == "Done", r2.message
+    by_row = assert_exactly_once(persisted(store), range(n))
+    # exactly the transient ones were sent again, once each; never a moderated prompt
+    assert second["requests"] == len(transient)
+    assert {row for row, r in by_row.items() if r["attempt"] != failed[min(moderated)]["attempt"]} == transient
+    assert {row for row, r in by_row.items() if r["status"] == "failed"} == moderated
+    assert all(by_row[row]["status"] == "ok" for row in transient)
+    p2 = progress(store)
+    assert p2["failures"] == {"moderation": len(moderated)} and p2["resendOnResume"] == 0
+    assert p2["samples"] == {"total": n, "done": n - len(moderated), "dropped": 0, "failed": len(moderated)}
+    assert first["completed"] + second["completed"] == n - len(moderated)  # each answer bought once
+    total = Decimal(first["billedUSD"]) + Decimal(second["billedUSD"])
+    assert Decimal(p2["spentUSD"]) == total == spent_sum(persisted(store))

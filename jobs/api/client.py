@@ -193,7 +193,7 @@ class ChatClient:
             except _Retry as e:
                 stats.errors_by_kind[e.kind] = stats.errors_by_kind.get(e.kind, 0) + 1
                 if attempts > self.max_retries:
-                    raise RequestFailed(e.kind, self._redact(e.message), attempts) from None
+                    raise RequestFailed(e.kind, self._redact(e.message), attempts, transient=True) from None
                 stats.retries += 1
                 delay = backoff_delay(attempts, self.backoff_base, self.backoff_max, e.retry_after)
                 await asyncio.sleep(delay)

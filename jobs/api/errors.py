@@ -18,12 +18,16 @@ class RequestFailed(ApiError):
 
     `details` is the provider's structured reason, where it gave one; `usage` and `cost` what the
     provider reported for a failed attempt it may have billed (None: nothing reported, nothing billed).
+    `transient`: every attempt failed in a way a retry can fix (429, 5xx, the in-flight 402, a
+    timeout, a broken stream) and the retries ran out; a resume sends the sample again. Otherwise
+    (400, a moderation refusal, a length limit) sending it again would meet the same answer.
     """
 
     def __init__(self, kind: str, message: str, attempts: int, *, details: dict[str, Any] | None = None,
-                 usage: dict[str, Any] | None = None, cost: Decimal | None = None):
+                 usage: dict[str, Any] | None = None, cost: Decimal | None = None, transient: bool = False):
         self.kind, self.message, self.attempts = kind, message, attempts
         self.details, self.usage, self.cost = details, usage, cost
+        self.transient = transient
         super().__init__(kind, message, attempts)
 
     def __str__(self) -> str:

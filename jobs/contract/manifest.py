@@ -49,6 +49,7 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "spentUSD": progress.get("spentUSD"),
         "samples": progress.get("samples"),
         "failures": progress.get("failures"),  # failed samples by error type (moderation, timeout, ...)
+        "resendOnResume": progress.get("resendOnResume"),  # of them, failed only on transient errors
         "tokens": progress.get("tokens"),
         "tools": progress.get("tools"),
         "templateVariants": progress.get("templateVariants"),

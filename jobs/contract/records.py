@@ -6,6 +6,11 @@ commit, written while the shard runs, so an answer is durable before its request
 and parts (the final layout, written when the shard ends by compacting its journal). A run killed at
 any moment can leave both, and a record in both (killed mid-compaction): readers here see each
 sample once, parts first, so every reader works on a store in any state.
+
+A sample that failed only on transient errors (its retries ran out on 429s, 5xx, the in-flight
+402, timeouts: `error.transient`) is sent again by the next attempt, whose record follows the
+failed one in the shard; readers see the later record in its place. Any other record is final:
+never sent again, and a second copy of it (mid-compaction) is the same record.
 """
 
 from __future__ import annotations
@@ -67,7 +72,8 @@ class Record(TypedDict, total=False):
     usage: dict[str, Any] | None
     costUSD: str  # decimal string; "0" when nothing was paid
     attempts: int
-    error: dict[str, Any] | None  # {"type": ..., "message": ...[, "details": the provider's reason]}
+    # {"type": ..., "message": ...[, "details": the provider's reason][, "transient": true: resent on resume]}
+    error: dict[str, Any] | None
     checks: dict[str, Any]  # tool verdicts, leaks (filled by eyrie.jobs.tools)
     policy: Literal["keep", "drop", "flag"]  # what the tool policy decided for this sample
     createdAt: str
@@ -78,6 +84,11 @@ class Record(TypedDict, total=False):
 def record_key(rec: Record) -> str:
     """What a record is persisted once for: its sample, and its turn in an agentic conversation."""
     return turn_sample_key(rec["sample_id"], rec.get("turn") or 0)
+
+
+def resend_on_resume(rec: Record) -> bool:
+    """Did this sample (or turn) fail only on transient errors, so that a resume sends it again?"""
+    return rec.get("status") == "failed" and bool((rec.get("error") or {}).get("transient"))
 
 
 def encode_part(records: list[Record]) -> bytes:
@@ -116,24 +127,37 @@ def list_shards(store: Store) -> list[int]:
 
 
 def iter_shard(store: Store, shard: int) -> Iterator[Record]:
-    """A shard's records, each sample once: parts, then journal records no part holds yet. Safe
-    beside a running compaction: a journal object gone meanwhile was rewritten into parts first
-    (compaction deletes only after writing), so the parts are listed again and read instead."""
+    """A shard's records, each sample once: parts, then journal records no part holds yet; a record
+    to be resent (`resend_on_resume`) is held back and replaced by any later record of its sample.
+    Safe beside a running compaction: a journal object gone meanwhile was rewritten into parts
+    first (compaction deletes only after writing), so the parts are listed again and read instead."""
     journal = list_journal(store, shard)
     seen: set[str] | None = set() if journal else None  # ids matter only when a journal is left
+    held: dict[str, Record] = {}  # to be resent: yielded at the end unless a later record replaces them
     read: set[str] = set()
+
+    def take(rec: Record) -> bool:
+        key = record_key(rec)
+        if key in held:  # a later attempt at a sample that failed on transient errors
+            if resend_on_resume(rec):
+                held[key] = rec
+                return False
+            del held[key]
+        elif seen is not None and key in seen:
+            return False
+        elif resend_on_resume(rec):
+            held[key] = rec
+            return False
+        if seen is not None:
+            seen.add(key)
+        return True
 
     def parts() -> Iterator[Record]:
         for _s, _p, key in list_parts(store, shard):
             if key in read:
                 continue
             read.add(key)
-            for rec in decode_part(store.get(key)):
-                if seen is None:
-                    yield rec
-                elif record_key(rec) not in seen:
-                    seen.add(record_key(rec))
-                    yield rec
+            yield from filter(take, decode_part(store.get(key)))
 
     yield from parts()
     for key in journal:
@@ -142,10 +166,8 @@ def iter_shard(store: Store, shard: int) -> Iterator[Record]:
         except NotFound:
             yield from parts()  # compacted while we read
             continue
-        for rec in decode_part(data):
-            if seen is not None and record_key(rec) not in seen:
-                seen.add(record_key(rec))
-                yield rec
+        yield from filter(take, decode_part(data))
+    yield from held.values()
 
 
 def iter_records(store: Store, shard: int | None = None) -> Iterator[Record]:

@@ -35,15 +35,19 @@ def earlier_turns(store: Store, shard: int) -> dict[str, list[records.Record]]:
 
 
 def finished(recs: list[records.Record]) -> bool:
-    """Did this conversation end (its last record says why, or its row was rejected)?"""
-    return bool(recs) and (recs[-1].get("status") == "rejected" or bool((recs[-1].get("agentic") or {}).get("end")))
+    """Did this conversation end (its last record says why, or its row was rejected)? One whose
+    last turn failed only on transient errors goes on from that turn."""
+    if not recs or records.resend_on_resume(recs[-1]):
+        return False
+    return recs[-1].get("status") == "rejected" or bool((recs[-1].get("agentic") or {}).get("end"))
 
 
 def _answers(recs: list[records.Record]) -> list[dict[str, Any] | None]:
-    """The model's answers of the turns already persisted (None: that turn failed), up to a gap."""
+    """The model's answers of the turns already persisted (None: that turn failed), up to a gap or
+    a turn to send again (it failed only on transient errors)."""
     out: list[dict[str, Any] | None] = []
     for rec in recs:
-        if (rec.get("turn") or 0) != len(out):
+        if (rec.get("turn") or 0) != len(out) or records.resend_on_resume(rec):
             break
         out.append(rec.get("response") if rec.get("status") == "ok" else None)
     return out

@@ -27,8 +27,10 @@ class Checkpoint:
     costs: list[Decimal] = field(default_factory=list)  # what each persisted prompt cost, in store order
 
 
-def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
-    """Scan every persisted record once; `gate` absorbs earlier answers into its cumulative metrics."""
+def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: bool = False) -> Checkpoint:
+    """Scan every persisted record once; `gate` absorbs earlier answers into its cumulative metrics.
+    `resuming`: an attempt about to start, which sends again every sample that failed only on
+    transient errors, so those are left out of the counts (the attempt counts them as it goes)."""
     counts = Counts()
     spent = Decimal(0)
     costs = []
@@ -36,10 +38,13 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None) -> Checkpoint:
         costs.append(Decimal(rec.get("costUSD") or "0"))
         spent += costs[-1]
         usage = rec.get("usage") or {}
+        transient = records.resend_on_resume(rec)
+        if transient and resuming:
+            continue
         counts.add(Observation(str(rec.get("status")), policy=rec.get("policy", "keep"),
                                input_tokens=int(usage.get("prompt_tokens") or 0),
                                output_tokens=int(usage.get("completion_tokens") or 0),
-                               error_kind=(rec.get("error") or {}).get("type")))
+                               error_kind=(rec.get("error") or {}).get("type"), transient=transient))
         if gate is not None and rec.get("status") == "ok" and rec.get("checks"):
             gate.absorb(ResponseCheck.from_record(rec["checks"]))
     # every answer an audit kept (durable before its slot was freed, so a killed audit counts too)

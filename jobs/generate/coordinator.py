@@ -38,6 +38,7 @@ class Observation:
     # canary answers: our prompt length per template variant and thinking reading (variants.prompt_lengths)
     prompt_lengths: dict[str, dict[bool, int]] | None = None
     cost: Decimal | None = None  # what the prompt cost (None: nothing billed), for the forecast
+    transient: bool = False  # failed only on transient errors: a resume sends it again
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Counts:
     input_tokens: int = 0
     output_tokens: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # failed samples by error type
+    resend: int = 0  # failed samples a resume sends again (only transient errors), part of `failed`
 
     def add(self, obs: Observation) -> None:
         if obs.status == "ok":
@@ -60,6 +62,7 @@ class Counts:
         else:
             self.failed += 1
             self.failures[obs.error_kind or "unknown"] += 1
+            self.resend += obs.transient
         self.input_tokens += obs.input_tokens
         self.output_tokens += obs.output_tokens
 
@@ -256,6 +259,7 @@ class RunCoordinator:
             "priceFactor": usd(self.book.price_factor),
             "samples": {"total": self.total, "done": c.done, "dropped": c.dropped, "failed": c.failed},
             "failures": dict(c.failures),
+            "resendOnResume": c.resend,
             "tokens": {"input": c.input_tokens, "output": c.output_tokens},
             "tools": tools,
             "requests": self.requests,

@@ -112,7 +112,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
             raise PreflightError(f"sources: {e}") from None
         total = plan.total
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
-        ckpt = read_checkpoint(store, gate)
+        ckpt = read_checkpoint(store, gate, resuming=True)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
@@ -128,6 +128,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
     snapshot["samples"] = {"total": total, "done": final.counts.done, "dropped": final.counts.dropped,
                            "failed": final.counts.failed}
     snapshot["failures"] = dict(final.counts.failures)
+    snapshot["resendOnResume"] = final.counts.resend
     snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
     snapshot["tools"] = final_gate.metrics()
     if spec.generation.turns == "all":  # samples count conversations; their turns are in `agentic`

@@ -82,10 +82,11 @@ class Journal:
 
 @dataclass
 class ShardState:
-    """What the store holds for a shard when a worker takes it."""
+    """What the store holds for a shard when a worker takes it: the ids of its final records (a
+    sample that failed only on transient errors has none, and is sent again)."""
 
-    in_parts: set[str] = field(default_factory=set)  # ids in compacted parts
-    in_journal: set[str] = field(default_factory=set)  # ids only in journal objects
+    in_parts: set[str] = field(default_factory=set)  # final records in compacted parts
+    in_journal: set[str] = field(default_factory=set)  # final records only in journal objects
     next_part: int = 0
 
     @property
@@ -93,28 +94,38 @@ class ShardState:
         return self.in_parts | self.in_journal
 
 
+def _final_keys(recs: list[records.Record]) -> set[str]:
+    return {records.record_key(r) for r in recs if not records.resend_on_resume(r)}
+
+
 def scan_shard(store: Store, shard: int) -> ShardState:
-    """The ids a shard already holds (to skip them) and the number of its next part."""
+    """The ids a shard already holds for good (to skip them) and the number of its next part."""
     state = ShardState()
     for _s, part, key in records.list_parts(store, shard):
         state.next_part = max(state.next_part, part + 1)
-        state.in_parts.update(map(records.record_key, records.decode_part(store.get(key))))
+        state.in_parts |= _final_keys(records.decode_part(store.get(key)))
     for key in records.list_journal(store, shard):
-        state.in_journal.update(map(records.record_key, records.decode_part(store.get(key))))
+        state.in_journal |= _final_keys(records.decode_part(store.get(key)))
     state.in_journal -= state.in_parts
     return state
 
 
 def compact_shard(store: Store, shard: int, state: ShardState, part_records: int) -> int:
-    """Rewrite the shard's journal objects as parts (records a part already holds are skipped),
-    then delete them; streams, holding at most `part_records` records. Returns records moved."""
+    """Rewrite the shard's journal objects as parts, then delete them; streams, holding at most
+    `part_records` records. Returns records moved. Skipped: any record whose sample already has a
+    final record in a part (a copy left by a compaction killed midway, or a transient failure
+    of an earlier attempt that this one answered), so parts never hold a final record followed
+    by another of its sample (readers: `records.iter_shard`)."""
     journal = records.list_journal(store, shard)
     moved, buf = 0, []
     for key in journal:
         for rec in records.decode_part(store.get(key)):
-            if records.record_key(rec) in state.in_parts:
+            rkey = records.record_key(rec)
+            if rkey in state.in_parts:
                 continue
             buf.append(rec)
+            if not records.resend_on_resume(rec):
+                state.in_parts.add(rkey)
             if len(buf) == part_records:
                 moved += _put_part(store, shard, state, buf)
                 buf = []
@@ -128,5 +139,4 @@ def compact_shard(store: Store, shard: int, state: ShardState, part_records: int
 def _put_part(store: Store, shard: int, state: ShardState, recs: list[records.Record]) -> int:
     store.put(layout.part_key(shard, state.next_part), records.encode_part(recs))
     state.next_part += 1
-    state.in_parts.update(map(records.record_key, recs))
     return len(recs)

@@ -368,10 +368,12 @@ class ShardWorker:
         error: dict[str, Any] = {"type": e.kind, "message": str(e)}
         if e.details:
             error["details"] = e.details
+        if e.transient:  # retries ran out on errors a later attempt may not meet: a resume resends it
+            error["transient"] = True
         rec.update(status="failed", attempts=e.attempts, error=error, usage=e.usage,
                    costUSD=usd(cost) if cost is not None else "0")
         used = e.usage or {}
-        return cost, Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind,
+        return cost, Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind, transient=e.transient,
                                  input_tokens=int(used.get("prompt_tokens") or 0),
                                  output_tokens=int(used.get("completion_tokens") or 0), cost=cost)
 

@@ -77,6 +77,9 @@ def samples_table(d: ReportData) -> Table:
     s = (d.progress or {}).get("samples") or (d.manifest or {}).get("samples") or {}
     failures = (d.progress or {}).get("failures") or (d.manifest or {}).get("failures") or {}
     why = ", ".join(f"{k} {v}" for k, v in sorted(failures.items()) if v)
+    resend = (d.progress or {}).get("resendOnResume") or (d.manifest or {}).get("resendOnResume")
+    if why and resend:
+        why += f" ({resend} of them only on transient errors: a resume sends them again)"
     t = Table(title="samples by outcome", title_justify="left", caption=f"failed: {why}" if why else None,
               caption_justify="left")
     for col in ("total", "done", "dropped", "failed", "not yet sent"):
