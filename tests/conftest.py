@@ -167,6 +167,16 @@ def s3_bucket(s3_env) -> str:
 
 
 @pytest.fixture
+def ray_tmp() -> Iterator[str]:
+    """A private, short Ray temp dir for a run on local Ray (unix socket paths are limited to ~107 bytes)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="ry", dir="/tmp")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
 async def start_sim():
     """Start in-process simulators on 127.0.0.1 (`await start_sim(**config)`); all closed after the test."""
     from eyrie.jobs.simulator import SimulatorConfig, start_simulator

@@ -12,6 +12,7 @@ import gzip
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import S3Server, start_minio, stop_pid
+from proc_tree import children_of, kill_all
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
@@ -94,6 +96,71 @@ def run_inline(spec_path: Path, monkeypatch: Any) -> tuple[GenerationResult, Sto
     with provider(dg.spec) as base_url:
         ctx = RunContext(attempt=f"fault-{time.time_ns()}", api_key=API_KEY)
         return run_generation(dg, store, ctx, base_url, inline=True), store
+
+
+# No test here has a wall-clock ceiling: a run that makes progress is waited for as long as it takes.
+# This guard only ends a test whose run hangs (on a quiet machine these runs take seconds).
+HANG_GUARD_S = 900
+
+
+def start_run(spec_path: Path, ray_tmp: str | None) -> subprocess.Popen:
+    """`eyrie run SPEC` as a user starts it: on local Ray, the default path, with Ray's temp dir in
+    `ray_tmp` (short: unix socket paths are limited), or inline (EYRIE_NO_RAY=1) when None. In a
+    session of its own, so that the whole tree can be SIGKILLed as a node loss would end it."""
+    env = {**os.environ, "EYRIE_API_KEY": API_KEY}
+    env.pop("RAY_ADDRESS", None)
+    if ray_tmp is None:
+        env["EYRIE_NO_RAY"] = "1"
+    else:
+        env.pop("EYRIE_NO_RAY", None)
+        env["RAY_TMPDIR"] = ray_tmp
+    return subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec_path), "--no-progress"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_persisted(out: str, n: int, proc: subprocess.Popen, seen: set[int],
+                   until: Any = None) -> list[dict]:
+    """Wait until the store holds `n` records (and `until(records)`, when given) while `proc` runs;
+    `seen` collects its process tree meanwhile (Ray's processes, to kill by PID at the end)."""
+    store = open_store(out)
+    deadline = time.time() + HANG_GUARD_S
+    while True:
+        seen.update(children_of(proc.pid))
+        recs = persisted(store)
+        if len(recs) >= n and (until is None or until(recs)):
+            return recs
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended first (exit {proc.returncode}): {proc.communicate()[1][-3000:]}")
+        assert time.time() < deadline, f"fewer than {n} records after {HANG_GUARD_S} s: the run hangs"
+        time.sleep(0.2)
+
+
+def kill_tree(proc: subprocess.Popen, seen: set[int]) -> None:
+    """SIGKILL the run's session and every process of its tree seen, then reap it."""
+    seen.update(children_of(proc.pid))
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    kill_all([proc.pid, *seen])
+    proc.communicate(timeout=60)
+
+
+def run_to_end(spec_path: Path, ray_tmp: str | None) -> tuple[int, str]:
+    """(exit code, stderr) of a whole `eyrie run SPEC` (`start_run`); its tree is killed after."""
+    proc = start_run(spec_path, ray_tmp)
+    seen: set[int] = set()
+    deadline = time.time() + HANG_GUARD_S
+    try:
+        while True:
+            seen.update(children_of(proc.pid))  # what outlives the driver is killed by PID
+            try:
+                _, stderr = proc.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                assert time.time() < deadline, f"the run did not end within {HANG_GUARD_S} s: it hangs"
+    finally:
+        kill_all([proc.pid, *seen])
+    return proc.returncode, stderr
 
 
 # ----------------------------------------------------------------------------------------- checks

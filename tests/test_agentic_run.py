@@ -1,16 +1,13 @@
-"""Agentic conversations end to end (generation.turns: all): the simulator over real HTTP, real Ray;
-turns regenerated in order with the dataset's tool results spliced under the model's ids;
-divergence under both policies; kill -9 and budget exhaustion mid-conversation, then resume."""
+"""Agentic conversations end to end (generation.turns: all): the simulator over real HTTP, real
+local Ray (the default path; the divergence policies run inline); turns regenerated in order with
+the dataset's tool results spliced under the model's ids; divergence under both policies; kill -9
+of the whole process tree and budget exhaustion mid-conversation, then resume."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -18,7 +15,8 @@ from pathlib import Path
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess, planned_calls
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_generate import API_KEY, make_spec, persisted, progress, run_cli
+from fault_helpers import kill_tree, run_to_end, start_run, wait_persisted
+from test_generate import make_spec, persisted, progress, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = [{"type": "function", "function": {
@@ -149,23 +147,25 @@ def test_divergence_stop_ends_the_conversation_and_keep_original_flags_the_rest(
     assert progress(keep)["agentic"]["ended"] == {"done": 3}
 
 
-def test_kill_minus_9_mid_conversation_then_rerun_pays_no_earlier_turn(tmp_path):
+def test_kill_minus_9_mid_conversation_then_rerun_pays_no_earlier_turn(tmp_path, ray_tmp):
+    """`eyrie run` on local Ray (the default path), its whole process tree SIGKILLed while
+    conversations are half done, then run again: no persisted turn is asked again, and only the
+    turns in flight at the kill (one per conversation holding a slot) are paid twice."""
     prompts = write(tmp_path / "c.jsonl", 8)
     out = f"file://{tmp_path}/out"
+    seen: set[int] = set()
     with SimulatorProcess(SimulatorConfig(tool_call_rate=1.0, latency_ms=250)) as sim:
         spec = agentic_spec(tmp_path, prompts, out, sim.base_url, concurrency=4)
-        env = {**os.environ, "EYRIE_API_KEY": API_KEY, "EYRIE_NO_RAY": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 90
-        while time.time() < deadline and len(persisted(out)) < 10:
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc = start_run(spec, ray_tmp)
+        try:
+            # ten turns of at most four conversations under way: one of them is half done
+            wait_persisted(out, 10, proc, seen)
+        finally:
+            kill_tree(proc, seen)
         before = by_conversation(persisted(out))
         assert any(0 < len(recs) < 6 for recs in before.values())  # killed mid-conversation
-        r = run_cli(spec, env={"EYRIE_NO_RAY": "1"})
-        assert r.returncode == 0, r.stderr
+        rc, stderr = run_to_end(spec, ray_tmp)
+        assert rc == 0, stderr[-3000:]
         stats = sim.stats()
     recs = persisted(out)
     keys = Counter((x["sample_id"], x["turn"]) for x in recs)
@@ -174,23 +174,27 @@ def test_kill_minus_9_mid_conversation_then_rerun_pays_no_earlier_turn(tmp_path)
         assert [x["createdAt"] for x in earlier] == [x["createdAt"] for x in by_conversation(recs)[sid][:len(earlier)]]
     # paid twice: at most the turns in flight when killed (one per conversation holding a slot)
     assert 48 <= stats["completed"] <= 48 + 4
+    assert progress(out)["agentic"]["turnsRegenerated"] == 48
 
 
-def test_budget_exhaustion_mid_conversation_then_resume(tmp_path):
+def test_budget_exhaustion_mid_conversation_then_resume(tmp_path, ray_tmp):
+    """On local Ray: the budget runs out with conversations half done (exit 3, spend within the cap
+    and equal to the bill); a resume with more budget finishes every conversation from its first
+    missing turn, paying for no turn twice."""
     prompts = write(tmp_path / "c.jsonl", 6)
     out = f"file://{tmp_path}/out"
     with SimulatorProcess(SimulatorConfig(tool_call_rate=1.0, latency_ms=5)) as sim:
-        r = run_cli(agentic_spec(tmp_path, prompts, out, sim.base_url, max_usd="0.004", concurrency=3),
-                    env={"EYRIE_NO_RAY": "1"})
-        assert r.returncode == 3, r.stderr
+        rc, stderr = run_to_end(agentic_spec(tmp_path, prompts, out, sim.base_url, max_usd="0.004", concurrency=3),
+                                ray_tmp)
+        assert rc == 3, stderr[-3000:]
         first = progress(out)
         assert first["outcome"] == "BudgetExhausted" and Decimal(first["spentUSD"]) <= Decimal("0.004")
         partial = by_conversation(persisted(out))
         assert any(0 < len(recs) < 6 for recs in partial.values())
         n1 = sum(len(v) for v in partial.values())
         assert Decimal(sim.stats()["billedUSD"]) == Decimal(first["spentUSD"])
-        r = run_cli(agentic_spec(tmp_path, prompts, out, sim.base_url, max_usd="1.00"), env={"EYRIE_NO_RAY": "1"})
-        assert r.returncode == 0, r.stderr
+        rc, stderr = run_to_end(agentic_spec(tmp_path, prompts, out, sim.base_url, max_usd="1.00"), ray_tmp)
+        assert rc == 0, stderr[-3000:]
         stats = sim.stats()
     recs = persisted(out)
     assert len({(x["sample_id"], x["turn"]) for x in recs}) == len(recs) == 36 > n1
@@ -198,6 +202,38 @@ def test_budget_exhaustion_mid_conversation_then_resume(tmp_path):
     final = progress(out)
     assert final["outcome"] == "Done" and Decimal(final["spentUSD"]) == Decimal(stats["billedUSD"])
     assert final["agentic"]["turnsRegenerated"] == 36
+
+
+def test_a_turn_that_failed_on_transient_errors_is_asked_again_on_resume(tmp_path):
+    """maxRetries 0 against 503s: a conversation whose turn failed on a transient error ends there,
+    recorded failed (`error.transient`); the resume (the provider answers now) goes on from that
+    turn, keeps every turn persisted before it, and pays for no answered turn twice."""
+    prompts = write(tmp_path / "c.jsonl", 4)
+    out = f"file://{tmp_path}/out"
+    faulty = SimulatorConfig(tool_call_rate=1.0, fault_rate=0.3, faults=["503"])  # seed 0: the dataset's answers
+    with SimulatorProcess(faulty) as sim:
+        rc, stderr = run_to_end(agentic_spec(tmp_path, prompts, out, sim.base_url, extra={"api.maxRetries": 0}), None)
+        first = sim.stats()
+    assert rc == 0, stderr[-3000:]
+    before = by_conversation(persisted(out))
+    failed = [r for recs in before.values() for r in recs if r["status"] == "failed"]
+    assert failed and len(failed) == first["faults"]["503"]
+    assert all(r["error"]["transient"] and r["agentic"]["end"] == "failed" for r in failed)
+    assert progress(out)["resendOnResume"] == len(failed)
+    with SimulatorProcess(SimulatorConfig(tool_call_rate=1.0)) as sim:
+        spec = agentic_spec(tmp_path, prompts, out, sim.base_url, extra={"api.maxRetries": 0})
+        rc, stderr = run_to_end(spec, None)
+        second = sim.stats()
+    assert rc == 0, stderr[-3000:]
+    convs = by_conversation(persisted(out))
+    assert len(convs) == 4
+    for sid, recs in convs.items():
+        assert [x["turn"] for x in recs] == [0, 1, 2, 3, 4, 5] and all(x["status"] == "ok" for x in recs)
+        kept = [x for x in before[sid] if x["status"] == "ok"]
+        assert [x["createdAt"] for x in kept] == [x["createdAt"] for x in recs[:len(kept)]]
+    assert first["completed"] + second["completed"] == 24  # each answered turn bought once
+    final = progress(out)
+    assert final["resendOnResume"] == 0 and final["samples"]["done"] == 4 and final["samples"]["failed"] == 0
 
 
 def test_the_agentic_example_is_current():

@@ -33,6 +33,8 @@ from fault_helpers import (
     simple_rows,
     spec_doc,
     spent_sum,
+    start_run,
+    wait_persisted,
     write_rows,
     write_spec,
 )
@@ -51,35 +53,6 @@ LATENCY_MS = 150
 PAID_TWICE_MAX = CONCURRENCY
 # an upper bound of one request's worst case here (a few hundred prompt bytes, 256 output tokens)
 WORST = worst_case(Pricing(Decimal("0.60"), Decimal("2.50")), 1000, 256)
-
-
-@pytest.fixture
-def ray_tmp():
-    """A private, short Ray temp dir (unix socket paths are limited to ~107 bytes)."""
-    d = tempfile.mkdtemp(prefix="ry", dir="/tmp")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _start(spec: Path, ray_tmp: str) -> subprocess.Popen:
-    env = {**os.environ, "EYRIE_API_KEY": API_KEY, "RAY_TMPDIR": ray_tmp}
-    env.pop("EYRIE_NO_RAY", None)
-    env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def _wait_persisted(out: str, n: int, proc: subprocess.Popen, seen: set[int], timeout: float = 120) -> None:
-    store = open_store(out)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        seen.update(children_of(proc.pid))
-        if len(persisted(store)) >= n:
-            return
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} records after {timeout} s")
 
 
 def _workers(pid: int) -> list[int]:
@@ -109,10 +82,10 @@ def lost_workers(tmp_path_factory) -> Iterator[LostWorkers]:
         with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
             spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, workers=2, shards=6,
                                                  concurrency=CONCURRENCY))
-            proc = _start(spec, ray_dir)
+            proc = start_run(spec, ray_dir)
             store = open_store(out)
             try:
-                _wait_persisted(out, 10, proc, seen)
+                wait_persisted(out, 10, proc, seen)
                 deadline = time.time() + 60
                 while len(victims := _workers(proc.pid)) < 2:  # both workers are up and busy
                     assert time.time() < deadline and proc.poll() is None, [cmdline(p) for p in children_of(proc.pid)]
@@ -161,9 +134,9 @@ def test_eyrie_run_killed_with_sigkill_then_rerun_is_exactly_once(tmp_path, ray_
     with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
         spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, workers=2, shards=6,
                                              concurrency=CONCURRENCY))
-        proc = _start(spec, ray_tmp)
+        proc = start_run(spec, ray_tmp)
         try:
-            _wait_persisted(out, 15, proc, seen)
+            wait_persisted(out, 15, proc, seen)
             seen.update(children_of(proc.pid))
             os.killpg(proc.pid, 9)  # the driver and everything in its session, as a node loss would
             proc.communicate(timeout=30)
@@ -172,7 +145,7 @@ def test_eyrie_run_killed_with_sigkill_then_rerun_is_exactly_once(tmp_path, ray_
         before = len(persisted(open_store(out)))
         assert 0 < before < N
         billed_first = Decimal(sim.stats()["billedUSD"])
-        rerun = _start(spec, ray_tmp)
+        rerun = start_run(spec, ray_tmp)
         try:
             _, stderr = rerun.communicate(timeout=180)
         finally:
@@ -211,7 +184,7 @@ def test_sigterm_stops_cleanly_and_the_resume_pays_nothing_twice(tmp_path):
         spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, concurrency=CONCURRENCY))
         proc = _start_inline(spec)
         try:
-            _wait_persisted(out, 1, proc, set())
+            wait_persisted(out, 1, proc, set())
             os.kill(proc.pid, 15)
             _, stderr = proc.communicate(timeout=60)
         finally:
