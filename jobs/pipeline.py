@@ -14,9 +14,9 @@ import orjson
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.manifest import finalize_manifest
-from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
+from eyrie.jobs.contract.progress import Outcome, Stage, mark_stage, write_progress
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
-from eyrie.jobs.store import open_output
+from eyrie.jobs.store import Store, open_output
 
 UNTIL = ("generate", "samples", "all")
 TEXT_MODE_WARNING = (
@@ -95,3 +95,19 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
     if final == Stage.DONE:
         finalize_manifest(spec, store)
     return Outcome.DONE, ""
+
+
+def finish_extraction(spec: DatasetGenerationSpec, store: Store, count: int) -> bool:
+    """An extraction pod's last step, once its summary is written: the pod that finds every pod's
+    summary in the store ends the run as `run_stages` ends a local one (progress at stage done,
+    manifest.json with the extraction and fidelity merged) and rewrites report.html, which the
+    generation job wrote before there was any extraction. Two pods finishing together both do it,
+    with the same result (each write is atomic). Returns whether this pod did."""
+    if not all(store.exists(layout.summary_key(i, count)) for i in range(count)):
+        return False
+    from eyrie.jobs.report import publish
+
+    mark_stage(store, Stage.DONE)
+    finalize_manifest(spec, store)
+    publish(store)
+    return True

@@ -613,3 +613,36 @@ async def test_an_unusable_specforge_draft_config_fails_the_preflight_before_any
     spec = with_source(make_spec(store.uri, tiny, layers="auto"))
     spec.target.tokenizer, spec.target.chat_format = "bundled:deepseek-v4", "deepseek-v4"  # tiny has none
     await preflight(spec, sim.base_url, store, "key")  # the same spec with auto passes
+
+
+def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp_path, tiny, capsys):
+    """In a cluster the generation job's report.html predates extraction: each `eyrie extract` pod,
+    once its summary is written, checks for the others', and the one that finds them all moves
+    progress to stage done, merges the manifest and rewrites the page with the extraction and
+    fidelity sections (the operator links that page from status.outputReport)."""
+    from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
+    from eyrie.jobs.extract.cli import extract_main
+    from eyrie.jobs.report import publish
+
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    for shard in range(2):
+        put_samples(store, shard, random_rows(shard, 3, VOCAB, seed=shard))
+    write_progress(store, {"samples": {"total": 6, "done": 6, "dropped": 0, "failed": 0}}, "1", Stage.SAMPLES,
+                   outcome=Outcome.DONE)
+    publish(store)  # as the generation job (`eyrie run --until samples`) ends
+    stale = store.get(layout.REPORT).decode()
+    assert "engine / dtype" not in stale and "scored by the target model" not in stale
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(json.dumps(make_spec(out, tiny, pods=2).dump()))
+    assert extract_main([str(spec_file), "--index", "0", "--count", "2"]) == 0
+    assert not store.exists(layout.MANIFEST) and store.get(layout.REPORT).decode() == stale  # pod 1 not done
+    assert extract_main([str(spec_file), "--index", "1", "--count", "2"]) == 0
+    assert "wrote " + store.url(layout.MANIFEST) in capsys.readouterr().err
+    manifest = json.loads(store.get(layout.MANIFEST))
+    assert manifest["extraction"]["pods"] == 2 and manifest["extraction"]["samples"] == 6
+    assert manifest["fidelity"]["overall"]["samples"] == 6
+    assert json.loads(store.get(layout.PROGRESS))["stage"] == "done"
+    page = store.get(layout.REPORT).decode()
+    assert "engine / dtype" in page and "fidelity: the answers scored by the target model" in page
+    assert "stage done" in page

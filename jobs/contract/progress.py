@@ -106,3 +106,14 @@ def write_progress(store: Store, snapshot: dict, attempt: str, stage: Stage, run
     doc = {"attempt": attempt, **ids, "stage": str(stage), **snapshot, **extra, "updatedAt": now_iso()}
     store.put(PROGRESS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return doc
+
+
+def mark_stage(store: Store, stage: Stage) -> dict | None:
+    """Move a finished generation's progress.json on to `stage` (the extraction pods' last step),
+    keeping everything else the job wrote; None when there is none, or its outcome is not Done."""
+    doc = read_progress(store)
+    if doc is None or doc.get("outcome") != Outcome.DONE:
+        return None
+    doc.update(stage=str(stage), updatedAt=now_iso())
+    store.put(PROGRESS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    return doc

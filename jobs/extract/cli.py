@@ -25,6 +25,7 @@ def extract_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
+    from eyrie.jobs.contract import layout
     from eyrie.jobs.extract.run import run_extraction
     from eyrie.jobs.spec import SpecError, load_spec
     from eyrie.jobs.store import open_output
@@ -37,12 +38,23 @@ def extract_main(argv: list[str]) -> int:
     spec = dg.spec
     index = _index_default() if args.index is None else args.index
     count = spec.extraction.pods if args.count is None else args.count
+    store = open_output(spec)
     try:
-        summary = run_extraction(spec, open_output(spec), index=index, count=count)
+        summary = run_extraction(spec, store, index=index, count=count)
     except (RuntimeError, ValueError, OSError) as e:  # extraction, shard, store, layer, model errors
         print(f"eyrie extract: {e}", file=sys.stderr)
         return 1
     print(json.dumps(summary.to_manifest(), indent=1))
+    from eyrie.jobs.pipeline import finish_extraction
+
+    try:
+        if finish_extraction(spec, store, count):
+            print(f"eyrie extract: every pod's share is done: wrote {store.url(layout.MANIFEST)} and "
+                  f"{store.url(layout.REPORT)}", file=sys.stderr)
+    except Exception as e:  # the hidden states are written: a failed manifest or page must not fail the pod (the
+        # operator merges the manifest itself when every summary exists; `eyrie report` redoes the page)
+        print(f"eyrie extract: hidden states written, but not the manifest and report: {type(e).__name__}: {e}",
+              file=sys.stderr)
     return 0
 
 

@@ -318,6 +318,15 @@ def test_real_pipeline_generation_samples_then_indexed_extraction_to_succeeded(
     assert manifest["extraction"]["pods"] == 2
     assert manifest["extraction"]["samples"] == manifest["reconstruction"]["samples"]["kept"] > 0
     assert manifest["files"]["hidden"]
+    # the page status.outputReport links, read from S3: rewritten by the last extraction pod, so it
+    # shows what extraction wrote and how the target model scored the answers
+    store = store_of(s3_env, s3_bucket)
+    assert st["outputReport"] == store.url(layout.REPORT)
+    page = store.get(layout.REPORT).decode()
+    assert "engine / dtype" in page and "transformers / float32" in page
+    assert "fidelity: the answers scored by the target model" in page
+    assert manifest["fidelity"]["overall"]["samples"] == manifest["extraction"]["samples"]
+    assert json.loads(store.get(layout.PROGRESS))["stage"] == "done"
 
 
 def test_unrunnable_spec_and_failed_child_end_in_failed_with_reasons(cluster, operator, player, tmp_path):
