@@ -95,8 +95,8 @@ def _limits(node: dict[str, Any]) -> str:
 
 
 def _object_of(node: dict[str, Any], defs: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
-    """The object schema a field holds (directly, as list items, or as the object form of a union such
-    as `sort: "price" | {by, partition}`) and the path suffix to reach it."""
+    """The object schema a field holds (directly, as list items or map values, or as the object form of
+    a union such as `sort: "price" | {by, partition}`) and the path suffix to reach it."""
     node = _resolve(node, defs)
     for variant in node.get("anyOf", ()):
         if (child := _object_of(variant, defs)) is not None:
@@ -107,6 +107,10 @@ def _object_of(node: dict[str, Any], defs: dict[str, Any]) -> tuple[dict[str, An
         items = _resolve(node.get("items", {}), defs)
         if items.get("type") == "object" and "properties" in items:
             return items, "[]"
+    if node.get("type") == "object" and isinstance(node.get("additionalProperties"), dict):
+        values = _resolve(node["additionalProperties"], defs)
+        if values.get("type") == "object" and "properties" in values:
+            return values, ".<name>"  # a map of objects: one section for its values
     return None
 
 

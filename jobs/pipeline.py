@@ -34,7 +34,7 @@ def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
         return
     from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
-    cfg = SimulatorConfig.from_spec(spec.api.simulator, spec.target)
+    cfg = SimulatorConfig.from_spec(spec.api.simulator, spec.target, spec.sources, spec.output.endpoint)
     cfg.input_per_million = spec.effective_pricing().input_per_million
     cfg.output_per_million = spec.effective_pricing().output_per_million
     with SimulatorProcess(cfg) as sim:

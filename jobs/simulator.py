@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
 from typing import Any, get_args
@@ -37,7 +38,8 @@ from typing import Any, get_args
 import orjson
 from aiohttp import web
 
-from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatorSpec, TargetSpec
+from eyrie.jobs.simulated_text import TextBehaviour, TextPlan, prompt_key, source_index, text_answer
+from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatorSpec, SourceSpec, TargetSpec
 from eyrie.jobs.tools.declarations import DeclarationError, parse_text_declarations
 
 # One source of truth for the fault names: the spec's Literal.
@@ -78,8 +80,11 @@ class SimulatorConfig:
     output_per_million: Decimal = SIMULATOR_PRICING.output_per_million
     tool_call_rate: float = 0.8
     divergence_rate: float = 0.0  # tool-calling turns answered with another call, other arguments or none
-    text_tool_call_rate: float = 0.3
-    text_leak_rate: float = 0.5
+    # text mode (functions described in the prompt): what the model does, per source (simulated_text.py)
+    text_calls: TextBehaviour = field(default_factory=TextBehaviour.from_spec)
+    text_calls_by_source: dict[str, TextBehaviour] = field(default_factory=dict)
+    text_sources: list[dict[str, Any]] = field(default_factory=list)  # SourceSpec dumps, to recognise their prompts
+    sources_endpoint: str | None = None
     max_completion_tokens: int = 512
     retry_after_s: int = 1  # the Retry-After header of the "429" fault
     hang_s: float = 3600.0  # how long the "timeout" fault holds a request (until the client leaves)
@@ -100,7 +105,9 @@ class SimulatorConfig:
         unknown = [f for f in self.faults if f not in FAULTS]
         if unknown:
             raise ValueError(f"simulator faults: unknown {unknown}; known: {list(FAULTS)}")
-        for name in ("fault_rate", "tool_call_rate", "text_tool_call_rate", "text_leak_rate", "divergence_rate"):
+        self.text_calls = TextBehaviour.of(self.text_calls)
+        self.text_calls_by_source = {k: TextBehaviour.of(v) for k, v in self.text_calls_by_source.items()}
+        for name in ("fault_rate", "tool_call_rate", "divergence_rate"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
@@ -108,15 +115,28 @@ class SimulatorConfig:
             raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
 
     @classmethod
-    def from_spec(cls, sim: SimulatorSpec | None, target: TargetSpec | None = None) -> SimulatorConfig:
+    def from_spec(cls, sim: SimulatorSpec | None, target: TargetSpec | None = None,
+                  sources: Sequence[SourceSpec] = (), endpoint: str | None = None) -> SimulatorConfig:
         counts = {} if target is None or not target.tokenizer else {
             "tokenizer": target.tokenizer, "chat_format": target.chat_format,
             "template_variant": sim.template_variant if sim is not None else None}
         if sim is None:
             return cls(**counts)
+        by_source = {k: TextBehaviour.from_spec(v) for k, v in sim.text_calls_by_source.items()}
+        text = {"text_calls": TextBehaviour.from_spec(sim.text_calls), "text_calls_by_source": by_source,
+                "text_sources": [s.dump() for s in sources if s.name in by_source], "sources_endpoint": endpoint}
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
                    seed=sim.seed, divergence_rate=sim.divergence_rate, default_thinking=sim.default_thinking,
-                   **counts)
+                   **text, **counts)
+
+    def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
+        """The text-mode behaviour for this prompt, and the source it was recognised as (None: none
+        named in text_calls_by_source holds it)."""
+        if not self.text_sources:
+            return self.text_calls, None
+        index = source_index(json.dumps(self.text_sources, sort_keys=True), self.sources_endpoint)
+        source = index.get(prompt_key(messages) or b"")
+        return self.text_calls_by_source.get(source, self.text_calls) if source else self.text_calls, source
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -302,6 +322,7 @@ class Answer:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int
+    text: TextPlan | None = None  # what the model did with functions described as text (never sent)
 
 
 def _prompt_chars(messages: list[Any], tools: Any) -> int:
@@ -446,6 +467,7 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
     reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning else None
     content: str | None = None
     calls: list[dict[str, Any]] = []
+    text_plan: TextPlan | None = None
     fns = _functions(tools)
     planned = planned_calls(messages, tools, cfg)
     if planned and rng.random() < cfg.divergence_rate:
@@ -455,13 +477,11 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
                   "function": {"name": name, "arguments": args}} for name, args in planned]
     elif fns and messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
         content = "Given the result: " + _text(rng, rng.randint(5, 60))
-    elif (not fns and (declared := declared_text_functions(messages))
-          and rng.random() < cfg.text_tool_call_rate):
-        if rng.random() < cfg.text_leak_rate:
-            call = _tool_call(rng, rng.choice(declared))["function"]
-            content = "Let me call the tool. " + kimi_markers([(call["name"], call["arguments"])])
-        else:
-            content = _text(rng, rng.randint(5, 60))
+    elif not fns and (declared := declared_text_functions(messages)):
+        behaviour, source = cfg.text_behaviour(messages)
+        content, text_plan = text_answer(rng, declared, behaviour, source,
+                                         lambda fn: _tool_call(rng, fn)["function"]["arguments"],
+                                         _text(rng, rng.randint(5, 60)))
     else:
         content = _text(rng, rng.randint(5, 120))
     finish = "tool_calls" if calls else "stop"
@@ -484,6 +504,7 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
         prompt_tokens=math.ceil(_prompt_chars(messages, tools) / 4),
         completion_tokens=math.ceil(out_chars / 4),
         reasoning_tokens=math.ceil(len(reasoning or "") / 4),
+        text=text_plan,
     )
 
 

@@ -253,6 +253,45 @@ class SamplingSpec(Model):
     """OpenRouter reasoning settings, sent as `reasoning`."""
 
 
+class SimulatedTextFormats(Model):
+    """Weights of the formats the simulated model writes its text calls in (relative; 0: never)."""
+
+    glaive: float = Field(default=0, ge=0)
+    """`<functioncall> {"name": ..., "arguments": '...'}` (glaive-function-calling-v2)."""
+    hermes: float = Field(default=0, ge=0)
+    """`<tool_call>{...}</tool_call>` (Hermes, Qwen)."""
+    kimi: float = Field(default=0, ge=0)
+    """Kimi K2's native call section."""
+    deepseek: float = Field(default=0, ge=0)
+    """DeepSeek-V3.1's native calls."""
+    json_: float = Field(default=0, ge=0, alias="json")
+    """A bare or fenced JSON object `{"name": ..., "arguments": {...}}`."""
+
+    @model_validator(mode="after")
+    def _some(self) -> SimulatedTextFormats:
+        if not any(self.model_dump().values()):
+            raise ValueError("at least one format needs a weight above 0")
+        return self
+
+
+class SimulatedTextCalls(Model):
+    """How the simulated model answers a prompt whose functions are only described in its text
+    (`tools.mode: text`, the text side of `eyrie audit`). A model does not call as often, or as
+    well, from a description as from the API's `tools`; these say how much worse (docs/operating.md)."""
+
+    call_rate: float = Field(default=0.6, ge=0, le=1)
+    """Share of such prompts answered with a tool call written as text (structured: 0.8)."""
+    formats: SimulatedTextFormats = Field(default_factory=lambda: SimulatedTextFormats(
+        json=0.35, hermes=0.3, glaive=0.2, kimi=0.1, deepseek=0.05))  # type: ignore[call-arg]
+    """The formats those calls are written in; default json 0.35, hermes 0.3, glaive 0.2, kimi 0.1,
+    deepseek 0.05."""
+    invalid_share: float = Field(default=0.15, ge=0, le=1)
+    """Share of text calls that do not validate (a required argument left out; without one,
+    arguments that are not JSON)."""
+    prose_share: float = Field(default=0.5, ge=0, le=1)
+    """Share of the answers without a call that name a declared function in prose."""
+
+
 class SimulatorSpec(Model):
     """Only for `baseUrl: simulated`: the built-in simulator's behaviour (a demo/test tool)."""
 
@@ -281,6 +320,11 @@ class SimulatorSpec(Model):
     the template's default with no reasoning returned; false, a provider that silently serves the
     model with thinking off (prompt tokens counted as the template renders it with thinking off);
     true, one that thinks and returns the reasoning."""
+    text_calls: SimulatedTextCalls = Field(default_factory=SimulatedTextCalls)
+    """How the simulated model answers prompts whose functions are described only as text."""
+    text_calls_by_source: dict[str, SimulatedTextCalls] = Field(default_factory=dict)
+    """The same, per source name (its prompts are recognised by their last user message); sources
+    not named get `textCalls`."""
 
 
 class ApiSpec(Model):
@@ -531,6 +575,10 @@ class DatasetGenerationSpec(Model):
                 f"api.baseUrl: simulated cannot run with generation.ray.mode {self.generation.ray.mode}: the "
                 "simulator listens on the driver's loopback, which Ray workers in a cluster never reach; use "
                 "generation.ray.mode Local, or a provider's URL")
+        sim = self.api.simulator
+        if sim is not None and (unknown := sorted(set(sim.text_calls_by_source) - set(names))):
+            raise ValueError(f"api.simulator.textCallsBySource: no source named {', '.join(unknown)} "
+                             f"(sources: {', '.join(names)})")
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):

@@ -123,7 +123,9 @@ def test_the_operator_never_imports_the_cli():
 
 
 def test_generation_never_imports_the_simulator():
-    assert _edges(graph(), "eyrie.jobs.generate", "eyrie.jobs.simulator") == []
+    g = graph()
+    assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulator") == []
+    assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulated_text") == []
 
 
 def _closure(extras: set[str]) -> set[str]:

@@ -63,8 +63,9 @@ def model_paths(model: type[BaseModel], prefix: str) -> set[str]:
         while stack:
             t = stack.pop()
             if isinstance(t, type) and issubclass(t, BaseModel):
-                suffix = "[]" if typing.get_origin(field.annotation) is list or any(
-                    typing.get_origin(a) is list for a in typing.get_args(field.annotation)) else ""
+                ann = field.annotation
+                origins = {typing.get_origin(ann), *map(typing.get_origin, typing.get_args(ann))}
+                suffix = "[]" if list in origins else ".<name>" if dict in origins else ""
                 out |= model_paths(t, f"{prefix}.{key}{suffix}")
             else:
                 stack.extend(typing.get_args(t))

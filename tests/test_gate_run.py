@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+from eyrie.jobs.simulated_text import TextBehaviour
+from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess, make_answer
 from eyrie.jobs.store import open_store
 
 
@@ -28,12 +29,14 @@ def glaive_rows(path: Path, n: int) -> Path:
     return path
 
 
-def run(tmp_path: Path, sim_url: str, mode: str, concurrency: int) -> tuple[subprocess.CompletedProcess, str]:
+def run(tmp_path: Path, sim_url: str, mode: str, concurrency: int,
+        max_invalid: float = 0.02) -> tuple[subprocess.CompletedProcess, str]:
     out = f"file://{tmp_path}/out-{mode}"
+    gate = {"canarySamples": 20, "minToolCallRate": 0.5, "maxLeakRate": 0.0, "maxInvalidCallRate": max_invalid}
     spec = {"sources": [{"name": "g", "uri": str(glaive_rows(tmp_path / "g.jsonl", 120)), "format": "glaive"}],
             "target": {"model": "sim/model"},
             "api": {"baseUrl": sim_url, "maxConcurrency": concurrency, "stream": False},
-            "tools": {"mode": mode, "gate": {"canarySamples": 20, "minToolCallRate": 0.5, "maxLeakRate": 0.0}},
+            "tools": {"mode": mode, "gate": gate},
             "budget": {"maxUSD": "5", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
             "generation": {"shards": 2},
             "output": {"uri": out}}
@@ -48,7 +51,7 @@ def run(tmp_path: Path, sim_url: str, mode: str, concurrency: int) -> tuple[subp
 def test_text_declared_tools_trip_the_gate_within_canary_plus_concurrency(tmp_path):
     # functions described only in the prompt: the simulated model rarely calls them (and then as
     # text, which the gate counts): exactly the failure eyrie exists to catch
-    with SimulatorProcess(SimulatorConfig(text_tool_call_rate=0.2, text_leak_rate=1.0)) as sim:
+    with SimulatorProcess(SimulatorConfig(text_calls=TextBehaviour(0.2, {"kimi": 1}, 0, 0))) as sim:
         r, out = run(tmp_path, sim.base_url, "text", concurrency=4)
         completed = sim.stats()["completed"]
     assert r.returncode == 4, r.stderr
@@ -61,19 +64,27 @@ def test_text_declared_tools_trip_the_gate_within_canary_plus_concurrency(tmp_pa
 
 
 def test_a_text_mode_run_keeps_the_calls_written_as_text(tmp_path):
-    """tools.mode text: the model writes its calls into the content; the gate counts them, the
-    records keep them as calls with their format, and nothing is dropped for being text."""
-    with SimulatorProcess(SimulatorConfig(text_tool_call_rate=0.9, text_leak_rate=1.0)) as sim:
-        r, out = run(tmp_path, sim.base_url, "text", concurrency=4)
+    """tools.mode text: the model writes its calls into the content in several formats; the gate
+    counts them, every record keeps them as calls with the format they were written in and the
+    validity the simulator gave them, and nothing valid is dropped for being text."""
+    cfg = SimulatorConfig(text_calls=TextBehaviour(0.9, {"glaive": 1, "hermes": 1, "kimi": 1, "json": 1}, 0.1, 0.5))
+    with SimulatorProcess(cfg) as sim:
+        r, out = run(tmp_path, sim.base_url, "text", concurrency=4, max_invalid=0.3)
     assert r.returncode == 0, r.stderr
     prog = json.loads(open_store(out).get(layout.PROGRESS))
     recs = list(records.iter_records(open_store(out)))
     assert prog["outcome"] == "Done" and len(recs) == 120
-    written = [r for r in recs if "<|tool_calls_section_begin|>" in (r["response"]["content"] or "")]
-    assert len(written) > 90 and all(not r["response"].get("tool_calls") for r in recs)
-    assert all(r["checks"]["called"] and r["checks"]["calls"][0]["format"] == "kimi" and r["policy"] == "keep"
-               and not r["checks"]["leaked"] for r in written)
-    assert prog["tools"]["callRate"] == round(len(written) / 120, 6) and prog["tools"]["leaks"] == 0
+    called = 0
+    for rec in recs:
+        plan = make_answer(rec["request"], cfg).text  # what the simulated model did, from its own plan
+        assert not rec["response"].get("tool_calls") and not rec["checks"]["leaked"]
+        assert [(c["format"], c["name"], c["valid"]) for c in rec["checks"]["calls"]] == \
+            [(plan.format, c.name, c.valid) for c in plan.calls]
+        assert rec["checks"]["prose"] == plan.prose
+        assert rec["policy"] == ("keep" if all(c.valid for c in plan.calls) else "drop")
+        called += bool(plan.calls)
+    assert called > 90
+    assert prog["tools"]["callRate"] == round(called / 120, 6) and prog["tools"]["leaks"] == 0
 
 
 def test_structured_tools_pass_the_gate(tmp_path):

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
@@ -20,6 +21,7 @@ import jsonschema
 import orjson
 import pytest
 
+from eyrie.jobs.simulated_text import TextBehaviour
 from eyrie.jobs.simulator import (
     FAULTS,
     SimulatorConfig,
@@ -32,7 +34,9 @@ from eyrie.jobs.simulator import (
     make_answer,
     planned_calls,
 )
-from eyrie.jobs.spec import SimulatorSpec
+from eyrie.jobs.sources import iter_source
+from eyrie.jobs.spec import DatasetGenerationSpec, SimulatorSpec
+from eyrie.jobs.tools.declarations import prepare_prompt
 
 StartSim = Callable[..., Awaitable[SimulatorServer]]
 
@@ -218,29 +222,90 @@ GLAIVE_SYSTEM = (
 )
 
 
-def test_text_declared_functions_leak_raw_kimi_markers_at_their_rates() -> None:
+def test_text_declared_functions_are_called_as_text_at_their_rates_and_formats() -> None:
+    """Functions described only in the prompt: no structured calls; calls written in the content in
+    the configured format mix, a share of them invalid, some answers naming a function in prose.
+    The content is checked here by hand per format, not with eyrie's reader."""
     msgs = [{"role": "system", "content": GLAIVE_SYSTEM}, {"role": "user", "content": "x"}]
     fns = declared_text_functions(msgs)
     assert [f["name"] for f in fns] == ["convert_currency", "noop"]
     params = {f["name"]: f["parameters"] for f in fns}
-    cfg = SimulatorConfig(text_tool_call_rate=0.5, text_leak_rate=0.5)
-    leaks = 0
+    cfg = SimulatorConfig(text_calls=TextBehaviour(0.5, {"kimi": 1, "hermes": 1, "glaive": 2}, 0.2, 0.5))
+    answered: Counter[str] = Counter()
+    calls = invalid = prose = 0
     for i in range(400):
         b = {"model": "m", "messages": [msgs[0], {"role": "user", "content": f"convert {i} dollars"}]}
         ans = make_answer(b, cfg)
+        content = ans.content or ""
         assert not ans.tool_calls  # no structured calls without structured tools
-        if ans.content and "<|tool_calls_section_begin|>" in ans.content:
-            leaks += 1
-            section = ans.content[ans.content.index("<|tool_calls_section_begin|>"):]
-            head, _, rest = section.removeprefix("<|tool_calls_section_begin|><|tool_call_begin|>functions.") \
-                .partition(":0<|tool_call_argument_begin|>")
-            args = rest.removesuffix("<|tool_call_end|><|tool_calls_section_end|>")
-            jsonschema.validate(json.loads(args), params[head])
-    assert 0.18 <= leaks / 400 <= 0.32
+        plan = ans.text
+        assert plan is not None and plan.source is None
+        if plan.format is None:
+            assert ("I could use convert_currency" in content or "I could use noop" in content) == plan.prose
+            prose += plan.prose
+            continue
+        answered[plan.format] += 1
+        for j, c in enumerate(plan.calls):
+            calls += 1
+            invalid += not c.valid
+            if plan.format == "kimi":
+                assert (f"<|tool_call_begin|>functions.{c.name}:{j}<|tool_call_argument_begin|>{c.arguments}"
+                        "<|tool_call_end|>") in content
+                assert content.startswith("<|tool_calls_section_begin|>")
+            elif plan.format == "glaive":
+                assert content == f"<functioncall> {{\"name\": \"{c.name}\", \"arguments\": '{c.arguments}'}}"
+            else:
+                block = f'<tool_call>\n{{"name": "{c.name}", "arguments": ' + (
+                    c.arguments if c.valid else json.dumps(c.arguments)) + "}\n</tool_call>"
+                assert block in content
+            try:
+                jsonschema.validate(json.loads(c.arguments), params[c.name])
+                ok = True
+            except (ValueError, jsonschema.ValidationError):
+                ok = False
+            assert ok == c.valid, c
+    n = sum(answered.values())
+    assert 0.42 <= n / 400 <= 0.58
+    assert 0.4 <= answered["glaive"] / n <= 0.6 and answered["kimi"] and answered["hermes"]
+    assert 0.12 <= invalid / calls <= 0.28
+    assert 0.4 <= prose / (400 - n) <= 0.6
     assert kimi_markers([("a", "{}"), ("b", '{"x":1}')]) == (
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>{}"
         "<|tool_call_end|><|tool_call_begin|>functions.b:1<|tool_call_argument_begin|>{\"x\":1}"
         "<|tool_call_end|><|tool_calls_section_end|>")
+
+
+def test_text_behaviour_per_source_is_recognised_by_the_prompt(tmp_path) -> None:
+    """api.simulator.textCallsBySource: the simulator knows a source's prompts by their last user
+    message, so one source's prompts can be called as glaive does and another's never."""
+    system = "SYSTEM: " + GLAIVE_SYSTEM.removeprefix("SYSTEM: ")
+    g = tmp_path / "g.jsonl"
+    g.write_text("".join(json.dumps({"system": system, "chat": f"USER: convert {i} USD\n\n\nASSISTANT: ok"}) + "\n"
+                         for i in range(30)))
+    o = tmp_path / "o.jsonl"
+    o.write_text("".join(json.dumps({"messages": [{"role": "system", "content": GLAIVE_SYSTEM.removeprefix("SYSTEM: ")},
+                                                  {"role": "user", "content": f"other {i}"}]}) + "\n"
+                         for i in range(30)))
+    doc = {"sources": [{"name": "glaive", "uri": str(g), "format": "glaive"}, {"name": "other", "uri": str(o)}],
+           "target": {"model": "m"}, "budget": {"maxUSD": "1"}, "output": {"uri": str(tmp_path / "out")},
+           "api": {"baseUrl": "simulated", "simulator": {
+               "textCalls": {"callRate": 0, "proseShare": 0},
+               "textCallsBySource": {"glaive": {"callRate": 1, "formats": {"glaive": 1}, "invalidShare": 0}}}}}
+    spec = DatasetGenerationSpec.model_validate(doc)
+    cfg = SimulatorConfig.from_json(SimulatorConfig.from_spec(spec.api.simulator, spec.target, spec.sources).to_json())
+    assert [s["name"] for s in cfg.text_sources] == ["glaive"]  # only the sources named are read
+    seen: Counter[tuple[str, str | None, str | None, bool]] = Counter()
+    for src in spec.sources:
+        for p in iter_source(src):
+            prepared = prepare_prompt(p, "text")
+            plan = make_answer({"model": "m", "messages": prepared.messages}, cfg).text
+            seen[(src.name, plan.source, plan.format, all(c.valid for c in plan.calls))] += 1
+    assert seen == {("glaive", "glaive", "glaive", True): 30, ("other", None, None, True): 30}
+    with pytest.raises(ValueError, match="textCallsBySource: no source named nope"):
+        DatasetGenerationSpec.model_validate({**doc, "api": {"baseUrl": "simulated", "simulator": {
+            "textCallsBySource": {"nope": {}}}}})
+    with pytest.raises(ValueError, match="at least one format"):
+        SimulatorSpec.model_validate({"textCalls": {"formats": {"json": 0}}})
 
 
 def test_config_from_spec_json_round_trip_and_validation() -> None:
