@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from ..conftest import S3_SECRET_KEY
-from .node import Node, busybox_image, running_node
+from .node import Node, busybox_image, images_archive, running_node
 from .testbed import (
     CONFIGMAPS,
     DSG,
@@ -60,6 +60,61 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         sys.stderr.write(f"\ntestbed: control plane for a node in {n.cp.started_in:.1f}s, node Ready and its "
                          f"services up in {n.started_in:.1f}s\n")
         yield n
+
+
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
+
+
+@dataclass(frozen=True)
+class Release:
+    """The chart installed by Helm's install action on the node's control plane: the operator runs as the pod of
+    its Deployment."""
+
+    node: Node
+    kubeconfig: Path
+    namespace: str = OPERATOR_NS
+    name: str = RELEASE
+
+    def helm(self) -> helm.Config:
+        return helm.Config(kubeconfig_path=self.kubeconfig, namespace=self.namespace)
+
+    def install(self, values: dict[str, Any] | None = None) -> None:
+        with self.helm() as cfg:  # what `helm install --wait` does: returns once the Deployment is available
+            cfg.install(CHART, self.name, values or {}, namespace=self.namespace, wait="watcher", timeout=300)
+
+    def uninstall(self) -> None:
+        with self.helm() as cfg:
+            cfg.uninstall(self.name, wait="watcher", timeout=120, ignore_not_found=True)
+
+    def pod(self) -> dict[str, Any]:
+        """The Deployment's one pod, Ready."""
+        def ready() -> dict[str, Any] | None:
+            pods = self.node.cp.list(PODS, self.namespace, labelSelector=f"app.kubernetes.io/instance={self.name}")
+            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            return live[0] if len(live) == 1 and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in (live[0].get("status") or {}).get(
+                    "conditions") or []) else None
+        return wait_for("the operator's pod Ready", ready, timeout=180, every=0.5)
+
+    def log(self) -> str:
+        return self.node.cp.kubectl("logs", "-n", self.namespace, f"deploy/{self.name}").stdout
+
+
+@pytest.fixture(scope="session")
+def release(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The operator image imported into the node, the chart installed by Helm (its CRD from crds/) into a namespace
+    enforcing the restricted Pod Security Standard; uninstalled at the end."""
+    node.import_image(images_archive("operator"))
+    node.cp.create(("", "v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": OPERATOR_NS, "labels": RESTRICTED}})
+    rel = Release(node, node.cp.kubeconfig(tmp_path_factory.mktemp("helm") / "admin.kubeconfig"))
+    rel.install()
+    try:
+        yield rel
+    finally:
+        log = rel.log()
+        rel.uninstall()
+        assert API_KEY not in log and S3_SECRET_KEY not in log, "a secret reached the operator's log"
 
 
 def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ driver, a sandbox image built here (no registry is reachable) and images importe
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import ipaddress
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -61,7 +63,6 @@ from .testbed import (
 
 HERE = Path(__file__).resolve().parent
 NODE_NAME = "eyrie-node"
-POD_CIDR = "10.244.0.0/24"
 DNS_SERVICE_IP = "10.96.0.10"
 CNI_BIN = Path("/usr/lib/cni")
 DEPS = "hack/test-deps.sh"
@@ -205,6 +206,17 @@ def busybox_image() -> tuple[str, Path]:
     return _cached_image("busybox", [busybox], build)
 
 
+def images_archive(name: str) -> Path:
+    """An image `hack/images.sh` built from its Dockerfile under images/ (operator, ray-worker, extractor-cpu), in
+    the testbed cache as NAME-VERSION.oci.tar, named inside as the chart and the specs name it."""
+    version = tomllib.loads((HERE.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    path = cache_dir() / "images" / f"{name}-{version}.oci.tar"
+    if not path.is_file():
+        raise TestbedMissing(f"{path} is missing: build it with `hack/images.sh {name}` (once per machine; "
+                             "hack/test-deps.sh runs it)")
+    return path
+
+
 # --- the network: a namespace for the node, a veth to the host, the host's forwarding of its loopback ports
 
 @dataclass
@@ -223,6 +235,12 @@ class Link:
     @property
     def node_ip(self) -> str:
         return node_link(self.api_port)[1]
+
+    @property
+    def pod_cidr(self) -> str:
+        """The node's pods' addresses: a /26 of 100.64.0.0/10 (shared address space) of its own, so the host can
+        route it to the node without meeting another testbed's."""
+        return f"{ipaddress.IPv4Address(int(ipaddress.IPv4Address('100.64.0.0')) + 64 * self.api_port)}/26"
 
     @property
     def netns(self) -> str:
@@ -249,10 +267,10 @@ class Link:
             raise RuntimeError(f"network namespace {self.netns} exists: a testbed on port {self.api_port} was not "
                                f"stopped; remove it with `ip netns delete {self.netns}` once nothing runs in it")
         vm_if = run("ip", "-o", "route", "get", "1").stdout.split(" dev ")[1].split()[0]
-        link = ipaddress.ip_network(f"{self.host_ip}/30", strict=False)
+        ours = (ipaddress.ip_network(f"{self.host_ip}/30", strict=False), ipaddress.ip_network(self.pod_cidr))
         for line in run("ip", "-o", "-4", "addr").stdout.splitlines():
-            if ipaddress.ip_interface(line.split()[3]).network.overlaps(link):
-                raise RuntimeError(f"the node's link {link} overlaps an address of this machine: {line}")
+            if any(ipaddress.ip_interface(line.split()[3]).network.overlaps(net) for net in ours):
+                raise RuntimeError(f"the node's networks {ours} overlap an address of this machine: {line}")
         self.created = True
         run("ip", "netns", "add", self.netns)
         run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.node_if, "netns", self.netns)
@@ -271,8 +289,11 @@ class Link:
         run("sysctl", "-q", "-w", f"net.ipv4.conf.{self.host_if}.route_localnet=1")
         run("iptables", "-t", "nat", "-N", self.chain)
         run("iptables", "-t", "nat", "-A", "PREROUTING", "-i", self.host_if, "-j", self.chain)
-        route = run("ip", "-o", "route", "get", self.node_ip).stdout
-        assert f"dev {self.host_if}" in route and f"dev {vm_if}" not in route, route
+        # the pods, through the node (the API server's proxy to a pod or Service dials their addresses)
+        run("ip", "route", "add", self.pod_cidr, "via", self.node_ip, "dev", self.host_if)
+        for address in (self.node_ip, self.pod_cidr.split("/")[0]):
+            route = run("ip", "-o", "route", "get", address).stdout
+            assert f"dev {self.host_if}" in route and f"dev {vm_if}" not in route, route
         return self
 
     def expose(self, port: int) -> None:
@@ -306,6 +327,8 @@ class Node:
     images: dict[str, Path] = field(default_factory=dict)
     cgroup_root: str = field(init=False)
     started_in: float = 0.0
+    store: Path | None = None  # containerd's root: images and their snapshots
+    store_lock: Any = None
 
     def __post_init__(self) -> None:
         assert self.cp.node == NODE_NAME, "start the control plane with node=NODE_NAME"
@@ -377,18 +400,34 @@ class Node:
                 if (d / f).exists() and not (d / f).read_text().strip():
                     (d / f).write_text((hierarchy / f).read_text())
 
+    def _open_store(self) -> None:
+        """containerd's root (content, image snapshots, metadata): kept in the testbed cache between runs, so that
+        an image already imported from the same archive costs nothing (a Ray image is GBs: minutes to unpack), while
+        one node at a time holds it; a node started meanwhile gets a fresh root of its own and imports into it."""
+        shared = cache_dir() / "node-containerd"
+        shared.mkdir(parents=True, exist_ok=True)
+        lock = (cache_dir() / "node-containerd.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            self.store = self.root / "containerd" / "root"
+            return
+        self.store, self.store_lock = shared, lock
+
     def _start_containerd(self, sandbox_ref: str) -> None:
         d = self.root / "containerd"
         (d / "cni").mkdir(parents=True, exist_ok=True)
+        self._open_store()
         (d / "cni" / "10-eyrie.conflist").write_text(json.dumps({
             "cniVersion": "1.0.0", "name": self.link.netns, "plugins": [
                 {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": True, "hairpinMode": True,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR}]], "routes": [{"dst": "0.0.0.0/0"}],
-                          "dataDir": str(d / "ipam")}},
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.link.pod_cidr}]],
+                          "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(d / "ipam")}},
                 {"type": "portmap", "capabilities": {"portMappings": True}}]}))
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         config = f"""version = 2
-root = "{d / 'root'}"
+root = "{self.store}"
 state = "{d / 'state'}"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                     "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper",
@@ -433,19 +472,42 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script), self.root / "containerd.log"))
         wait_for("containerd's socket", lambda: self.procs[-1].check() or (
             self.sock.exists() and self.ctr("version", check=False).returncode == 0), timeout=60, every=0.2)
+        self._remove_containers()  # a node killed before its stop left them in the kept root
+
+    def _remove_containers(self) -> tuple[list[str], set[Path]]:
+        """Kill and delete every container of this containerd; returns their ids and the files their pods' network
+        namespaces were mounted on."""
+        cids = self.containers()
+        netns: set[Path] = set()
+        for cid in cids:
+            with suppress(ValueError, KeyError):
+                spec = json.loads(self.ctr("containers", "info", cid, check=False).stdout)["Spec"]
+                netns.update(Path(n["path"]) for n in spec["linux"]["namespaces"]
+                             if n["type"] == "network" and n.get("path"))
+        for task in self.ctr("tasks", "list", "--quiet", check=False).stdout.split():
+            self.ctr("tasks", "kill", "--signal=SIGKILL", task, check=False)
+        for cid in cids:
+            self.ctr("tasks", "delete", "--force", cid, check=False)
+            self.ctr("containers", "delete", cid, check=False)
+        return cids, netns
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run("ctr", f"--address={self.sock}", "--namespace=k8s.io", *args, check=check, timeout=timeout)
 
     def import_image(self, archive: Path) -> str:
         """Import an OCI archive into containerd's k8s.io namespace (where the kubelet finds it; nothing is pulled)
-        and return the image's name."""
-        out = self.ctr("images", "import", "--snapshotter=overlayfs", "--no-unpack=false", str(archive)).stdout
-        names = [line.split()[1] for line in out.splitlines() if line.startswith("unpacking ")]
-        assert names, f"ctr imported no named image from {archive}: {out}"
-        for name in names:
-            self.images[name] = archive
-        return names[0]
+        unless the image is there already from the same archive (same name, same manifest), and return its name."""
+        with tarfile.open(archive) as tar:  # an uncompressed tar: the headers are read, the blobs skipped
+            f = tar.extractfile("index.json")
+            assert f is not None, f"{archive} has no index.json: not an OCI archive"
+            [manifest] = json.load(f)["manifests"]
+        ann = manifest.get("annotations") or {}
+        name = ann.get("io.containerd.image.name") or ann["org.opencontainers.image.ref.name"]
+        listed = self.ctr("images", "list").stdout.split("\n")
+        if not any(line.split()[:1] == [name] and manifest["digest"] in line for line in listed):
+            self.ctr("images", "import", "--snapshotter=overlayfs", str(archive))
+        self.images[name] = archive
+        return name
 
     def _start_kubelet(self, kubelet: Path) -> None:
         d = self.root / "kubelet"
@@ -529,7 +591,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         path.write_text(yaml.safe_dump({
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": str(self.kubeconfig("kube-proxy"))},
-            "hostnameOverride": NODE_NAME, "bindAddress": self.ip, "mode": "iptables", "clusterCIDR": POD_CIDR,
+            "hostnameOverride": NODE_NAME, "bindAddress": self.ip, "mode": "iptables",
+            "clusterCIDR": self.link.pod_cidr,
             "healthzBindAddress": f"{self.ip}:{self._ports['proxy']}",
             "metricsBindAddress": f"127.0.0.1:{self._ports['proxy_metrics']}",
             "nodePortAddresses": [f"{self.ip}/32"], "oomScoreAdj": 0,
@@ -588,20 +651,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         cids: list[str] = []
         netns: set[Path] = set()
         if containerd is not None and alive:
-            cids = self.containers()
-            for cid in cids:
-                with suppress(ValueError, KeyError):
-                    spec = json.loads(self.ctr("containers", "info", cid, check=False).stdout)["Spec"]
-                    netns.update(Path(n["path"]) for n in spec["linux"]["namespaces"]
-                                 if n["type"] == "network" and n.get("path"))
-            for task in self.ctr("tasks", "list", "--quiet", check=False).stdout.split():
-                self.ctr("tasks", "kill", "--signal=SIGKILL", task, check=False)
-            for cid in cids:
-                self.ctr("tasks", "delete", "--force", cid, check=False)
-                self.ctr("containers", "delete", cid, check=False)
+            cids, netns = self._remove_containers()
             containerd.stop()
         self._kill_leftovers()
         self.procs.clear()
+        if self.store is not None and self.store_lock is not None:  # what the CRI kept of deleted pods
+            for kept in ("sandboxes", "containers"):
+                shutil.rmtree(self.store / "io.containerd.grpc.v1.cri" / kept, ignore_errors=True)
+            self.store_lock.close()
+            self.store_lock = None
         self._cgroups_remove()
         self.link.delete()
         # what lives on the host's filesystem: the files the pods' network namespaces were mounted on (the mounts were

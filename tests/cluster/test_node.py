@@ -13,14 +13,12 @@ from typing import Any
 
 import pytest
 
-from .node import NODE_NAME, NODES, POD_CIDR, SERVICES, Node, busybox_image, running_node
+from .node import NODE_NAME, NODES, SERVICES, Node, busybox_image, run, running_node
 from .testbed import KUBERNETES_SERVICE_IP, PODS, ControlPlane, versions, wait_for
 
 
 def vm_addresses() -> set[str]:
     """Every address of the machine's own interfaces but loopback (the VM's, which nothing of the node may use)."""
-    from .node import run
-
     out = set()
     for line in run("ip", "-o", "addr").stdout.splitlines():
         dev, addr = line.split()[1], line.split()[3].split("/")[0]
@@ -71,7 +69,7 @@ def test_the_node_registers_ready_at_its_own_address_only(node: Node) -> None:
     for proc in node.procs:
         for addr in listening(proc.proc.pid):
             assert addr in ("127.0.0.1", node.ip, "::1") or ipaddress.ip_address(addr) in ipaddress.ip_network(
-                POD_CIDR), f"{proc.name} listens on {addr}"
+                node.link.pod_cidr), f"{proc.name} listens on {addr}"
 
 
 def listening(pid: int) -> set[str]:
@@ -104,7 +102,9 @@ def test_a_pod_runs_to_succeeded_on_the_bridge_with_cluster_dns_and_logs(node: N
     done = finished(node.cp, ns, "hello")
     logs = node.cp.kubectl("logs", "hello", namespace=ns, check=True).stdout  # the API server reached the kubelet
     assert done["status"]["phase"] == "Succeeded", (done["status"], logs)
-    assert ipaddress.ip_address(done["status"]["podIP"]) in ipaddress.ip_network(POD_CIDR)
+    assert ipaddress.ip_address(done["status"]["podIP"]) in ipaddress.ip_network(node.link.pod_cidr)
+    # the host reaches the pod through the veth, never the VM's interface
+    assert f"dev {node.link.host_if}" in run("ip", "-o", "route", "get", done["status"]["podIP"]).stdout
     assert done["status"]["hostIP"] == node.ip
     assert KUBERNETES_SERVICE_IP in logs  # cluster DNS answered with the Service's address
     assert "400 Bad Request" in logs  # the API server itself answered, through the Service
@@ -158,7 +158,7 @@ def test_a_stopped_node_leaves_no_process_namespace_link_rule_cgroup_mount_or_fi
         assert len(netns) == 1 and next(iter(netns)).exists(), netns
         pids = [p.proc.pid for p in n.procs]
         link, cgroup_root, sock = n.link, n.cgroup_root, n.sock
-    from .node import _cgroup_hierarchies, run
+    from .node import _cgroup_hierarchies
 
     assert not any(p.exists() for p in netns)  # the pod's network namespace
     assert not [c for c in Path("/var/lib/cni/results").glob("*") if any(cid in c.name for cid in containers)]
