@@ -133,6 +133,11 @@ class TargetSpec(Model):
     template_variant: str | None = Field(default=None, min_length=1, max_length=64)
     """Pin the chat format's template variant (kimi-k2.5: current | release; deepseek-v3: vllm | card;
     qwen3: release | later). Unset: chosen per provider over the canary from its usage.prompt_tokens."""
+    on_template_mismatch: Literal["stop", "flag", "exclude"] = "stop"
+    """When a provider's usage.prompt_tokens fit no template variant of chatFormat over the canary (any
+    chatFormat, auto and formats without variants included): stop the run (TemplateMismatch); flag: go
+    on, its samples flagged template_mismatch; exclude: go on, its samples left out (counted as
+    excluded, reason template_mismatch)."""
     trust_remote_code: bool = Field(default=False, description="Allow the tokenizer's remote code.")
 
 

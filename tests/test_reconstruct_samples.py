@@ -76,7 +76,8 @@ def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, 
     m = summary.to_manifest()
     assert m["tokenizer"] == {"name": str(KIMI), "sha256": tok.sha256, "files": dict(tok.files)}
     assert m["chatTemplate"] == {"format": "kimi-k2.5", "sha256": resolve_format("kimi-k2.5", tok).sha256,
-                                 "variant": "current", "byProvider": {}}
+                                 "variant": "current", "byProvider": {}, "mismatched": [],
+                                 "onMismatch": "stop"}
     got = m["samples"]
     assert got["records"] == 7 and got["kept"] == 3 and got["shards"] == 2
     assert got["excluded"] == {"duplicate": 1, "policy_drop": 1, "status_failed": 1, "template_error": 1}
@@ -220,3 +221,28 @@ def test_each_providers_records_are_rebuilt_with_the_variant_found_for_it(spec, 
     assert {p: v["variant"] for p, v in by.items()} == {"NewHost": "current", "OldHost": "release"}
     assert by["OldHost"]["sha256"] == resolve_format("kimi-k2.5", tok, "release").sha256 != by["NewHost"]["sha256"]
     assert orjson.loads(store.get(layout.PROGRESS))["templateVariants"]  # read, never rewritten here
+
+
+@pytest.mark.parametrize("on", ["stop", "flag", "exclude"])
+def test_a_mismatched_provider_s_samples_are_flagged_or_excluded_and_no_other(on):
+    """Providers past the detector's cap share its `(other)` entry: a mismatch there must not reach a
+    provider the detector judged on its own."""
+    from eyrie.jobs.reconstruct.samples import ProviderRebuild
+    from eyrie.jobs.reconstruct.variants import OTHER_PROVIDERS, Choice
+    from eyrie.jobs.spec import TargetSpec
+
+    tok = load_tokenizer(TargetSpec(model="m", tokenizer="bundled:deepseek-v4"))
+    v4 = "deepseek-v4"  # no variants: a detected provider gets no rebuilder of its own
+    chosen = {"good": Choice(v4, "detected", 8, (v4,)), "bad": Choice(v4, "mismatch", 8, ()),
+              OTHER_PROVIDERS: Choice(v4, "mismatch", 8, ())}
+    rebuild = ProviderRebuild(resolve_format(v4, tok), tok, chosen, on)
+    for provider, mismatched in (("good", False), ("bad", True), ("never-judged", True)):
+        r = record("r1")
+        r["response"]["provider"] = provider
+        got = rebuild(r)
+        if not mismatched:
+            assert "template_mismatch" not in got.flags, provider
+        elif on == "exclude":
+            assert got.reason == "template_mismatch" and "target.onTemplateMismatch: exclude" in got.message
+        else:
+            assert "template_mismatch" in got.flags, provider

@@ -126,6 +126,23 @@ def test_counts_that_fit_neither_reading_still_stop_naming_both():
             "max 5, thinking off exact 0/4, gap (ours - provider's) min 6 p50 6 max 6)") in stop.message
 
 
+def test_a_mismatch_names_the_override_and_flag_or_exclude_go_on_recording_it():
+    for on, stops in (("stop", True), ("flag", False), ("exclude", False)):
+        d = VariantDetector("kimi-k2.5", ["current", "release"], canary=3, on_mismatch=on)
+        stop = feed(d, "p", 3, 45, {"current": 50, "release": 62})
+        assert (stop is not None) is stops and (d.stopped is not None) is stops
+        c = d.chosen["p"]
+        assert c.how == "mismatch" and c.message and "target.onTemplateMismatch (stop | flag | exclude; now " \
+            f"{on}): flag keeps its samples flagged template_mismatch, exclude leaves them out" in c.message
+        summary = d.summary()
+        assert summary["onMismatch"] == on and summary["byProvider"]["p"]["message"] == c.message
+    # a format without variants: nothing to pin, so the message does not suggest it
+    d = VariantDetector("deepseek-v4", ["deepseek-v4"], canary=2)
+    stop = feed(d, "p", 2, 45, {"deepseek-v4": 50})
+    assert stop is not None and "chat format deepseek-v4 does not give the prompt length" in stop.message
+    assert "templateVariant" not in stop.message and "target.onTemplateMismatch (stop | flag | exclude" in stop.message
+
+
 # ------------------------------------------------------------------- each family's variants render
 
 
@@ -197,10 +214,11 @@ def prompts(path: Path, n: int) -> Path:
 
 def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int = 24,
         fmt: str = "kimi-k2.5", tokenizer: str = str(KIMI), sampling: dict[str, Any] | None = None,
-        simulator: dict[str, Any] | None = None) -> tuple[Any, Any]:
+        simulator: dict[str, Any] | None = None, on_mismatch: str | None = None) -> tuple[Any, Any]:
     out = f"file://{tmp_path}/out"
     target = {"model": "sim/model", "tokenizer": tokenizer, "chatFormat": fmt,
-              **({"templateVariant": pinned} if pinned else {})}
+              **({"templateVariant": pinned} if pinned else {}),
+              **({"onTemplateMismatch": on_mismatch} if on_mismatch else {})}
     sim = {**({"templateVariant": served} if served else {}), **(simulator or {})}
     spec = {"sources": [{"name": "p", "uri": str(prompts(tmp_path / "p.jsonl", n)), "format": "openai"}],
             "target": target,
@@ -327,3 +345,44 @@ def test_a_provider_whose_counts_fit_neither_thinking_reading_still_stops(tmp_pa
     assert "8 of them did not say whether the model was thinking: both readings tried" in prog["message"]
     assert "current: exact 0/8 under either reading (thinking on exact 0/8" in prog["message"]
     assert prog["templateVariants"]["byProvider"]["eyrie-simulator"]["how"] == "mismatch"
+
+
+# ------------------------------------------------------- going on past a mismatch, knowingly
+
+
+@pytest.mark.parametrize("fmt, family", [("kimi-k2.5", None), ("deepseek-v4", None), ("auto", "qwen3")])
+def test_a_mismatch_stops_by_default_naming_the_override_for_every_format(tmp_path, fmt, family):
+    tokenizer = {"kimi-k2.5": str(KIMI), "deepseek-v4": "bundled:deepseek-v4"}.get(fmt) or official_folder(
+        tmp_path, family)
+    r, store = run(tmp_path, "unknown", n=16, fmt=fmt, tokenizer=tokenizer)
+    assert r.returncode == 7, r.stderr[-3000:]
+    message = json.loads(store.get(layout.PROGRESS))["message"]
+    assert "target.onTemplateMismatch (stop | flag | exclude; now stop)" in message
+    assert ("templateVariant" in message) is (fmt == "kimi-k2.5")  # only a format with variants can pin one
+
+
+@pytest.mark.parametrize("fmt", ["kimi-k2.5", "deepseek-v4"])
+@pytest.mark.parametrize("on", ["flag", "exclude"])
+def test_on_template_mismatch_flag_or_exclude_goes_on_and_says_so_everywhere(tmp_path, fmt, on):
+    """A provider that counts 5 tokens eyrie does not render (a BOS, an injected line): the user who
+    looked goes on; its samples are flagged or left out, and the manifest and the report say so."""
+    n = 12
+    tokenizer = str(KIMI) if fmt == "kimi-k2.5" else "bundled:deepseek-v4"
+    r, store = run(tmp_path, "unknown", n=n, fmt=fmt, tokenizer=tokenizer, on_mismatch=on)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "warning: provider eyrie-simulator:" in r.stderr
+    assert json.loads(store.get(layout.PROGRESS))["outcome"] == "Done"
+    manifest = json.loads(store.get(layout.MANIFEST))
+    tv = manifest["templateVariants"]
+    assert tv["onMismatch"] == on and tv["byProvider"]["eyrie-simulator"]["how"] == "mismatch"
+    rec = manifest["reconstruction"]
+    assert rec["chatTemplate"]["mismatched"] == ["eyrie-simulator"] and rec["chatTemplate"]["onMismatch"] == on
+    samples = rec["samples"]
+    if on == "flag":
+        assert samples["kept"] == n and samples["flags"]["template_mismatch"] == n
+        assert samples["promptTokenGap"]["exact"] == 0 and samples["promptTokenGap"]["max"] == -UNKNOWN_EXTRA_TOKENS
+    else:
+        assert samples["kept"] == 0 and samples["excluded"] == {"template_mismatch": n}
+    page = store.get(layout.REPORT).decode()
+    done = "flagged template_mismatch" if on == "flag" else "excluded"
+    assert f"eyrie-simulator: samples {done} (target.onTemplateMismatch: {on})" in page

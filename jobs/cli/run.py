@@ -93,6 +93,9 @@ def run_main(argv: list[str]) -> int:
                               if isinstance(c.get("thinking"), bool) else "") + ")"
                            for p, c in variants["byProvider"].items())
         print(f"template variant of {variants['format']} per provider: {chosen}", file=sys.stderr)
+        for c in variants["byProvider"].values():
+            if c.get("how") == "mismatch" and c.get("message") and outcome != Outcome.TEMPLATE_MISMATCH:
+                print(f"warning: {c['message']}", file=sys.stderr)
     if message:
         print(f"why: {message}", file=sys.stderr)
     if prog:

@@ -12,7 +12,7 @@ import itertools
 import statistics
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -25,7 +25,7 @@ from eyrie.jobs.reconstruct.base import ChatFormat
 from eyrie.jobs.reconstruct.formats import PackingRefused, packing_refused, resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
-from eyrie.jobs.reconstruct.variants import OTHER_PROVIDERS, chosen_variants
+from eyrie.jobs.reconstruct.variants import OTHER_PROVIDERS, Choice, chosen_variants
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import Tally
@@ -105,6 +105,8 @@ class SamplesSummary:
     variant: str | None = None  # the format's variant for providers without a choice of their own
     # provider -> variant, sha256, thinking (the reading tried first where nothing says)
     variant_by_provider: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mismatched: list[str] = field(default_factory=list)  # providers whose counts fit no variant
+    on_mismatch: str = "stop"  # target.onTemplateMismatch: what their samples got (flag | exclude)
     shards: int = 0
     records: int = 0
     samples: int = 0
@@ -152,7 +154,8 @@ class SamplesSummary:
         return {
             "tokenizer": {"name": self.tokenizer, "sha256": self.tokenizer_sha256, "files": self.tokenizer_files},
             "chatTemplate": {"format": self.chat_format, "sha256": self.template_sha256, "variant": self.variant,
-                             "byProvider": self.variant_by_provider},
+                             "byProvider": self.variant_by_provider, "mismatched": self.mismatched,
+                             "onMismatch": self.on_mismatch},
             "samples": {
                 "shards": self.shards, "files": self.files, "records": self.records, "kept": self.samples,
                 "tokens": self.tokens, "responseTokens": self.response_tokens,
@@ -209,25 +212,37 @@ def _write_shard(store: Store, shard: int, results: Iterator[Sample | Excluded],
 class ProviderRebuild:
     """Each record rebuilt with the template variant its provider was found to render over the
     canary (progress.json `templateVariants`), thinking first as its counts showed where nothing
-    says; providers without a choice get the default."""
+    says; providers without a choice get the default. A provider whose counts fit no variant
+    (`mismatch`) has its samples flagged `template_mismatch`, or excluded with that reason under
+    `target.onTemplateMismatch: exclude`."""
 
-    def __init__(self, fmt: ChatFormat, tok: LoadedTokenizer, chosen: dict[str, tuple[str, bool | None]]):
+    def __init__(self, fmt: ChatFormat, tok: LoadedTokenizer, chosen: dict[str, Choice], on_mismatch: str = "stop"):
         self.default = Reconstructor(fmt, tok)
+        self.on_mismatch = on_mismatch
         by_reading = {(fmt.variant, self.default.unsaid): self.default}
         self.providers: dict[str, Reconstructor] = {}
-        for provider, (variant, thinking) in chosen.items():
-            if variant not in fmt.variants and thinking is None:
+        self.known = set(chosen)
+        self.mismatched = {p for p, c in chosen.items() if c.how == "mismatch"}
+        for provider, c in chosen.items():
+            if c.variant not in fmt.variants and c.thinking is None:
                 continue  # nothing chosen (a format without variants is its own): the default
-            v = variant if variant in fmt.variants else fmt.variant
-            unsaid = self.default.unsaid if thinking is None else thinking
+            v = c.variant if c.variant in fmt.variants else fmt.variant
+            unsaid = self.default.unsaid if c.thinking is None else c.thinking
             if (v, unsaid) not in by_reading:
                 by_reading[v, unsaid] = Reconstructor(fmt if v == fmt.variant else fmt.with_variant(v), tok, unsaid)
             self.providers[provider] = by_reading[v, unsaid]
 
     def __call__(self, record: records.Record) -> Sample | Excluded:
         provider = provider_of(record)
-        rebuild = self.providers.get(provider) or self.providers.get(OTHER_PROVIDERS) or self.default
-        return rebuild(record)
+        key = provider if provider in self.known else OTHER_PROVIDERS  # past MAX_PROVIDERS: the shared entry
+        result = (self.providers.get(key) or self.default)(record)
+        if key not in self.mismatched or isinstance(result, Excluded):
+            return result
+        if self.on_mismatch == "exclude":
+            return Excluded(result.sample_id, result.source, "template_mismatch",
+                            f"sample {result.sample_id}: provider {provider}'s prompt counts fit no template variant "
+                            "over the canary (target.onTemplateMismatch: exclude)", result.turn)
+        return replace(result, flags=(*result.flags, "template_mismatch"))
 
 
 def _shard_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: SamplesSummary
@@ -290,12 +305,14 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     """Rebuild every `samples/shard-*.parquet` from the generation records in `store`."""
     tok = tokenizer or load_tokenizer(spec.target, spec.output.endpoint)
     fmt = resolve_format(spec.target.chat_format, tok, spec.target.template_variant)
-    rebuild = ProviderRebuild(fmt, tok, chosen_variants((read_progress(store) or {}).get("templateVariants")))
+    rebuild = ProviderRebuild(fmt, tok, chosen_variants((read_progress(store) or {}).get("templateVariants")),
+                              spec.target.on_template_mismatch)
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
                              chat_format=fmt.name, template_sha256=fmt.sha256, variant=fmt.variant,
                              variant_by_provider={p: {"variant": r.fmt.variant or "", "sha256": r.fmt.sha256,
                                                       "thinking": r.unsaid}
-                                                  for p, r in sorted(rebuild.providers.items())})
+                                                  for p, r in sorted(rebuild.providers.items())},
+                             mismatched=sorted(rebuild.mismatched), on_mismatch=rebuild.on_mismatch)
     if spec.generation.turns == "all" and spec.samples.multi_turn == "packed":
         refused = packing_refused(fmt)
         if refused:

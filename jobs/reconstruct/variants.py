@@ -5,7 +5,8 @@ provider knows which it serves. For the canary's answers the worker renders the 
 variant (`prompt_lengths`) and reports the lengths with the provider's `usage.prompt_tokens`; this
 module decides, per provider, once that provider has `canary` answers: the variant whose length
 equals the provider's count on at least `FIT_SHARE` of them (the format's default first when
-several do), or a `TemplateStop` naming the gap distribution of every variant when none does.
+several do), or a `TemplateStop` naming the gap distribution of every variant when none does
+(`target.onTemplateMismatch: flag | exclude` records the mismatch and goes on instead).
 Where neither the answer nor the request says whether the model was thinking, each variant is
 rendered under both readings the sample rebuilder may take (`thinking_readings`, the one function
 both use); an answer fits under either, and the reading the provider's counts fit is recorded
@@ -86,10 +87,17 @@ class Choice:
     # none fits); None when every judged answer said.
     thinking: bool | None = None
     unsaid: int = 0
+    message: str | None = None  # how = mismatch: each variant's gaps (the stop message)
 
     def to_json(self) -> dict[str, Any]:
         return {"variant": self.variant, "how": self.how, "answers": self.answers, "fits": list(self.fits),
-                "thinking": self.thinking, "unsaid": self.unsaid}
+                "thinking": self.thinking, "unsaid": self.unsaid, **({"message": self.message} if self.message else {})}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Choice:
+        thinking = d.get("thinking")
+        return cls(str(d["variant"]), str(d.get("how", "")), int(d.get("answers") or 0), tuple(d.get("fits") or ()),
+                   thinking if isinstance(thinking, bool) else None, int(d.get("unsaid") or 0), d.get("message"))
 
 
 @dataclass(frozen=True)
@@ -129,11 +137,13 @@ class VariantDetector:
     sample by); for answers that did not say, the reading they fit is counted, and the provider's
     reading (the majority) is recorded and used first by the rebuilder."""
 
-    def __init__(self, format_name: str, variants: Sequence[str], canary: int, pinned: str | None = None):
+    def __init__(self, format_name: str, variants: Sequence[str], canary: int, pinned: str | None = None,
+                 on_mismatch: str = "stop"):
         self.format_name = format_name
         self.variants = tuple(variants)
         self.default = pinned or self.variants[0]
         self.pinned = pinned
+        self.on_mismatch = on_mismatch  # target.onTemplateMismatch: stop | flag | exclude
         self.canary = max(1, canary)
         self._open: dict[str, _Provider] = {}
         self.chosen: dict[str, Choice] = {}
@@ -198,11 +208,16 @@ class VariantDetector:
         detail = "; ".join(self._variant_gaps(p, v) for v in self.variants)
         unsaid = (f" ({p.unsaid} of them did not say whether the model was thinking: both readings tried)"
                   if p.unsaid else "")
-        return Choice(self.default, "mismatch", n, (), self._reading(p, self.default), p.unsaid), (
-            f"provider {key}: no template variant of {self.format_name} gives the prompt length it counted "
-            f"(usage.prompt_tokens) on {FIT_SHARE:.0%} of {n} answers{unsaid}: {detail}. It renders a template "
-            "eyrie does not know; route to another provider, set target.chatFormat to the model's family, or pin "
-            "target.templateVariant knowingly")
+        what = (f"no template variant of {self.format_name} gives" if len(self.variants) > 1
+                else f"chat format {self.format_name} does not give")
+        pin = ", pin target.templateVariant knowingly" if len(self.variants) > 1 else ""
+        message = (
+            f"provider {key}: {what} the prompt length it counted (usage.prompt_tokens) on {FIT_SHARE:.0%} of {n} "
+            f"answers{unsaid}: {detail}. It renders a template eyrie does not know (or counts tokens it does not "
+            f"show, a BOS or an injected system prompt); route to another provider, set target.chatFormat to the "
+            f"model's family{pin}, or go on knowingly with target.onTemplateMismatch (stop | flag | exclude; "
+            f"now {self.on_mismatch}): flag keeps its samples flagged template_mismatch, exclude leaves them out")
+        return Choice(self.default, "mismatch", n, (), self._reading(p, self.default), p.unsaid, message), message
 
     def _variant_gaps(self, p: _Provider, variant: str) -> str:
         by = p.gaps.get(variant) or {}
@@ -214,8 +229,8 @@ class VariantDetector:
     def _decide(self, key: str) -> TemplateStop | None:
         choice, message = self._judge(key, self._open.pop(key))
         self.chosen[key] = choice
-        if message is None:
-            return None
+        if message is None or self.on_mismatch != "stop":
+            return None  # flag | exclude: the samples stage marks or leaves out this provider's samples
         stop = TemplateStop(key, message)
         self.stopped = self.stopped or stop
         return stop
@@ -226,15 +241,16 @@ class VariantDetector:
         by = {k: {**c.to_json(), "final": True} for k, c in self.chosen.items()}
         by.update({k: {**self._judge(k, p)[0].to_json(), "final": False} for k, p in self._open.items()})
         return {"format": self.format_name, "variants": list(self.variants), "pinned": self.pinned,
-                "canary": self.canary, "byProvider": dict(sorted(by.items()))}
+                "canary": self.canary, "onMismatch": self.on_mismatch, "byProvider": dict(sorted(by.items()))}
 
 
 def detector_for(spec: DatasetGenerationSpec) -> VariantDetector | None:
     """The run's detector (None without target.tokenizer: nothing can be rendered then)."""
     if not spec.target.tokenizer:
         return None
-    return VariantDetector(spec.target.chat_format, variant_names(spec.target.chat_format),
-                           spec.tools.gate.canary_samples, spec.target.template_variant)
+    t = spec.target
+    return VariantDetector(t.chat_format, variant_names(t.chat_format), spec.tools.gate.canary_samples,
+                           t.template_variant, t.on_template_mismatch)
 
 
 class CanaryProbe:
@@ -271,9 +287,7 @@ class CanaryProbe:
         return prompt_lengths(self._formats, tok, request, response, usage)
 
 
-def chosen_variants(summary: Mapping[str, Any] | None) -> dict[str, tuple[str, bool | None]]:
-    """provider -> (variant, thinking when nothing says, None for the format's default) from a
-    `summary()` (as stored in progress.json)."""
+def chosen_variants(summary: Mapping[str, Any] | None) -> dict[str, Choice]:
+    """provider -> its Choice from a `summary()` (as stored in progress.json)."""
     by = (summary or {}).get("byProvider") or {}
-    return {p: (c["variant"], c.get("thinking") if isinstance(c.get("thinking"), bool) else None)
-            for p, c in by.items() if isinstance(c, dict) and isinstance(c.get("variant"), str)}
+    return {p: Choice.from_json(c) for p, c in by.items() if isinstance(c, dict) and isinstance(c.get("variant"), str)}

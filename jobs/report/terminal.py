@@ -329,13 +329,31 @@ def _gap(g: dict[str, Any] | None) -> str | None:
             f"range {g['min']:+}..{g['max']:+}")
 
 
+def _variants(d: ReportData) -> str | None:
+    """The template variant (and thinking reading) each provider's counts fit over the canary."""
+    by = ((d.progress or {}).get("templateVariants") or (d.manifest or {}).get("templateVariants") or {}).get(
+        "byProvider") or {}
+    return ", ".join(f"{p} {c.get('variant')} ({c.get('how')}"
+                     + (f", thinking {'on' if c['thinking'] else 'off'} unasked" if isinstance(c.get("thinking"), bool)
+                        else "") + ")" for p, c in by.items()) or None
+
+
+def _mismatch(tpl: dict[str, Any]) -> str | None:
+    """Providers whose prompt counts fit no variant, and what their samples got."""
+    if not tpl.get("mismatched"):
+        return None
+    done = "excluded" if tpl.get("onMismatch") == "exclude" else "flagged template_mismatch"
+    return f"{', '.join(tpl['mismatched'])}: samples {done} (target.onTemplateMismatch: {tpl.get('onMismatch')})"
+
+
 def reconstruction_table(d: ReportData) -> Table | None:
     s = (d.reconstruction or {}).get("samples")
     if not s:
         return None
-    fmt = (d.reconstruction or {}).get("chatTemplate", {}).get("format")
+    tpl = (d.reconstruction or {}).get("chatTemplate", {})
     rows: list[tuple[str, Any]] = [
-        ("chat format", fmt), ("records", s.get("records")), ("samples kept", s.get("kept")),
+        ("chat format", tpl.get("format")), ("template per provider", _variants(d)),
+        ("template mismatch", _mismatch(tpl)), ("records", s.get("records")), ("samples kept", s.get("kept")),
         ("tokens (answer)", f"{s.get('tokens', 0):,} ({s.get('responseTokens', 0):,})"),
         ("excluded", ", ".join(f"{k} {v}" for k, v in s.get("excluded", {}).items()) or "none"),
         ("flags", ", ".join(f"{k} {v}" for k, v in s.get("flags", {}).items()) or "none"),
