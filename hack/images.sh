@@ -139,9 +139,9 @@ for name in "${names[@]}"; do
     pause) pause ;;
     operator) build operator "ghcr.io/eyrie-dev/eyrie-operator:$version" images/operator.Dockerfile \
       --build-arg PYTHON_IMAGE="$base" ;;
-    # TORCH_INDEX_URL empty: pip's default index (the CPU index is not reachable here), so torch is its CUDA build
     ray-worker) build ray-worker "ghcr.io/eyrie-dev/eyrie-ray-worker:$version" images/ray-worker.Dockerfile \
-      --build-arg RAY_IMAGE="$base" --build-arg TORCH_INDEX_URL= ;;
+      --build-arg RAY_IMAGE="$base" ;;
+    # TORCH_INDEX_URL empty: pip's default index (the CPU index is not reachable here), so torch is its CUDA build
     extractor-cpu) build extractor-cpu "ghcr.io/eyrie-dev/eyrie-extractor:$version-cpu" images/extractor.Dockerfile \
       --target cpu --build-arg PYTHON_IMAGE="$base" --build-arg TORCH_INDEX_URL= ;;
     *) echo "images: unknown image $name (one of: ${all[*]})" >&2; exit 2 ;;

@@ -19,9 +19,6 @@ RUN python -P -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 FROM ${RAY_IMAGE}
 ARG EYRIE_VERSION=0.1.0
 ARG RAY_VERSION=2.60.0
-ARG TORCH_VERSION=2.13.0
-# torch's CPU build; empty: pip's default index, whose Linux torch is the CUDA build (several GB more)
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 LABEL org.opencontainers.image.title="eyrie-ray-worker" \
       org.opencontainers.image.version="${EYRIE_VERSION}" \
       org.opencontainers.image.description="Ray ${RAY_VERSION} with eyrie: the generation job's head and workers"
@@ -31,12 +28,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 USER root
 # the official image's user (uid 1000, group users); a plain Python base gets the same one
 RUN id -u ray >/dev/null 2>&1 || useradd --uid 1000 --gid 100 --create-home --home-dir /home/ray --shell /bin/bash ray
-RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
 COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-# the constraint keeps the image's Ray (or installs exactly it): driver and workers must run the same Ray version
+# the generate extra: what `eyrie run --until samples` imports, no torch (extraction runs in its own image). The
+# constraint keeps the image's Ray (or installs exactly it): driver and workers must run the same Ray version
 RUN echo "ray==${RAY_VERSION}" > /tmp/ray-constraint.txt \
     && python -m pip install --no-cache-dir --constraint /tmp/ray-constraint.txt \
-         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
+         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[generate]" \
     && rm -rf /tmp/wheels /tmp/ray-constraint.txt \
     && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v; r = m.version('ray'); assert r == '${RAY_VERSION}', r"
 # numeric, so that a pod's runAsNonRoot can check it

@@ -1,16 +1,18 @@
 """The layout's promises (docs/architecture.md): no import cycles, the data plane never depends on the
-control plane, the operator never on the CLI, generation never on the simulator, and an operator
-install that needs neither torch nor transformers."""
+control plane, the operator never on the CLI, generation never on the simulator, an operator
+install that needs neither torch nor transformers, and a generation job (the Ray worker image's) that needs no torch."""
 
 from __future__ import annotations
 
 import ast
 import importlib.metadata as md
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +158,54 @@ def test_the_operator_extra_requires_neither_torch_nor_transformers():
     assert {"kopf", "kubernetes-asyncio"} <= operator
     assert not {"torch", "transformers", "safetensors"} & operator
     assert {"torch", "transformers"} <= _closure({"jobs"})  # the data plane does need them
+
+
+def test_the_generate_extra_is_the_data_plane_without_torch():
+    generate, jobs = _closure({"generate"}), _closure({"jobs"})
+    assert {"ray", "httpx", "transformers", "tokenizers", "pyarrow"} <= generate < jobs
+    assert not {"torch", "triton"} & generate and not [d for d in generate if d.startswith(("nvidia-", "cuda-"))]
+
+
+# An import system that cannot find torch (as in the Ray worker image, where it is not installed):
+# every finder is wrapped, so importlib.util.find_spec answers None too (what transformers asks before importing).
+HIDE_TORCH = """
+import sys
+class Hide:
+    def __init__(self, inner): self.inner = inner
+    def __getattr__(self, name): return getattr(self.inner, name)  # find_distributions: metadata stays readable
+    def find_spec(self, name, path=None, target=None):
+        if name.partition('.')[0] in ('torch', 'triton'): return None
+        return self.inner.find_spec(name, path, target)
+sys.meta_path[:] = [Hide(f) if hasattr(f, 'find_spec') else f for f in sys.meta_path]
+"""
+
+
+def test_the_generation_job_runs_where_torch_cannot_be_found(tmp_path):
+    """What a RayJob's head runs (`eyrie run SPEC --until samples`): generation and reconstruction, end to end on
+    the simulator with the bundled tokenizer, with torch out of the import system's reach."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"Say {i}."}]}) + "\n"
+                               for i in range(6)))
+    out = tmp_path / "out"
+    spec = {"sources": [{"name": "p", "uri": str(prompts), "format": "openai"}],
+            "target": {"model": "sim/model", "tokenizer": "bundled:deepseek-v4", "chatFormat": "deepseek-v4"},
+            "api": {"baseUrl": "simulated", "maxConcurrency": 4},
+            "tools": {"gate": {"canarySamples": 2, "minToolCallRate": 0.0}},
+            "budget": {"maxUSD": "1", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
+            "generation": {"shards": 2}, "extraction": {"enabled": False}, "output": {"uri": f"file://{out}"}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code = HIDE_TORCH + (
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('torch') is None\n"
+        "from eyrie.jobs.cli import main\n"
+        f"main(['run', {str(path)!r}, '--no-progress', '--inline', '--until', 'samples'])\n"
+        "")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "torch" not in r.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["reconstruction"]["samples"]["kept"] == 6, manifest["reconstruction"]["samples"]
 
 
 def test_eyrie_operator_runs_where_torch_and_transformers_cannot_be_imported():

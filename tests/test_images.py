@@ -102,7 +102,7 @@ def test_operator_base_is_slim_python_311():
 
 def test_ray_worker_base_matches_the_ray_we_depend_on():
     ray_installed = importlib.metadata.version("ray")
-    declared = pin("ray", PYPROJECT["project"]["optional-dependencies"]["jobs"])
+    declared = pin("ray", PYPROJECT["project"]["optional-dependencies"]["generate"])
     assert Version(ray_installed) in declared.specifier
     df = parse("ray-worker")
     assert set(df.parent_images) == {f"rayproject/ray:{ray_installed}-py311"}
