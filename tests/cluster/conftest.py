@@ -1,4 +1,4 @@
-"""Fixtures of the real control plane (testbed.py): one per test session, the chart's CRD and RBAC applied, the
+"""Fixtures of the real control plane (testbed.py): one per test session, the chart installed by Helm, the
 real KubeRay operator; and the real `eyrie operator` process running against it with the chart's ServiceAccount."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,6 @@ from .node import Node, busybox_image, images_archive, running_node
 from .testbed import (
     CONFIGMAPS,
     DSG,
-    EYRIE_CRD,
     JOBS,
     PODS,
     RAYCLUSTERS,
@@ -71,12 +71,11 @@ class Release:
     its Deployment."""
 
     node: Node
-    kubeconfig: Path
     namespace: str = OPERATOR_NS
     name: str = RELEASE
 
-    def helm(self) -> helm.Config:
-        return helm.Config(kubeconfig_path=self.kubeconfig, namespace=self.namespace)
+    def helm(self) -> AbstractContextManager[helm.Config]:
+        return self.node.cp.helm(self.namespace)
 
     def install(self, values: dict[str, Any] | None = None) -> None:
         with self.helm() as cfg:  # what `helm install --wait` does: returns once the Deployment is available
@@ -101,13 +100,13 @@ class Release:
 
 
 @pytest.fixture(scope="session")
-def release(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+def release(node: Node) -> Iterator[Release]:
     """The operator image imported into the node, the chart installed by Helm (its CRD from crds/) into a namespace
     enforcing the restricted Pod Security Standard; uninstalled at the end."""
     node.import_image(images_archive("operator"))
     node.cp.create(("", "v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace",
                                                    "metadata": {"name": OPERATOR_NS, "labels": RESTRICTED}})
-    rel = Release(node, node.cp.kubeconfig(tmp_path_factory.mktemp("helm") / "admin.kubeconfig"))
+    rel = Release(node)
     rel.install()
     try:
         yield rel
@@ -117,13 +116,6 @@ def release(node: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Re
         assert API_KEY not in log and S3_SECRET_KEY not in log, "a secret reached the operator's log"
 
 
-def render_chart(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    with helm.Chart.load(CHART) as chart:
-        out = chart.render(values, name=RELEASE, namespace=OPERATOR_NS, is_install=True)
-    return [d for path, text in sorted(out.items()) if not path.endswith("NOTES.txt")
-            for d in yaml.safe_load_all(text) if d]
-
-
 @dataclass(frozen=True)
 class Installed:
     """What `helm install` leaves behind that the tests use: the operator's ServiceAccount and its token."""
@@ -131,25 +123,33 @@ class Installed:
     namespace: str
     service_account: str
     token: str
+    release: dict[str, Any]
 
     @property
     def user(self) -> str:
         return f"system:serviceaccount:{self.namespace}:{self.service_account}"
 
 
+def release_objects(release: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects a Helm release's manifest names (what `helm uninstall` removes; the CRD from crds/ is not one)."""
+    return [d for d in yaml.safe_load_all(release["manifest"]) if d]
+
+
 @pytest.fixture(scope="session")
-def chart(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """The chart installed for real, as far as the API server sees it: the CRD from crds/, then the rendered
-    ServiceAccount, ClusterRole and binding (the Deployment is the operator process the tests start)."""
-    control_plane.apply_crds(EYRIE_CRD)
-    control_plane.ensure_namespace(OPERATOR_NS)
-    docs = [d for d in render_chart() if d["kind"] in {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}]
-    assert {d["kind"] for d in docs} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}, docs
-    manifest = tmp_path_factory.mktemp("chart") / "rbac.yaml"
-    manifest.write_text(yaml.safe_dump_all(docs))
-    control_plane.kubectl("apply", "-f", str(manifest), check=True)
-    [sa] = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
-    return Installed(OPERATOR_NS, sa, control_plane.service_account_token(OPERATOR_NS, sa))
+def chart(control_plane: ControlPlane) -> Installed:
+    """The chart installed with Helm's own install action (helm-python-sdk embeds Helm's Go SDK), not by applying
+    rendered files: Helm creates the CRD from crds/, then the ServiceAccount, ClusterRole and binding, the metrics
+    Service and the Deployment, and records the release. This control plane has no node, so the Deployment's pod never
+    runs; the tests run the operator as a process with the ServiceAccount's token (the server enforces the chart's
+    RBAC on it). Its namespace enforces the `restricted` Pod Security Standard, as the chart asks of clusters.
+    tests/cluster/test_helm.py upgrades and uninstalls releases of its own."""
+    control_plane.create(("", "v1", "namespaces"), "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": OPERATOR_NS, "labels": RESTRICTED}})
+    with control_plane.helm(OPERATOR_NS) as client:
+        release = client.install(CHART, RELEASE, timeout=120)
+    assert release["status"] == "deployed", release
+    [sa] = [d["metadata"]["name"] for d in release_objects(release) if d["kind"] == "ServiceAccount"]
+    return Installed(OPERATOR_NS, sa, control_plane.service_account_token(OPERATOR_NS, sa), release)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
 import httpx
 import yaml
 from cryptography import x509
@@ -425,6 +426,16 @@ class ControlPlane:
         if check and out.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({out.returncode}):\n{out.stderr}")
         return out
+
+    @contextmanager
+    def helm(self, namespace: str) -> Iterator[helm.Config]:
+        """Helm's own SDK (install, upgrade, uninstall, status) as the admin, releases stored in `namespace`."""
+        cfg = self.kubeconfig(self.root / f"helm-{secrets.token_hex(4)}.kubeconfig", namespace=namespace)
+        try:
+            with helm.Config(kubeconfig_path=str(cfg), namespace=namespace) as client:
+                yield client
+        finally:
+            cfg.unlink(missing_ok=True)
 
     def apply_crds(self, *paths: Path) -> None:
         """Install CRDs (server-side: KubeRay's are too large for the last-applied annotation) and wait for
