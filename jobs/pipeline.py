@@ -65,7 +65,7 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
                     on_audit(doc)
             except AuditError as e:
                 notify(f"audit skipped: {e}")
-        result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress)
+        result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress, notify=notify)
     snap = {k: v for k, v in result.snapshot.items() if k not in ("outcome", "message")}
 
     def mark(stage: Stage, outcome: Outcome, message: str = "") -> None:

@@ -39,7 +39,7 @@ import orjson
 from aiohttp import web
 
 from eyrie.jobs.simulated_text import TextBehaviour, TextPlan, prompt_key, source_index, text_answer
-from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatorSpec, SourceSpec, TargetSpec
+from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatedProvider, SimulatorSpec, SourceSpec, TargetSpec
 from eyrie.jobs.tools.declarations import DeclarationError, parse_text_declarations
 
 # One source of truth for the fault names: the spec's Literal.
@@ -98,6 +98,10 @@ class SimulatorConfig:
     # Thinking when the request does not say: None the template's default (no reasoning returned),
     # False off (counted so), True on (reasoning returned).
     default_thinking: bool | None = None
+    # Several endpoints of the model (SimulatedProvider fields, snake_case), routed on provider.only/
+    # order and listed at /models/{author}/{slug}/endpoints; empty: one endpoint that ignores routing.
+    providers: list[dict[str, Any]] = field(default_factory=list)
+    model: str | None = None  # the model the listing knows (None: any)
 
     def __post_init__(self) -> None:
         self.input_per_million = Decimal(str(self.input_per_million))
@@ -113,6 +117,7 @@ class SimulatorConfig:
                 raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
         if self.latency_ms < 0 or self.max_completion_tokens < 1 or self.retry_after_s < 0:
             raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
+        check_providers(self.providers)
 
     @classmethod
     def from_spec(cls, sim: SimulatorSpec | None, target: TargetSpec | None = None,
@@ -120,6 +125,8 @@ class SimulatorConfig:
         counts = {} if target is None or not target.tokenizer else {
             "tokenizer": target.tokenizer, "chat_format": target.chat_format,
             "template_variant": sim.template_variant if sim is not None else None}
+        if target is not None:
+            counts["model"] = target.model
         if sim is None:
             return cls(**counts)
         by_source = {k: TextBehaviour.from_spec(v) for k, v in sim.text_calls_by_source.items()}
@@ -127,7 +134,7 @@ class SimulatorConfig:
                 "text_sources": [s.dump() for s in sources if s.name in by_source], "sources_endpoint": endpoint}
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
                    seed=sim.seed, divergence_rate=sim.divergence_rate, default_thinking=sim.default_thinking,
-                   **text, **counts)
+                   providers=[p.wire() for p in sim.providers], **text, **counts)
 
     def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
         """The text-mode behaviour for this prompt, and the source it was recognised as (None: none
@@ -323,6 +330,7 @@ class Answer:
     completion_tokens: int
     reasoning_tokens: int
     text: TextPlan | None = None  # what the model did with functions described as text (never sent)
+    reasoning_details: list[dict[str, Any]] | None = None  # OpenRouter's reasoning_details, when returned
 
 
 def _prompt_chars(messages: list[Any], tools: Any) -> int:
@@ -372,8 +380,10 @@ class PromptCounter:
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
 
+    _loading = threading.Lock()  # one tokenizer load at a time: several endpoints' counters share it
+
     def _format(self) -> tuple[Any, Any]:
-        with self._lock:
+        with self._lock, PromptCounter._loading:
             if self._loaded is None:
                 from eyrie.jobs.reconstruct.formats import resolve_format
                 from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
@@ -522,6 +532,184 @@ def apply_content_fault(ans: Answer, fault: str, body: dict[str, Any], limit: in
                   math.ceil(chars / 4), ans.reasoning_tokens)
 
 
+# -------------------------------------------------------------------- several providers of one model
+
+
+# What the simulator honours or accepts; an endpoint's listing names these unless told otherwise.
+SUPPORTED_PARAMETERS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "tools",
+                        "tool_choice", "reasoning", "include_reasoning", "reasoning_effort", "stop")
+NO_ENDPOINT = "No allowed providers are available for the selected model."
+_ENDPOINT = web.RequestKey("eyrie_endpoint", object)  # the endpoint a request was routed to
+
+
+def check_providers(providers: list[dict[str, Any]]) -> None:
+    """Each entry must be a SimulatedProvider (the spec's own model checks it), tags unique."""
+    from pydantic import ValidationError
+
+    tags = []
+    for i, p in enumerate(providers):
+        try:
+            tags.append(SimulatedProvider.model_validate(p).tag)
+        except ValidationError as e:
+            raise ValueError(f"simulator providers[{i}]: {e.errors()[0]['msg']}") from None
+    if len(set(tags)) != len(tags):
+        raise ValueError(f"simulator providers: tags must be unique, got {tags}")
+
+
+def _slug_matches(tag: str, slugs: Any) -> bool:
+    """OpenRouter's base-slug matching: "deepinfra" names deepinfra and deepinfra/turbo."""
+    return isinstance(slugs, list) and any(isinstance(s, str) and (tag == s or tag.startswith(s + "/"))
+                                           for s in slugs)
+
+
+@dataclass
+class SimEndpoint:
+    """One provider endpoint: its own answers (a SimulatorConfig of its own) and its own faults."""
+
+    spec: SimulatedProvider
+    cfg: SimulatorConfig
+    counter: PromptCounter | None = None
+
+    @property
+    def tag(self) -> str:
+        return self.spec.tag
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.spec.tag
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        listed = self.spec.supported_parameters
+        return tuple(listed) if listed is not None else SUPPORTED_PARAMETERS
+
+    def price(self) -> Decimal:
+        return self.cfg.input_per_million + self.cfg.output_per_million
+
+    def listing_entry(self, model: str) -> dict[str, Any]:
+        """Its PublicEndpoint object, as OpenRouter's API reference documents it (prices per token)."""
+        p = self.spec
+        per_token = {"prompt": format((self.cfg.input_per_million / _MILLION).normalize(), "f"),
+                     "completion": format((self.cfg.output_per_million / _MILLION).normalize(), "f"),
+                     "request": "0", "image": "0"}
+        return {"name": f"{self.name} | {model}", "model_id": model, "model_name": model,
+                "context_length": p.context_length, "pricing": per_token, "provider_name": self.name,
+                "tag": p.tag, "quantization": p.quantization,
+                "max_completion_tokens": p.max_completion_tokens, "max_prompt_tokens": None,
+                "supported_parameters": list(self.parameters), "status": 0, "uptime_last_30m": 100.0,
+                "uptime_last_5m": 100.0, "uptime_last_1d": 100.0, "supports_implicit_caching": False,
+                "latency_last_30m": None, "throughput_last_30m": None}
+
+    def context_limit(self, body: dict[str, Any], ans: Answer) -> dict[str, Any] | None:
+        """The request body cut to the completion its context window leaves (None: it fits);
+        a prompt that fills the window is refused before (`too_long`)."""
+        room = self.spec.context_length - ans.prompt_tokens
+        cap = min(x for x in (room, self.spec.max_completion_tokens) if x is not None)
+        if ans.completion_tokens <= cap:
+            return None
+        return {**body, "max_tokens": max(1, cap), "max_completion_tokens": max(1, cap)}
+
+    def too_long(self, ans: Answer) -> bool:
+        return ans.prompt_tokens >= self.spec.context_length
+
+    def degrade(self, body: dict[str, Any], ans: Answer) -> Answer:
+        """Its faults on a completed answer: tool calls whose arguments break the schema, calls
+        leaked as raw markers, reasoning summarised or encrypted or withheld. Deterministic per
+        (answer, endpoint)."""
+        p = self.spec
+        rng = random.Random(hashlib.sha256(f"{ans.gen_id}/{p.tag}/{self.cfg.seed}".encode()).digest())
+        if ans.tool_calls and p.schema_error_rate:
+            fns = {f.get("name"): f for f in _functions(body.get("tools"))}
+            ans = replace(ans, tool_calls=[_break_arguments(c, fns) if rng.random() < p.schema_error_rate else c
+                                           for c in ans.tool_calls])
+        if ans.tool_calls and p.leak_rate and rng.random() < p.leak_rate:
+            ans = apply_content_fault(ans, "leak", body, completion_limit(body, self.cfg))
+        if ans.reasoning and p.reasoning != "full":
+            text, details = ans.reasoning, None
+            if p.reasoning == "summarised":
+                details = [{"type": "reasoning.summary", "summary": "Summary: " + text[: max(8, len(text) // 5)],
+                            "id": f"rs-{ans.gen_id}", "format": "unknown", "index": 0}]
+            elif p.reasoning == "encrypted":
+                data = hashlib.sha256(text.encode()).hexdigest()
+                details = [{"type": "reasoning.encrypted", "data": data, "id": f"re-{ans.gen_id}",
+                            "format": "unknown", "index": 0}]
+            ans = replace(ans, reasoning=None, reasoning_details=details)
+        return ans
+
+
+def _break_arguments(call: dict[str, Any], fns: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """The call with a required argument dropped (or, without one, arguments that are not JSON)."""
+    fn = call["function"]
+    required = (fns.get(fn["name"], {}).get("parameters") or {}).get("required") or []
+    try:
+        args = orjson.loads(fn["arguments"])
+    except orjson.JSONDecodeError:
+        return call
+    if required and isinstance(args, dict) and required[0] in args:
+        del args[required[0]]
+        broken = orjson.dumps(args).decode()
+    else:
+        broken = fn["arguments"][: max(1, len(fn["arguments"]) // 2)]
+    return {**call, "function": {**fn, "arguments": broken}}
+
+
+class SimEndpoints:
+    """The endpoints of the model and OpenRouter's routing over them (provider-selection guide):
+    `only`/`ignore` with base-slug matching, `quantizations`, `require_parameters`, then `order`
+    (with `allow_fallbacks: false` nothing outside it), else the cheapest first."""
+
+    def __init__(self, cfg: SimulatorConfig):
+        self.cfg = cfg
+        self.items: list[SimEndpoint] = []
+        for raw in cfg.providers:
+            p = SimulatedProvider.model_validate(raw)
+            own = replace(
+                cfg, providers=[],
+                latency_ms=p.latency_ms if p.latency_ms is not None else cfg.latency_ms,
+                tool_call_rate=p.tool_call_rate if p.tool_call_rate is not None else cfg.tool_call_rate,
+                template_variant=p.template_variant if p.template_variant is not None else cfg.template_variant,
+                input_per_million=p.input_per_million if p.input_per_million is not None else cfg.input_per_million,
+                output_per_million=(p.output_per_million if p.output_per_million is not None
+                                    else cfg.output_per_million))
+            self.items.append(SimEndpoint(p, own, PromptCounter(own) if own.tokenizer else None))
+        # load the tokenizer in the background now: a probe measures each endpoint's latency, and
+        # the first answers must not carry the load
+        for e in self.items:
+            if e.counter is not None:
+                threading.Thread(target=e.counter._format, daemon=True, name=f"sim-load-{e.tag}").start()
+
+    def route(self, body: dict[str, Any]) -> SimEndpoint | None:
+        """The endpoint that serves `body` (None: none may: OpenRouter's 404)."""
+        prov = body.get("provider") if isinstance(body.get("provider"), dict) else {}
+        eps = list(self.items)
+        if "only" in prov:
+            eps = [e for e in eps if _slug_matches(e.tag, prov["only"])]
+        if "ignore" in prov:
+            eps = [e for e in eps if not _slug_matches(e.tag, prov["ignore"])]
+        if isinstance(prov.get("quantizations"), list):
+            eps = [e for e in eps if e.spec.quantization in prov["quantizations"]]
+        if prov.get("require_parameters"):
+            sent = {k for k in body if k in SUPPORTED_PARAMETERS}
+            eps = [e for e in eps if sent <= set(e.parameters)]
+        order = prov.get("order") if isinstance(prov.get("order"), list) else []
+        ordered = [e for slug in order for e in eps if _slug_matches(e.tag, [slug])]
+        if order and prov.get("allow_fallbacks") is False:
+            eps = ordered
+        else:
+            eps = ordered + sorted((e for e in eps if e not in ordered), key=lambda e: (e.price(), e.tag))
+        return eps[0] if eps else None
+
+    def listed(self) -> list[SimEndpoint]:
+        """What the listing names: the configured endpoints, or the simulator itself."""
+        return self.items or [SimEndpoint(SimulatedProvider(tag=PROVIDER), self.cfg)]
+
+    def listing(self, model: str) -> dict[str, Any]:
+        return {"data": {"id": model, "name": model, "created": 0, "description": "simulated (eyrie simulator)",
+                         "architecture": {"tokenizer": "Other", "instruct_type": None, "modality": "text->text",
+                                          "input_modalities": ["text"], "output_modalities": ["text"]},
+                         "endpoints": [e.listing_entry(model) for e in self.listed()]}}
+
+
 # -------------------------------------------------------------------------------------- the server
 
 
@@ -558,6 +746,7 @@ class _Sim:
         self.cfg = cfg
         self.faults = tuple(cfg.faults) or DEFAULT_FAULTS
         self.prompt_counter = PromptCounter(cfg) if cfg.tokenizer else None
+        self.endpoints = SimEndpoints(cfg)
         self.reset()
 
     def reset(self) -> None:
@@ -568,15 +757,17 @@ class _Sim:
         self.fault_counts: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.by_provider: Counter[str] = Counter()  # requests routed to each endpoint (several providers)
 
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "completed": self.completed, "billedUSD": str(self.billed),
                 "faults": dict(self.fault_counts), "inFlight": self.in_flight,
-                "maxInFlight": self.max_in_flight}
+                "maxInFlight": self.max_in_flight,
+                **({"byProvider": dict(self.by_provider)} if self.endpoints.items else {})}
 
-    def _cost(self, ans: Answer) -> float:
-        c = (ans.prompt_tokens * self.cfg.input_per_million
-             + ans.completion_tokens * self.cfg.output_per_million) / _MILLION
+    def _cost(self, ans: Answer, cfg: SimulatorConfig | None = None) -> float:
+        cfg = cfg or self.cfg
+        c = (ans.prompt_tokens * cfg.input_per_million + ans.completion_tokens * cfg.output_per_million) / _MILLION
         return float(c)
 
     def _bill(self, usage: dict[str, Any]) -> None:
@@ -587,8 +778,8 @@ class _Sim:
         if usage["is_byok"]:
             self.billed += Decimal(str(usage["cost_details"]["upstream_inference_cost"]))
 
-    def _usage(self, ans: Answer, byok: bool = False) -> dict[str, Any]:
-        cost = self._cost(ans)
+    def _usage(self, ans: Answer, byok: bool = False, cfg: SimulatorConfig | None = None) -> dict[str, Any]:
+        cost = self._cost(ans, cfg)
         usage = {"prompt_tokens": ans.prompt_tokens, "completion_tokens": ans.completion_tokens,
                  "total_tokens": ans.prompt_tokens + ans.completion_tokens, "cost": cost,
                  "is_byok": False, "cost_details": {"upstream_inference_cost": None},
@@ -605,6 +796,15 @@ class _Sim:
         return web.Response(body=orjson.dumps({"object": "list", "data": [
             {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": PROVIDER}]}),
             content_type="application/json")
+
+    async def endpoints_listing(self, request: web.Request) -> web.StreamResponse:
+        """GET /models/{author}/{slug}/endpoints: the documented listing (404 for another model)."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        model = f"{request.match_info['author']}/{request.match_info['slug']}"
+        if self.cfg.model is not None and model != self.cfg.model:
+            return web.Response(status=404, body=_error_body(404, "Model not found"), content_type="application/json")
+        return web.Response(body=orjson.dumps(self.endpoints.listing(model)), content_type="application/json")
 
     async def get_stats(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=orjson.dumps(self.stats()), content_type="application/json")
@@ -642,12 +842,19 @@ class _Sim:
         if not isinstance(body.get("model"), str):
             return web.Response(status=400, body=_error_body(400, "model: a string is required"),
                                 content_type="application/json")
+        endpoint = None
+        if self.endpoints.items:  # several providers: route as OpenRouter does, answer as that one
+            endpoint = self.endpoints.route(body)
+            if endpoint is None:
+                return web.Response(status=404, body=_error_body(404, NO_ENDPOINT), content_type="application/json")
+            self.by_provider[endpoint.tag] += 1
+        cfg = endpoint.cfg if endpoint is not None else self.cfg
         fault = None
         if self.cfg.fault_rate and self.rng.random() < self.cfg.fault_rate:
             fault = self.rng.choice(self.faults)
             self.fault_counts[fault] += 1
-        if self.cfg.latency_ms:
-            await asyncio.sleep(self.cfg.latency_ms / 1000)
+        if cfg.latency_ms:
+            await asyncio.sleep(cfg.latency_ms / 1000)
         if fault in _HTTP_FAULTS:
             status, msg = _HTTP_FAULTS[fault]
             meta: dict[str, Any] = {"provider_name": PROVIDER}
@@ -665,21 +872,37 @@ class _Sim:
             await asyncio.sleep(self.cfg.hang_s)  # cancelled when the client hangs up
             return web.Response(status=504, body=_error_body(504, "simulated hang ended"),
                                 content_type="application/json")
-        ans = make_answer(body, self.cfg)
+        ans = make_answer(body, cfg)
+        if endpoint is not None and (cut := endpoint.context_limit(body, ans)) is not None:
+            if endpoint.too_long(ans):
+                return web.Response(status=400, body=_error_body(
+                    400, f"This endpoint's maximum context length is {endpoint.spec.context_length} tokens. "
+                    f"However, you requested about {ans.prompt_tokens} tokens.", provider_name=endpoint.name),
+                    content_type="application/json")
+            ans = make_answer(cut, cfg)  # the answer as far as its context window lets it go
         if self.cfg.chat_format == "kimi-k2.5" and ans.tool_calls:
             ans = replace(ans, tool_calls=kimi_call_ids(body, ans.tool_calls))
-        if self.prompt_counter is not None:
-            counted = await asyncio.to_thread(self.prompt_counter, body, ans)
+        counter = endpoint.counter if endpoint is not None else self.prompt_counter
+        if counter is not None:
+            counted = await asyncio.to_thread(counter, body, ans)
             ans = replace(ans, prompt_tokens=ans.prompt_tokens if counted is None else counted)
+        if endpoint is not None:
+            ans = endpoint.degrade(body, ans)
         if fault in ("leak", "length-empty"):
-            ans = apply_content_fault(ans, fault, body, completion_limit(body, self.cfg))
+            ans = apply_content_fault(ans, fault, body, completion_limit(body, cfg))
+        request[_ENDPOINT] = endpoint
         if body.get("stream"):
             return await self._stream(request, body, ans, fault)
         return await self._plain(request, body, ans, fault)
 
-    def _head(self, body: dict[str, Any], ans: Answer, obj: str) -> dict[str, Any]:
-        return {"id": ans.gen_id, "provider": PROVIDER, "model": body["model"], "object": obj,
-                "created": int(time.time())}
+    def _head(self, body: dict[str, Any], ans: Answer, obj: str, request: web.Request) -> dict[str, Any]:
+        endpoint = request.get(_ENDPOINT)
+        return {"id": ans.gen_id, "provider": endpoint.name if endpoint is not None else PROVIDER,
+                "model": body["model"], "object": obj, "created": int(time.time())}
+
+    def _usage_of(self, request: web.Request, ans: Answer, byok: bool) -> dict[str, Any]:
+        endpoint = request.get(_ENDPOINT)
+        return self._usage(ans, byok, endpoint.cfg if endpoint is not None else None)
 
     async def _plain(self, request: web.Request, body: dict[str, Any], ans: Answer,
                      fault: str | None) -> web.StreamResponse:
@@ -687,18 +910,20 @@ class _Sim:
             return web.Response(body=_error_body(502, "Provider returned error (simulated)",
                                                  provider_name=PROVIDER), content_type="application/json")
         if fault == "malformed-json":
-            return web.Response(body=orjson.dumps(self._head(body, ans, "chat.completion"))[:-1]
+            return web.Response(body=orjson.dumps(self._head(body, ans, "chat.completion", request))[:-1]
                                 + b', "choices": [{"message": {"content": "unterminated',
                                 content_type="application/json")
         if fault == "empty-choices":
-            empty = {**self._head(body, ans, "chat.completion"), "choices": []}
+            empty = {**self._head(body, ans, "chat.completion", request), "choices": []}
             return web.Response(body=orjson.dumps(empty), content_type="application/json")
-        usage = self._usage(ans, fault == "byok")
+        usage = self._usage_of(request, ans, fault == "byok")
         message: dict[str, Any] = {"role": "assistant", "content": ans.content, "refusal": None,
                                    "reasoning": ans.reasoning}
+        if ans.reasoning_details is not None:
+            message["reasoning_details"] = ans.reasoning_details
         if ans.tool_calls:
             message["tool_calls"] = ans.tool_calls
-        out = {**self._head(body, ans, "chat.completion"),
+        out = {**self._head(body, ans, "chat.completion", request),
                "choices": [{"index": 0, "logprobs": None, "finish_reason": ans.finish_reason,
                             "native_finish_reason": ans.finish_reason, "message": message}],
                "usage": usage}
@@ -715,7 +940,7 @@ class _Sim:
 
     async def _stream(self, request: web.Request, body: dict[str, Any], ans: Answer,
                       fault: str | None) -> web.StreamResponse:
-        head = self._head(body, ans, "chat.completion.chunk")
+        head = self._head(body, ans, "chat.completion.chunk", request)
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
             c = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
@@ -725,6 +950,8 @@ class _Sim:
         parts: list[bytes] = [_COMMENT, chunk({"role": "assistant", "content": ""})]
         for p in _pieces(ans.reasoning or ""):
             parts.append(chunk({"role": "assistant", "content": "", "reasoning": p}))
+        if ans.reasoning_details is not None:
+            parts.append(chunk({"role": "assistant", "content": "", "reasoning_details": ans.reasoning_details}))
         parts.append(_COMMENT)
         for p in _pieces(ans.content or ""):
             parts.append(chunk({"role": "assistant", "content": p}))
@@ -739,7 +966,7 @@ class _Sim:
         if fault is None or fault in ("leak", "length-empty", "byok"):
             # the whole stream in one write: at thousands of requests/s the simulator must not be
             # what is measured (clients see it split anyway; the faults below write in pieces)
-            usage = self._usage(ans, fault == "byok")
+            usage = self._usage_of(request, ans, fault == "byok")
             parts.append(chunk({}, ans.finish_reason, usage=usage))
             parts.append(_DONE)
             self._bill(usage)
@@ -820,6 +1047,8 @@ def build_app(sim: _Sim) -> web.Application:
     app.router.add_post("/chat/completions", sim.chat)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_get("/models", sim.models)
+    app.router.add_get("/v1/models/{author}/{slug}/endpoints", sim.endpoints_listing)
+    app.router.add_get("/models/{author}/{slug}/endpoints", sim.endpoints_listing)
     app.router.add_get("/sim/stats", sim.get_stats)
     app.router.add_post("/sim/reset", sim.post_reset)
     return app

@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -295,6 +296,49 @@ class SimulatedTextCalls(Model):
     arguments that are not JSON)."""
     prose_share: float = Field(default=0.5, ge=0, le=1)
     """Share of the answers without a call that name a declared function in prose."""
+# An OpenRouter provider slug or endpoint tag: "moonshotai", "deepinfra/turbo", "google-vertex/us-east5".
+PROVIDER_TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$"
+ProviderTag = Annotated[str, Field(pattern=PROVIDER_TAG_PATTERN)]
+
+
+class SimulatedProvider(Model):
+    """One endpoint the simulator serves for the model (`api.simulator.providers`): the endpoint
+    listing names it, requests route to it on `provider.only`/`order`, and it answers with its own
+    faults, so a local run shows the provider probe keeping some and dropping others."""
+
+    tag: ProviderTag
+    """Its endpoint tag (what `provider.only` names), e.g. moonshotai or fastinfra/fp8."""
+    name: str | None = Field(default=None, max_length=128)
+    """Its provider name (the listing's provider_name, the answers' `provider`); default: the tag."""
+    quantization: str | None = Field(default=None, max_length=32)
+    """Quantization the listing reports (fp8, bf16, int4, ...)."""
+    context_length: int = Field(default=131072, ge=16)
+    """Context window: a prompt plus answer longer than this is cut (finish_reason length)."""
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    """Longest answer the listing reports; unset: the context window."""
+    input_per_million: USD | None = None
+    """Its price per million prompt tokens (default: the simulator's)."""
+    output_per_million: USD | None = None
+    """Its price per million completion tokens (default: the simulator's)."""
+    latency_ms: float | None = Field(default=None, ge=0)
+    """Added latency per request (default: api.simulator.latencyMs)."""
+    tool_call_rate: float | None = Field(default=None, ge=0, le=1)
+    """Share of tool-declaring prompts answered with calls (default: the simulator's 0.8)."""
+    schema_error_rate: float = Field(default=0, ge=0, le=1)
+    """Share of its tool calls whose arguments break the declared schema (a required field dropped)."""
+    leak_rate: float = Field(default=0, ge=0, le=1)
+    """Share of its tool-calling answers whose calls come back as raw markers in the content."""
+    template_variant: str | None = Field(default=None, min_length=1, max_length=64)
+    """The template variant whose length it reports as usage.prompt_tokens (with target.tokenizer;
+    `unknown` for one eyrie does not know; default: api.simulator.templateVariant)."""
+    reasoning: Literal["full", "summarised", "encrypted", "none"] = "full"
+    """How it returns reasoning: as written, only a summary, encrypted, or not at all."""
+    supported_parameters: list[str] | None = None
+    """What the listing says it supports (default: every parameter the simulator honours)."""
+
+    _money = field_validator("input_per_million", "output_per_million", mode="before")(
+        lambda v: _usd(v) if v is not None else None
+    )
 
 
 class SimulatorSpec(Model):
@@ -330,6 +374,80 @@ class SimulatorSpec(Model):
     text_calls_by_source: dict[str, SimulatedTextCalls] = Field(default_factory=dict)
     """The same, per source name (its prompts are recognised by their last user message); sources
     not named get `textCalls`."""
+    providers: list[SimulatedProvider] = Field(default_factory=list, max_length=64)
+    """Endpoints of the model, each with its own behaviour, routed on provider.only/order and listed
+    at /models/{author}/{slug}/endpoints; empty: one endpoint, eyrie-simulator."""
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_tags(cls, v: list[SimulatedProvider]) -> list[SimulatedProvider]:
+        tags = [p.tag for p in v]
+        dupes = sorted({t for t in tags if tags.count(t) > 1})
+        if dupes:
+            raise ValueError(f"tags {', '.join(dupes)} named twice")
+        return v
+
+
+class ProbeThresholds(Model):
+    """What a provider must measure over the probe to get the run's requests (defaults after
+    MoonshotAI's K2-Vendor-Verifier); a measure that cannot be taken (no tool calls, no tokenizer)
+    is reported and not judged."""
+
+    min_trigger_f1: float = Field(default=0.73, ge=0, le=1)
+    """Lowest F1 of "answered with tool calls" against the reference provider's answers to the same
+    prompts (K2-Vendor-Verifier's threshold for thinking models)."""
+    min_schema_accuracy: float = Field(default=0.95, ge=0, le=1)
+    """Lowest share of tool calls whose arguments validate against the declared JSON Schema."""
+    max_leak_rate: float = Field(default=0.0, ge=0, le=1)
+    """Highest share of answers with leaked native tool-call markers."""
+    require_template_fit: bool = True
+    """usage.prompt_tokens must fit a template variant of target.chatFormat (or the pinned
+    target.templateVariant) on 95% of the answers; needs target.tokenizer."""
+    max_error_rate: float = Field(default=0.1, ge=0, le=1)
+    """Highest share of probe requests that failed (retries spent, refused, no endpoint)."""
+    max_truncation_rate: float = Field(default=0.1, ge=0, le=1)
+    """Highest share of answers cut by a length limit (finish_reason length)."""
+    max_opaque_reasoning_rate: float = Field(default=0.0, ge=0, le=1)
+    """Highest share of answers whose reasoning came back summarised or encrypted (their samples
+    cannot be rebuilt)."""
+    require_parameters: bool = True
+    """Every parameter the requests send (tools, reasoning, temperature, ...) must be among the
+    endpoint's supported_parameters (for APIs that list them)."""
+    max_latency_p95_seconds: float | None = Field(default=None, gt=0)
+    """Highest 95th-percentile time for a whole answer; unset: shown, not judged."""
+
+
+class ProviderProbeSpec(Model):
+    """Before generation, the same first prompts go to every candidate endpoint of the target
+    (`provider.only: [tag]`, no fallbacks) and are measured; generation is then routed only to the
+    endpoints that pass, cheapest first. Paid from the budget; passing answers are kept as samples."""
+
+    samples: int = Field(default=20, ge=1, le=10_000)
+    """Prompts sent to each candidate: the first N the sources hold (tools structural, the spec's sampling)."""
+    providers: list[ProviderTag] | None = Field(default=None, min_length=1)
+    """Candidate endpoint tags (OpenRouter provider slugs, e.g. moonshotai, deepinfra/turbo); unset:
+    every endpoint the listing names (within api.provider.only/ignore)."""
+    reference: ProviderTag | None = None
+    """The endpoint whose answers trigger agreement is measured against; unset: the model author's
+    own provider when it is listed (else trigger agreement is not judged)."""
+    thresholds: ProbeThresholds = Field(default_factory=ProbeThresholds)
+    """What a provider must measure to pass."""
+
+    @field_validator("providers")
+    @classmethod
+    def _unique(cls, v: list[str] | None) -> list[str] | None:
+        dupes = sorted({p for p in v or [] if (v or []).count(p) > 1})
+        if dupes:
+            raise ValueError(f"{', '.join(dupes)} named twice")
+        return v
+
+    @field_validator("reference")
+    @classmethod
+    def _a_candidate(cls, v: str | None, info: ValidationInfo) -> str | None:
+        named = info.data.get("providers")
+        if v is not None and named is not None and v not in named:
+            raise ValueError(f"{v} is not among providers ({', '.join(named)})")
+        return v
 
 
 class ApiSpec(Model):
@@ -355,6 +473,8 @@ class ApiSpec(Model):
     stream: bool = Field(default=True, description="Use SSE streaming (keeps long requests alive).")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     """Sampling parameters sent with every request."""
+    provider_probe: ProviderProbeSpec | None = None
+    """Compare the target's providers on the same prompts before generation; route only to those that pass."""
     simulator: SimulatorSpec | None = None
     """Behaviour of the built-in simulator (only with baseUrl: simulated)."""
     headers: dict[str, str] | None = Field(
@@ -660,6 +780,21 @@ class FidelityStatus(Model):
     """Providers under extraction.fidelity.minTop1Agreement."""
 
 
+class ProviderStatus(Model):
+    """One endpoint as the provider probe judged it (spec.api.providerProbe)."""
+
+    tag: str
+    """The endpoint tag (OpenRouter provider slug)."""
+    name: str | None = None
+    """The provider's name."""
+    passed: bool
+    """Whether generation is routed to it."""
+    reason: str = ""
+    """The measures it failed, with their values and limits; empty when it passed."""
+    cost_per_answer_usd: str | None = Field(default=None, alias="costPerAnswerUSD")
+    """Mean cost of its probe answers."""
+
+
 Phase = Literal["Pending", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
 
 
@@ -675,6 +810,8 @@ class DatasetGenerationStatus(Model):
     tools: ToolMetrics | None = None
     extraction: ExtractionStatus | None = None
     fidelity: FidelityStatus | None = None
+    providers: list[ProviderStatus] | None = None
+    """The provider probe's verdict per endpoint, passing ones first, cheapest first."""
     output_manifest: str | None = None
     """Where the dataset manifest is, once written."""
     output_report: str | None = None

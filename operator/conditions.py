@@ -16,6 +16,7 @@ QUEUED = "Queued"
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+PROVIDERS_CHECKED = "ProvidersChecked"  # spec.api.providerProbe judged the target's endpoints
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 

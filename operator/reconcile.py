@@ -19,12 +19,12 @@ from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, Progress
 from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 
 from . import children, conditions
-from .conditions import FAILED, OUTPUT_REACHABLE, QUEUED, SECRETS_READY, SUCCEEDED, SUSPENDED
+from .conditions import FAILED, OUTPUT_REACHABLE, PROVIDERS_CHECKED, QUEUED, SECRETS_READY, SUCCEEDED, SUSPENDED
 
 # outcome -> the Suspended condition's reason
 STOP_REASONS = {Outcome.BUDGET_EXHAUSTED: "BudgetExceeded", Outcome.TOOL_SEMANTICS_DRIFT: "ToolSemanticsDrift",
                 Outcome.INSUFFICIENT_CREDITS: "InsufficientCredits", Outcome.TEMPLATE_MISMATCH: "TemplateMismatch",
-                Outcome.FORECAST_OVER_BUDGET: "ForecastOverBudget"}
+                Outcome.FORECAST_OVER_BUDGET: "ForecastOverBudget", Outcome.NO_PROVIDER_PASSES: "NoProviderPasses"}
 USER_SUSPENDED = "SuspendedByUser"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -190,6 +190,10 @@ def _counts(obs: Observation) -> dict[str, Any]:
         for key in ("samples", "tokens", "tools"):
             if key in st:
                 out[key] = st[key]
+    if p and p.providers:
+        out["providers"] = p.providers
+    elif "providers" in st:
+        out["providers"] = st["providers"]
     if (fid := status_fidelity(obs.fidelity)) is not None:
         out["fidelity"] = fid
     if obs.spec.extraction.enabled:
@@ -273,6 +277,7 @@ def reconcile(obs: Observation) -> Decision:
 
     _apply_configmap(p)
     can_start = _readiness(p)
+    _providers(p)
     attempt, current = _current_attempt(p)
     prog = _progress_of(obs, attempt)
     was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
@@ -296,6 +301,28 @@ def reconcile(obs: Observation) -> Decision:
     if prog is not None and prog.outcome == Outcome.FAILED:
         return _fail(p, attempt, "GenerationFailed", prog.message)
     return _generation(p, attempt, current[0] if current else None, prog, can_start)
+
+
+def _providers(p: _Pass) -> None:
+    """The provider probe's verdict (progress.json `providers`, any attempt's: it is reused until the
+    probe changes): condition ProvidersChecked, and a Warning event the first time an endpoint is
+    dropped (once: the next pass finds it dropped in the status it wrote)."""
+    verdict = p.obs.progress.providers if p.obs.progress else []
+    if not verdict:
+        return
+    passing = [e["tag"] for e in verdict if e["passed"]]
+    dropped = [e for e in verdict if not e["passed"]]
+    known = {e.get("tag") for e in p.obs.status.get("providers") or [] if isinstance(e, dict) and not e.get("passed")}
+    for e in dropped:
+        if e["tag"] not in known:
+            p.actions.append(Event("Warning", "ProviderDropped",
+                                   f"provider {e['tag']} dropped by the provider probe: {e.get('reason') or 'failed'}"))
+    why = "; ".join(f"{e['tag']} ({e.get('reason') or 'failed'})" for e in dropped)
+    if passing:
+        p.cond(PROVIDERS_CHECKED, True, "ProvidersPassed",
+               f"generation routed to {', '.join(passing)} (cheapest first)" + (f"; dropped: {why}" if why else ""))
+    else:
+        p.cond(PROVIDERS_CHECKED, False, "NoProviderPasses", f"no endpoint passes spec.api.providerProbe: {why}")
 
 
 def _apply_configmap(p: _Pass) -> None:

@@ -7,14 +7,14 @@ api_reference/errors-and-debugging.mdx ("Moderation errors", "Guardrail errors",
 errors", "Typed error codes"), guides/features/guardrails/sensitive-info.mdx ("Error Responses"),
 cookbook/administration/usage-accounting.mdx and api_reference/overview.mdx (`is_byok`,
 `cost_details.upstream_inference_cost`), guides/best-practices/reasoning-tokens.mdx ("Reasoning
-Details API Shape", effort levels), guides/routing/provider-selection.mdx (the `provider` fields).
+Details API Shape", effort levels), guides/routing/provider-selection.mdx (the `provider` fields),
+openapi.yaml's GET /models/{author}/{slug}/endpoints (PublicEndpoint, NotFoundResponse).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -29,6 +29,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_helpers import assert_exactly_once, persisted, progress, run_inline, spec_doc, write_rows, write_spec
+from loopback_app import serve
 
 from eyrie.jobs.contract.manifest import finalize_manifest
 from eyrie.jobs.spec import SpecError, load_spec
@@ -64,23 +65,11 @@ class DocProvider:
 
     @contextmanager
     def running(self) -> Iterator[DocProvider]:
-        loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        runner = web.AppRunner(app, shutdown_timeout=0.5)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-        self.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        try:
+        with serve(app) as self.base_url:
             yield self
-        finally:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
 
 
 def sse(*chunks: dict[str, Any]) -> bytes:
@@ -415,3 +404,87 @@ def test_which_reasoning_details_can_be_rebuilt(types, reason):
 
     assert opaque_reasoning([{"type": t} for t in types]) == reason
     assert opaque_reasoning(None) is None
+
+
+# ------------------------------------------------------------------------ 7. the endpoint listing
+
+# api-reference/endpoints/list-endpoints (openapi.yaml, GET /models/{author}/{slug}/endpoints): the
+# documented 200 example, and the documented NotFoundResponse.
+LISTED = {"data": {
+    "architecture": {"input_modalities": ["text"], "instruct_type": "chatml", "modality": "text->text",
+                     "output_modalities": ["text"], "tokenizer": "GPT"},
+    "created": 1692901234, "description": "GPT-4 is a large multimodal model that can solve difficult problems with "
+                                          "greater accuracy.",
+    "endpoints": [{"context_length": 8192, "latency_last_30m": {"p50": 0.25, "p75": 0.35, "p90": 0.48, "p99": 0.85},
+                   "max_completion_tokens": 4096, "max_prompt_tokens": 8192, "model_id": "openai/gpt-4",
+                   "model_name": "GPT-4", "name": "OpenAI: GPT-4",
+                   "pricing": {"completion": "0.00006", "image": "0", "prompt": "0.00003", "request": "0"},
+                   "provider_name": "OpenAI", "quantization": "fp16", "status": 0,
+                   "supported_parameters": ["temperature", "top_p", "max_tokens", "frequency_penalty",
+                                            "presence_penalty"],
+                   "supports_implicit_caching": True, "tag": "openai",
+                   "throughput_last_30m": {"p50": 45.2, "p75": 38.5, "p90": 28.3, "p99": 15.1},
+                   "uptime_last_1d": 99.8, "uptime_last_30m": 99.5, "uptime_last_5m": 100}],
+    "id": "openai/gpt-4", "name": "GPT-4"}}
+NOT_FOUND = {"error": {"code": 404, "message": "Resource not found"}}
+
+
+@contextmanager
+def listing_server(routes: dict[str, tuple[int, Any]]) -> Iterator[str]:
+    """GET paths -> (status, JSON body) on 127.0.0.1; unknown paths answer 404 {"detail": "Not Found"}."""
+
+    async def handle(request: web.Request) -> web.Response:
+        status, doc = routes.get(request.path, (404, {"detail": "Not Found"}))
+        return web.json_response(doc, status=status)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    with serve(app) as url:
+        yield url
+
+
+async def _listing(base_url: str, model: str):
+    from eyrie.jobs.api import ChatClient
+    from eyrie.jobs.api.endpoints import list_endpoints
+
+    async with ChatClient(base_url, "k", timeout=10, max_retries=0, max_concurrency=1) as client:
+        return await list_endpoints(client, model)
+
+
+def test_the_documented_endpoint_listing_is_read_field_for_field():
+    """list-endpoints: `data.endpoints[]` with name, provider_name, tag, quantization, context_length,
+    max_completion_tokens, max_prompt_tokens, pricing (USD per token, strings), supported_parameters,
+    status, uptime. eyrie reads each (prices per million tokens, the unit budget.pricing uses)."""
+    with listing_server({"/v1/models/openai/gpt-4/endpoints": (200, LISTED)}) as url:
+        listing = asyncio.run(_listing(url, "openai/gpt-4"))
+    assert listing.listed and listing.tags() == ["openai"]
+    e = listing.get("openai")
+    assert (e.provider_name, e.name, e.quantization, e.context_length, e.max_completion_tokens,
+            e.max_prompt_tokens) == ("OpenAI", "OpenAI: GPT-4", "fp16", 8192, 4096, 8192)
+    assert (e.prompt_per_million, e.completion_per_million) == (Decimal("30"), Decimal("60"))
+    assert e.supported_parameters == ("temperature", "top_p", "max_tokens", "frequency_penalty", "presence_penalty")
+    assert (e.status, e.uptime_last_30m) == (0, 99.5)
+
+
+def test_a_model_the_listing_does_not_know_and_an_api_without_a_listing():
+    """The documented 404 NotFoundResponse is "no such model": an input error before anything is paid.
+    A server without the route (vLLM, SGLang: FastAPI's {"detail": "Not Found"}) is the one endpoint it is."""
+    from eyrie.jobs.api.endpoints import ModelNotListed
+
+    with listing_server({"/v1/models/openai/gpt-5/endpoints": (404, NOT_FOUND)}) as url:
+        with pytest.raises(ModelNotListed) as e:
+            asyncio.run(_listing(url, "openai/gpt-5"))
+        assert e.value.exit_code == 2 and "does not know 'openai/gpt-5' (HTTP 404: Resource not found)" in str(e.value)
+        single = asyncio.run(_listing(url, "meta/llama"))
+    assert not single.listed and len(single.endpoints) == 1 and single.endpoints[0].tag.startswith("127.0.0.1:")
+
+
+def test_a_listing_that_is_not_the_documented_shape_names_the_field():
+    from eyrie.jobs.api.endpoints import ListingError, parse_listing
+
+    bad = {"data": {"endpoints": [{**LISTED["data"]["endpoints"][0], "tag": None}]}}
+    with pytest.raises(ListingError, match=r"data\.endpoints\[0\]\.tag"):
+        parse_listing(bad, "openai/gpt-4")
+    with pytest.raises(ListingError, match=r"pricing\.prompt"):
+        parse_listing({"data": {"endpoints": [{**LISTED["data"]["endpoints"][0],
+                                               "pricing": {"prompt": "cheap"}}]}}, "openai/gpt-4")

@@ -167,16 +167,26 @@ class ChatClient:
         # /models answers without a key on OpenRouter; its /key endpoint is what rejects a bad one
         paths = ["/models", "/key"] if self._openrouter and self._key else ["/models"]
         for path in paths:
-            try:
-                resp = await self._http.get(self.base_url + path, timeout=min(self.timeout, 30.0))
-            except (httpx.HTTPError, aiohttp.ClientError, OSError) as e:
-                reason = self._redact(str(e) or type(e).__name__)
-                raise ApiUnreachable(f"the API at {self.base_url} is unreachable ({reason}); "
-                                     "check api.baseUrl and the network") from None
-            if resp.status_code in (401, 403):
-                raise AuthError(f"the API at {self.base_url} rejected the API key (HTTP {resp.status_code} "
-                                f"on {path}: {self._redact(parse_error_body(resp.content).message)}); check "
-                                "EYRIE_API_KEY or api.apiKeySecretRef")
+            await self.get(path)
+
+    @property
+    def is_openrouter(self) -> bool:
+        return self._openrouter
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """GET a path under the base URL once (no retries: listings and checks, never paid): the
+        status and body; ApiUnreachable when nothing answers, AuthError on 401/403."""
+        try:
+            resp = await self._http.get(self.base_url + path, timeout=min(self.timeout, 30.0))
+        except (httpx.HTTPError, aiohttp.ClientError, OSError) as e:
+            reason = self._redact(str(e) or type(e).__name__)
+            raise ApiUnreachable(f"the API at {self.base_url} is unreachable ({reason}); "
+                                 "check api.baseUrl and the network") from None
+        if resp.status_code in (401, 403):
+            raise AuthError(f"the API at {self.base_url} rejected the API key (HTTP {resp.status_code} "
+                            f"on {path}: {self._redact(parse_error_body(resp.content).message)}); check "
+                            "EYRIE_API_KEY or api.apiKeySecretRef")
+        return resp.status_code, resp.content
 
     # --------------------------------------------------------------------------------- requests
 

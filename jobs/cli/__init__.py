@@ -1,4 +1,5 @@
-"""`eyrie` command line: run | validate | crd | simulate | audit | report | extract | export | operator.
+"""`eyrie` command line: run | validate | crd | simulate | audit | providers | report | extract | export |
+operator.
 
 Each subcommand delegates to the module that owns it; heavy imports (ray, torch, kopf) happen only
 inside the subcommand that needs them so `eyrie validate` stays instant.
@@ -17,6 +18,7 @@ commands:
   crd               print the CustomResourceDefinition generated from the spec model
   simulate          start the built-in simulated OpenAI-compatible provider (demo/test tool)
   audit SPEC        A/B the same prompts with tools as text vs structured, print the table
+  providers SPEC    compare the target's providers on the same prompts; print which pass and the routing
   report OUTPUT     what a run bought: tables on the terminal, plots with --html FILE
   extract SPEC      write hidden states for the run's samples (one pod's share with --index)
   export FORMAT     export hidden states (e.g. `export specforge OUTPUT_URI DIR`)
@@ -41,6 +43,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "crd": _lazy("eyrie.jobs.cli.run", "crd_main"),
     "simulate": _lazy("eyrie.jobs.simulator", "cli_main"),
     "audit": _lazy("eyrie.jobs.cli.run", "audit_main"),
+    "providers": _lazy("eyrie.jobs.cli.providers", "providers_main"),
     "report": _lazy("eyrie.jobs.cli.report", "report_main"),
     "extract": _lazy("eyrie.jobs.extract.cli", "extract_main"),
     "export": _lazy("eyrie.jobs.extract.cli", "export_main"),

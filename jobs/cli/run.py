@@ -20,7 +20,7 @@ from eyrie.jobs.store import Store, open_output
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
               Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6,
-              Outcome.TEMPLATE_MISMATCH: 7, Outcome.FORECAST_OVER_BUDGET: 8}
+              Outcome.TEMPLATE_MISMATCH: 7, Outcome.FORECAST_OVER_BUDGET: 8, Outcome.NO_PROVIDER_PASSES: 9}
 
 err = Console(stderr=True)
 

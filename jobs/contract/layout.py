@@ -25,6 +25,8 @@ FIDELITY = "fidelity"  # per-sample target-model scores of the answers, one Parq
 SAMPLES_SUMMARY = "samples/summary.json"  # the reconstruction summary the manifest quotes
 TIMESERIES = "timeseries.jsonl"  # spend, requests and retries over time, rewritten with progress.json
 REPORT = "report.html"  # `eyrie report --html`, written by `eyrie run` when it ends
+PROVIDERS = "providers.json"  # the provider probe's measures and verdict per endpoint (generate/probe.py)
+PROBE_ANSWERS = "providers/answers"  # the probe's records, one object per group commit
 FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parquet), when scored
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
@@ -68,6 +70,11 @@ def parse_audit_answers_key(key: str) -> str | None:
     """The fingerprint of the answer set a key belongs to (None for any other key)."""
     m = _AUDIT_RE.match(key)
     return m.group(1) if m else None
+
+
+def probe_answers_key(writer: str, seq: int) -> str:
+    """One group commit of the provider probe's records (`writer`, `seq` as in `journal_key`)."""
+    return f"{PROBE_ANSWERS}/{writer}-{seq:08d}.jsonl.gz"
 
 
 def samples_key(shard: int) -> str:

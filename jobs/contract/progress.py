@@ -31,6 +31,7 @@ class Outcome(StrEnum):
     FAILED = "Failed"
     STOPPED = "Stopped"  # a signal (Ray stop_job, Ctrl-C) asked the run to stop; resumable
     FORECAST_OVER_BUDGET = "ForecastOverBudget"  # the canary's forecast exceeds maxUSD (onForecastOver: suspend)
+    NO_PROVIDER_PASSES = "NoProviderPasses"  # the provider probe passed no endpoint: nothing generated
 
 
 class Stage(StrEnum):
@@ -61,6 +62,7 @@ class Progress:
     stage: str = Stage.GENERATE
     run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
     forecast: Decimal | None = None  # projected total spend, once the canary is measured
+    providers: list[dict[str, Any]] = field(default_factory=list)  # the provider probe's verdict per endpoint
 
 
 def _money(doc: dict[str, Any], key: str) -> Decimal:
@@ -87,7 +89,22 @@ def parse_progress(doc: Any) -> Progress:
         tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", Stage.GENERATE)),
         run_id=str(doc.get("runId") or ""),
         forecast=_money(doc, "forecastUSD") if doc.get("forecastUSD") is not None else None,
+        providers=_providers(doc),
     )
+
+
+def _providers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """progress.json's `providers.endpoints` (generate/probe.py writes it), each entry checked."""
+    section = doc.get("providers")
+    if section is None:
+        return []
+    entries = section.get("endpoints") if isinstance(section, dict) else None
+    ok = isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("tag"), str) and isinstance(e.get("passed"), bool) for e in entries)
+    if not ok:
+        raise ProgressError("progress.json: providers.endpoints must be a list of {tag, passed, ...}")
+    return [{k: e[k] for k in ("tag", "name", "passed", "reason", "costPerAnswerUSD") if e.get(k) is not None}
+            for e in entries]
 
 
 def read_progress(store: Store) -> dict | None:

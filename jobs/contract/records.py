@@ -24,6 +24,7 @@ import orjson
 
 from eyrie.jobs.contract.layout import (
     GENERATIONS,
+    PROBE_ANSWERS,
     journal_prefix,
     parse_journal_key,
     parse_part_key,
@@ -79,6 +80,8 @@ class Record(TypedDict, total=False):
     createdAt: str
     turn: int  # generation.turns: all: the assistant turn of the conversation (absent otherwise)
     agentic: dict[str, Any]  # turns: all: spliced, diverged, divergedFrom, end, dropped (conversation.annotate)
+    latencyS: float  # seconds from the first attempt to the whole answer (retries included)
+    probe: dict[str, str]  # a provider-probe answer: {"endpoint": tag, "key": hash of the request as sent}
 
 
 def record_key(rec: Record) -> str:
@@ -175,3 +178,17 @@ def iter_records(store: Store, shard: int | None = None) -> Iterator[Record]:
     run left the store in."""
     for s in [shard] if shard is not None else list_shards(store):
         yield from iter_shard(store, s)
+
+
+def iter_probe_records(store: Store) -> Iterator[Record]:
+    """The provider probe's records, each (endpoint, request) once, in commit order."""
+    seen: set[tuple[str, str]] = set()
+    for key in sorted(store.list(PROBE_ANSWERS)):
+        if not key.endswith(".jsonl.gz"):
+            continue
+        for rec in decode_part(store.get(key)):
+            probe = rec.get("probe") or {}
+            ident = (str(probe.get("endpoint")), str(probe.get("key")))
+            if ident not in seen:
+                seen.add(ident)
+                yield rec

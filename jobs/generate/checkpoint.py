@@ -25,6 +25,7 @@ class Checkpoint:
     counts: Counts
     audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
     costs: list[Decimal] = field(default_factory=list)  # what each persisted prompt cost, in store order
+    probe: Decimal = Decimal(0)  # paid by the provider probe (its adopted answers included), part of `spent`
 
 
 def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: bool = False) -> Checkpoint:
@@ -36,7 +37,8 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
     costs = []
     for rec in records.iter_records(store):
         costs.append(Decimal(rec.get("costUSD") or "0"))
-        spent += costs[-1]
+        if "probe" not in rec:  # an adopted probe answer is paid once, in the probe's total below
+            spent += costs[-1]
         usage = rec.get("usage") or {}
         transient = records.resend_on_resume(rec)
         if transient and resuming:
@@ -49,13 +51,15 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
             gate.absorb(ResponseCheck.from_record(rec["checks"]))
     # every answer an audit kept (durable before its slot was freed, so a killed audit counts too)
     audit = audit_spend(store)
+    probe = sum((Decimal(r.get("costUSD") or "0") for r in records.iter_probe_records(store)), Decimal(0))
+    spent += probe
     prev = read_progress(store)
     if prev and prev.get("spentUSD"):
         # progress also counts answers that were paid but never flushed before a crash...
         spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
     # ...and the committed bound covers even those paid after progress was last written
     spent = max(spent, read_committed(store) - audit)
-    return Checkpoint(spent=spent + audit, counts=counts, audit=audit, costs=costs)
+    return Checkpoint(spent=spent + audit, counts=counts, audit=audit, costs=costs, probe=probe)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from eyrie.jobs.generate.coordinator import RunCoordinator
 from eyrie.jobs.generate.forecast import forecaster
 from eyrie.jobs.generate.plan import Plan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, preflight
+from eyrie.jobs.generate.probe import ProbeOutcome, ProbeSettings, adopt, run_probe
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
@@ -100,9 +101,12 @@ class _Run:
 
 
 def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
-                   on_progress: Callable[[dict], None] | None = None) -> GenerationResult:
+                   on_progress: Callable[[dict], None] | None = None,
+                   notify: Callable[[str], None] = lambda _m: None) -> GenerationResult:
     """Generate until every prompt is persisted or the run stops; returns the final snapshot.
-    `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`)."""
+    `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`).
+    With `api.providerProbe` the probe runs first (generate/probe.py) and generation is routed to
+    the endpoints that pass."""
     spec = dg.spec
     with _Stopper() as stopper:
         asyncio.run(preflight(spec, base_url, store, ctx.api_key))
@@ -111,6 +115,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         except SourceError as e:
             raise PreflightError(f"sources: {e}") from None
         total = plan.total
+        probe, stop = _probe(spec, store, ctx, base_url, plan, notify)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate, resuming=True)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
@@ -118,9 +123,14 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec),
                        "forecast": forecaster(spec, ckpt.costs)}
-        monitor = _Monitor(store, ctx, on_progress or (lambda s: None))
-        run = _Run(spec, ctx, base_url, coordinator, plan, store, stopper, monitor)
-        snapshot = _run_inline(run) if inline else _run_ray(run)
+        monitor = _Monitor(store, ctx, on_progress or (lambda s: None), probe.progress() if probe else {})
+        run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor)
+        if stop is not None:  # nothing to generate with: the run ends before its first request
+            coord = RunCoordinator(**coordinator)
+            asyncio.run(coord.stop(*stop))
+            snapshot = monitor.merged(coord.snapshot())
+        else:
+            snapshot = monitor.merged(_run_inline(run) if inline else _run_ray(run))
     # The store is the truth: a worker lost before flushing reported answers that were never
     # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
     final_gate = ToolGate(spec.tools.gate)
@@ -150,24 +160,49 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
     return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), snapshot)
 
 
+def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: Plan,
+           notify: Callable[[str], None]) -> tuple[ProbeOutcome | None, tuple[Outcome, str] | None]:
+    """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;
+    the outcome that stops the run before generation (no endpoint passes, budget spent), if any."""
+    if spec.api.provider_probe is None:
+        return None, None
+    probe = run_probe(spec, store, ctx, base_url, ProbeSettings.from_spec(spec), notify=notify)
+    # kept only where a probe answer is what generation would record: tools structural, one turn
+    if (probe.stop is None and spec.tools.mode != "text" and spec.generation.turns == "last"
+            and (kept := adopt(store, plan, probe))):
+        notify(f"provider probe: {kept} answers of passing endpoints kept as samples")
+    if probe.doc:
+        notify(f"provider probe: passing {', '.join(probe.passing) or 'none'} "
+               f"(of {len(probe.doc.get('candidates') or [])})")
+    return probe, probe.stop
+
+
 class _Monitor:
     """Throttled progress.json writes plus the on_progress callback (the progress bar); each write
-    also adds a point to timeseries.jsonl (earlier attempts' points kept: the report plots them all)."""
+    also adds a point to timeseries.jsonl (earlier attempts' points kept: the report plots them all).
+    `extra` (the provider probe's verdict) is part of every snapshot."""
 
-    def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[dict], None]):
+    def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[dict], None],
+                 extra: dict[str, Any] | None = None):
         self.store, self.ctx, self.on_progress = store, ctx, on_progress
+        self.extra = extra or {}
         self.last = 0.0
         self.series = timeseries.TimeSeries()
         for p in timeseries.read_timeseries(store):
             self.series.add(p)
 
+    def merged(self, snap: dict) -> dict:
+        return {**snap, **self.extra}
+
     def tick(self, snap: dict) -> None:
+        snap = self.merged(snap)
         self.on_progress(snap)
         if time.monotonic() - self.last >= PROGRESS_EVERY_S:
             self.write(snap)
             self.last = time.monotonic()
 
     def write(self, snap: dict) -> None:
+        snap = self.merged(snap)
         write_progress(self.store, snap, self.ctx.attempt, Stage.GENERATE, self.ctx.run_id)
         self.series.add(timeseries.point(snap, self.ctx.attempt))
         self.store.put(TIMESERIES, timeseries.encode(self.series.points()))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from eyrie.jobs.contract import layout, records
@@ -35,9 +36,11 @@ from eyrie.jobs.store import Store
 class Journal:
     """One worker's group committer; `run` is its writer loop (a task in the worker's TaskGroup)."""
 
-    def __init__(self, store: Store, writer: str | None = None):
+    def __init__(self, store: Store, writer: str | None = None,
+                 key: Callable[[int, str, int], str] = layout.journal_key):
         self.store = store
         self.writer = writer or secrets.token_hex(4)  # names this worker instance's objects
+        self._key = key  # (shard, writer, seq) -> object key: a shard's journal, or the probe's answers
         self._seq = 0
         self._pending: dict[int, list[tuple[records.Record, asyncio.Future[None]]]] = {}
         self._wake = asyncio.Event()
@@ -73,7 +76,7 @@ class Journal:
 
     def _write(self, batch: dict[int, list[records.Record]]) -> None:
         for shard, recs in batch.items():
-            key = layout.journal_key(shard, self.writer, self._seq)
+            key = self._key(shard, self.writer, self._seq)
             self._seq += 1
             self.store.put(key, records.encode_part(recs))
             self.writes += 1

@@ -387,7 +387,7 @@ class ShardWorker:
         usage = done.usage or {}
         rec.update(status="ok", response=done.response, usage=done.usage, attempts=done.attempts,
                    costUSD=usd(cost if cost is not None else amount), checks=check.to_record(),
-                   policy=verdict)
+                   policy=verdict, latencyS=round(done.latency_s, 3))
         reported = usage.get("prompt_tokens")
         obs = Observation("ok", policy=verdict, input_tokens=int(reported or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),

@@ -156,6 +156,7 @@ class ReportData:
     fidelity_scores: dict[str, Reservoir] | None  # per-sample columns of fidelity/*.parquet
     agentic: dict[str, Any] | None
     audit_spent: Decimal = Decimal(0)  # what every audit paid, as its kept answers say (contract/audit.py)
+    providers: dict[str, Any] | None = None  # providers.json: the provider probe's verdict
 
     @property
     def budget(self) -> Decimal | None:
@@ -214,4 +215,5 @@ def collect(store: Store) -> ReportData:
         fidelity=(manifest or {}).get("fidelity"), fidelity_scores=_fidelity_scores(store),
         agentic=(manifest or {}).get("agentic") or (progress or {}).get("agentic"),
         audit_spent=audit.audit_spend(store),
+        providers=read_json(store, layout.PROVIDERS),
     )

@@ -417,11 +417,18 @@ def agentic_table(d: ReportData) -> Table | None:
     return _kv("agentic", [(k, v) for k, v in a.items() if not isinstance(v, dict | list)])
 
 
+def providers_tables(d: ReportData) -> list[Table]:
+    """The provider probe's section (spec.api.providerProbe, `eyrie providers`)."""
+    from eyrie.jobs.report.providers import tables as probe_tables
+
+    return probe_tables(d.providers) if d.providers else []
+
+
 def tables(d: ReportData, full: bool = True, audit: bool = True) -> list[Any]:
     """Every table with data; `full=False` is the one-screen summary `eyrie run` ends with;
     `audit=False` leaves the audit out (the page shows it in a section of its own)."""
     shown = audit_renderables(d.audit, full) if d.audit and audit else []
-    out: list[Any] = [run_table(d), *shown[:1], samples_table(d), tools_table(d)]
+    out: list[Any] = [run_table(d), *shown[:1], samples_table(d), *providers_tables(d), tools_table(d)]
     if full:
         out += [per_tool_table(d), *shown[1:]]
     out += [reconstruction_table(d), extraction_table(d), fidelity_table(d), agentic_table(d)]

@@ -709,3 +709,58 @@ def test_a_refused_create_is_a_failed_status_naming_the_servers_message() -> Non
         "ChildRejected", "the API server refused RayJob dg-gen-1: denied")
     assert conditions.find(st["conditions"], "SecretsReady") is not None  # the others are kept
     assert reconcile(obs(status=st)).actions == []  # Failed is terminal: nothing is retried
+
+
+# ------------------------------------------------------------------ the provider probe (issue 26)
+
+PROBED = [{"tag": "acme", "name": "Acme", "passed": True, "reason": "", "costPerAnswerUSD": "0.004"},
+          {"tag": "cheapo/fp8", "name": "Cheapo", "passed": False,
+           "reason": "schema accuracy 0.67 < minSchemaAccuracy 0.95 (2 of 6 calls invalid)",
+           "costPerAnswerUSD": "0.001"}]
+
+
+def probed(outcome: str = "Running", endpoints: list[dict[str, Any]] = PROBED, message: str = "") -> Progress:
+    p = prog(outcome, message=message)
+    doc = {"attempt": "1", "outcome": outcome, "message": message, "spentUSD": "1", "samples": p.samples,
+           "providers": {"passing": [e["tag"] for e in endpoints if e["passed"]], "spentUSD": "0.04",
+                         "endpoints": endpoints}}
+    return parse_progress(doc)
+
+
+@pytest.mark.parametrize(("before", "events"), [
+    ({}, ["Event:Warning:ProviderDropped"]),  # first seen: one event per dropped endpoint
+    ({"providers": PROBED}, []),  # already in the status: not posted again
+], ids=["first-pass", "next-pass"])
+def test_a_dropped_provider_is_shown_in_status_with_one_event(before: dict[str, Any], events: list[str]) -> None:
+    d = reconcile(obs(status={"attempt": "1", **before}, generation_children=(gen(),), progress=probed()))
+    assert [n for n in names(d.actions) if n.startswith("Event")] == events
+    if events:
+        ev = next(a for a in d.actions if isinstance(a, Event))
+        assert ev.message == ("provider cheapo/fp8 dropped by the provider probe: schema accuracy 0.67 < "
+                              "minSchemaAccuracy 0.95 (2 of 6 calls invalid)")
+    assert d.status["providers"] == PROBED
+    c = conditions.find(d.status["conditions"], "ProvidersChecked")
+    assert c is not None and (c["status"], c["reason"]) == ("True", "ProvidersPassed")
+    assert c["message"].startswith("generation routed to acme (cheapest first); dropped: cheapo/fp8 (schema")
+    DatasetGenerationStatus.model_validate(d.status)  # the CRD's status schema holds it
+
+
+def test_no_passing_provider_suspends_with_its_own_reason() -> None:
+    none = [{**PROBED[1]}, {"tag": "lazy", "passed": False, "reason": "trigger F1 0.44 < minTriggerF1 0.73"}]
+    msg = "no provider passes the probe: cheapo/fp8: schema accuracy 0.67 ...; lazy: trigger F1 0.44 ..."
+    d = reconcile(obs(generation_children=(gen(),), progress=probed("NoProviderPasses", none, msg)))
+    assert names(d.actions) == ["Event:Warning:ProviderDropped", "Event:Warning:ProviderDropped", "SuspendSpec",
+                                "Event:Warning:NoProviderPasses", "StopGeneration"]
+    assert d.status["phase"] == "Suspended" and d.suspended_reason == "NoProviderPasses"
+    c = conditions.find(d.status["conditions"], "Suspended")
+    assert c is not None and (c["reason"], c["message"]) == ("NoProviderPasses", msg)
+    p = conditions.find(d.status["conditions"], "ProvidersChecked")
+    assert p is not None and (p["status"], p["reason"]) == ("False", "NoProviderPasses")
+    # the probe's thresholds loosened, unsuspended, the stopped attempt gone: a fresh attempt
+    resumed = reconcile(obs(status=d.status, progress=probed("NoProviderPasses", none, msg)))
+    assert names(resumed.actions)[-1] == "CreateGeneration" and resumed.status["attempt"] == "2"
+
+
+def test_progress_providers_must_be_well_formed() -> None:
+    with pytest.raises(ProgressError, match=r"providers\.endpoints"):
+        parse_progress({"attempt": "1", "outcome": "Running", "providers": {"endpoints": [{"tag": 3}]}})
