@@ -1,8 +1,10 @@
 """The default path's cost: `eyrie run` with local Ray (the default) against the same spec inline
-(`EYRIE_NO_RAY=1`), same prompts, same simulator at zero latency, same concurrency. Figures: the
-steady rate of each (requests/s between the 10th and 90th percentile of the records' start times),
-the whole process's wall time, coordinator calls per request on the Ray path (from progress.json).
-Ratio: Ray steady rate / inline steady rate, target >= 0.8; calls per request, target <= 0.05.
+(`EYRIE_NO_RAY=1`), same prompts, same simulator at zero latency, same concurrency. The figure is
+the whole process as a user runs it (wall time of `eyrie run`, start-up, planning, Ray, generation
+and the final recount): ratio inline wall / Ray wall, target >= 0.8. Beside it: the steady rate of
+each (requests/s between the 10th and 90th percentile of the records' start times, Ray's start-up
+left out) and its ratio, and coordinator calls per request on the Ray path (from progress.json),
+target <= 0.05.
 """
 
 from __future__ import annotations
@@ -36,16 +38,17 @@ def main() -> int:
             assert prog["outcome"] == "Done" and prog["samples"]["done"] == n, prog
             figures[path] = (steady_rate(out), wall, prog.get("coordinatorCalls", 0) / max(1, prog["requests"]))
     (i_rate, i_wall, _), (r_rate, r_wall, r_calls) = figures["inline"], figures["ray"]
-    ratio = r_rate / i_rate
-    print(f"ray_overhead: {n} requests at concurrency {c}, simulator at zero latency, {os.cpu_count()} cores")
-    print(f"  inline (EYRIE_NO_RAY=1):   {i_rate:8.0f} req/s steady, whole process {i_wall:6.1f} s")
-    print(f"  local Ray (eyrie run):     {r_rate:8.0f} req/s steady, whole process {r_wall:6.1f} s, "
+    whole, steady = i_wall / r_wall, r_rate / i_rate
+    print(f"ray_overhead: {n} requests at concurrency {c}, simulator at zero latency, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.1f}")
+    print(f"  inline (EYRIE_NO_RAY=1):   whole process {i_wall:6.1f} s, {i_rate:8.0f} req/s steady")
+    print(f"  local Ray (eyrie run):     whole process {r_wall:6.1f} s, {r_rate:8.0f} req/s steady, "
           f"{r_calls:.4f} coordinator calls per request (target <= {CALLS_TARGET})")
-    print(f"  ratio ray/inline {ratio:.2f} (target >= {TARGET}); whole process {i_wall / r_wall:.2f}")
-    ok = ratio >= TARGET and r_calls <= CALLS_TARGET
-    print(f"RESULT ray_overhead ratio={ratio:.2f} ray_rps={r_rate:.0f} inline_rps={i_rate:.0f} "
-          f"calls_per_request={r_calls:.4f} whole_process_ratio={i_wall / r_wall:.2f} "
-          f"target>={TARGET},calls<={CALLS_TARGET} {'PASS' if ok else 'MISS'}")
+    print(f"  ratio inline/ray, whole process: {whole:.2f} (target >= {TARGET}); steady state ray/inline {steady:.2f}")
+    ok = whole >= TARGET and r_calls <= CALLS_TARGET
+    print(f"RESULT ray_overhead ratio={whole:.2f} steady_ratio={steady:.2f} ray_wall_s={r_wall:.1f} "
+          f"inline_wall_s={i_wall:.1f} ray_rps={r_rate:.0f} inline_rps={i_rate:.0f} calls_per_request={r_calls:.4f} "
+          f"target=whole>={TARGET},calls<={CALLS_TARGET} {'PASS' if ok else 'MISS'}")
     return 0
 
 
