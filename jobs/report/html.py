@@ -236,7 +236,8 @@ pre.tables{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:12
 def terminal_html(d: ReportData, audit: bool = False) -> str:
     """The terminal tables, recorded and exported with inline styles (the same text as `eyrie report`);
     the audit's own tables only with `audit` (they have a section of their own)."""
-    console = Console(record=True, width=120, file=io.StringIO(), color_system="truecolor")
+    # the audit's tables are wide (a figure, its interval and its n per cell): the page scrolls them
+    console = Console(record=True, width=170 if audit else 120, file=io.StringIO(), color_system="truecolor")
     if audit:
         console.print(Group(*audit_renderables(d.audit or {})[1:]))
     else:

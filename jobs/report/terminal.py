@@ -233,7 +233,7 @@ def _audit_by_source(doc: dict[str, Any]) -> Table | None:
     cols = ("source", "text call rate", "structured call rate", "text valid", "structured valid", "same calls",
             "USD/answer difference")
     for c in cols:
-        t.add_column(c, justify="left" if c == "source" else "right", no_wrap=True)
+        t.add_column(c, justify="left" if c == "source" else "right")
     for name, g in by.items():
         p = g.get("paired") or {}
         rates = [_cell((g.get(m) or {}).get(k)) for k in ("callRate", "validRate") for m in ("text", "structured")]
@@ -251,7 +251,7 @@ def _audit_by_tool(doc: dict[str, Any]) -> Table | None:
               caption=f"{left} more tools not shown" if left else None, caption_justify="left")
     for c in ("tool", "declared in (text / structured)", "text call rate", "structured call rate", "text calls valid",
               "structured calls valid"):
-        t.add_column(c, justify="left" if c == "tool" else "right", no_wrap=True)
+        t.add_column(c, justify="left" if c == "tool" else "right")
     for name, g in by.items():
         tx, st = g.get("text") or {}, g.get("structured") or {}
         t.add_row(name, f"{tx.get('declaredIn', 0)} / {st.get('declaredIn', 0)}", _cell(tx.get("callRate")),

@@ -393,13 +393,17 @@ def fmt_diff(e: dict[str, Any] | None, kind: str) -> str:
     return f"{e['value']:+.{d}f} [{e['low']:+.{d}f} to {e['high']:+.{d}f}]"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _invalid_phrase(f: dict[str, Any], mode: str, short: bool = False) -> str:
     """"9% [4-18] of its 40 text calls would not validate"; short: "2% [0-9] of 38 structured"."""
     if not f["calls"]:
         return f"no {mode} call" if short else f"it made no {mode} call"
     if short:
         return f"{fmt_rate(f['invalidRate'])} of {f['calls']} {mode}"
-    return f"{fmt_rate(f['invalidRate'])} of its {f['calls']} {mode} calls would not validate"
+    return f"{fmt_rate(f['invalidRate'])} of its {_n(f['calls'], f'{mode} call')} would not validate"
 
 
 def _formats_phrase(formats: dict[str, Any]) -> str:
@@ -407,7 +411,8 @@ def _formats_phrase(formats: dict[str, Any]) -> str:
     parts = [f"{c} {fmt_rate(f)}" for c, f in sorted(called, key=lambda cf: -cf[1]["count"])]
     phrase = ", ".join(parts) if parts else "no call in any format"
     if PROSE in formats:
-        phrase += f"; {formats[PROSE]['count']} answers ({fmt_rate(formats[PROSE])}) only described a call in prose"
+        prose = formats[PROSE]
+        phrase += f"; {_n(prose['count'], 'answer')} ({fmt_rate(prose)}) only described a call in prose"
     return phrase
 
 
@@ -453,8 +458,8 @@ def verdict(figs: dict[str, Any], *, recorded: str | None = None) -> str:
         out.append(f"Its text answers came as {_formats_phrase(t['formats'])}.")
     paired = figs.get("paired")
     if paired and paired["bothCalled"]:
-        out.append(f"Where both modes called ({paired['bothCalled']} prompts), they made the same calls with the same "
-                   f"arguments on {fmt_rate(paired['argumentAgreement'])}.")
+        out.append(f"Where both modes called ({_n(paired['bothCalled'], 'prompt')}), they made the same calls with "
+                   f"the same arguments on {fmt_rate(paired['argumentAgreement'])}.")
     proj = figs.get("projection") or {}
     if paired and proj:
         out.append(_cost_phrase(proj))
