@@ -288,3 +288,19 @@ def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_p
                            env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert sim.stats()["requests"] - before == 40 - kept  # what was kept is not bought again
+
+
+def test_declarations_are_read_once_per_distinct_set():
+    from eyrie.jobs.generate.audit import declarations_of
+    from eyrie.jobs.sources import Prompt
+
+    system = {"role": "system", "content": glaive_system().removeprefix("SYSTEM: ")}
+    a = Prompt("s", 0, [system, {"role": "user", "content": "one"}], None, "glaive")
+    b = Prompt("s", 1, [system, {"role": "user", "content": "two"}], None, "glaive")
+    got = declarations_of(a, "text")
+    assert declarations_of(b, "text") is got  # the same reading, not a second parse
+    assert got.declared_tools == declarations.prepare_prompt(b, "text").declared_tools and got.mode == "text"
+    assert declarations_of(a, "structured").tools == declarations.prepare_prompt(a, "structured").tools
+    bad = Prompt("s", 2, [{"role": "system", "content": "Use them if required - {\"name\": "},
+                          {"role": "user", "content": "x"}], None, "glaive")
+    assert declarations_of(bad, "text") == declarations.prepare_prompt(bad, "text")  # Rejected, same reason

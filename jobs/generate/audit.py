@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import heapq
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -112,6 +113,32 @@ def names_of(tools: Iterable[dict[str, Any]]) -> frozenset[str]:
     return frozenset(t["function"]["name"] for t in tools)
 
 
+_PREPARED: OrderedDict[bytes, declarations.Prepared | declarations.Rejected] = OrderedDict()
+PREPARED_CACHE = 4096  # distinct declaration sets remembered per process (recorded files repeat a few)
+
+
+def declarations_of(prompt: sources.Prompt, mode: str) -> declarations.Prepared | declarations.Rejected:
+    """The prompt's declarations, as `prepare_prompt` reads them, for picking it and checking its
+    answer, not for sending it (the result's `messages` are not the row's): they do not depend on
+    the last user turn, so rows that differ only there (a dataset's usual case) share one reading."""
+    head = prompt.messages[:-1] if prompt.messages and prompt.messages[-1].get("role") == "user" else None
+    if head is None:
+        return declarations.prepare_prompt(prompt, mode)  # type: ignore[arg-type]
+    key = orjson.dumps([mode, head, prompt.tools])
+    if len(key) > declarations.CACHE_MAX_KEY_BYTES:
+        return declarations.prepare_prompt(prompt, mode)  # type: ignore[arg-type]
+    got = _PREPARED.get(key)
+    if got is None:
+        bare = sources.Prompt(prompt.source, prompt.row, [*head, {"role": "user", "content": ""}], prompt.tools,
+                              prompt.fmt)
+        got = _PREPARED[key] = declarations.prepare_prompt(bare, mode)  # type: ignore[arg-type]
+        if len(_PREPARED) > PREPARED_CACHE:
+            _PREPARED.popitem(last=False)
+    else:
+        _PREPARED.move_to_end(key)
+    return got
+
+
 def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Picked:
     """A seeded random sample of n tool-declaring prompts from the spec's sources (one streaming
     pass, O(n) memory), with the counts the costs are projected to."""
@@ -125,7 +152,7 @@ def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Pic
                 continue
             pop["prompts"] += 1
             counts["prompts"] += 1
-            prepared = declarations.prepare_prompt(item, "structured")
+            prepared = declarations_of(item, "structured")
             if isinstance(prepared, declarations.Rejected):
                 pop["unparsable"] += 1
                 continue

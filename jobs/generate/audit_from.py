@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from eyrie.jobs import sources
 from eyrie.jobs.api import reported_cost
@@ -42,6 +40,7 @@ from eyrie.jobs.generate.audit import (
     Lowest,
     audit_settings,
     buy,
+    declarations_of,
     examples,
     finish,
     names_of,
@@ -137,7 +136,7 @@ def _add(tally: RecordedPass, item: RecordedRow | RowProblem, job: _Job) -> None
     tally.modes[item.mode] = tally.modes.get(item.mode, 0) + 1
     cost = _cost(item, job.pricing, tally)
     sid = item.prompt.sample_id()
-    prepared = _prepared(item.prompt, item.mode)
+    prepared = declarations_of(item.prompt, item.mode)
     if isinstance(prepared, declarations.Rejected):
         tally.unparsable_rows += 1
         if len(tally.unparsable) < MAX_PROBLEMS:
@@ -160,32 +159,6 @@ def _add(tally: RecordedPass, item: RecordedRow | RowProblem, job: _Job) -> None
             tally.candidates[item.mode].offer(priority(job.seed, sid), Candidate(sid, item.prompt, item.mode,
                                                                                  names, rec))
     tally.facts.append(audit_stats.fact_from_record(rec, names, cost=float(cost) if cost is not None else None))
-
-
-_PREPARED: OrderedDict[bytes, declarations.Prepared | declarations.Rejected] = OrderedDict()
-PREPARED_CACHE = 4096  # distinct declaration sets remembered per process (recorded files repeat a few)
-
-
-def _prepared(prompt: sources.Prompt, mode: str) -> declarations.Prepared | declarations.Rejected:
-    """The prompt's declarations, as `prepare_prompt` reads them, for checking its answer: they do
-    not depend on the last user turn, so rows that differ only there (a recorded file's usual case)
-    share one reading. The result's `messages` are not the row's: it is for checking, not sending."""
-    head = prompt.messages[:-1] if prompt.messages and prompt.messages[-1].get("role") == "user" else None
-    if head is None:
-        return declarations.prepare_prompt(prompt, mode)  # type: ignore[arg-type]
-    key = orjson.dumps([mode, head, prompt.tools])
-    if len(key) > declarations.CACHE_MAX_KEY_BYTES:
-        return declarations.prepare_prompt(prompt, mode)  # type: ignore[arg-type]
-    got = _PREPARED.get(key)
-    if got is None:
-        bare = sources.Prompt(prompt.source, prompt.row, [*head, {"role": "user", "content": ""}], prompt.tools,
-                              prompt.fmt)
-        got = _PREPARED[key] = declarations.prepare_prompt(bare, mode)  # type: ignore[arg-type]
-        if len(_PREPARED) > PREPARED_CACHE:
-            _PREPARED.popitem(last=False)
-    else:
-        _PREPARED.move_to_end(key)
-    return got
 
 
 def _check_batch(job: _Job, batch: list[tuple[int, bytes] | RowProblem]) -> RecordedPass:
