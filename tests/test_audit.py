@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -148,6 +149,10 @@ def test_audit_spend_is_in_the_report_and_the_budget_at_once(tmp_path):
     c = Console(record=True, width=200)
     c.print(run_table(data))
     assert f"FakeCo ${fake.billed}" in c.export_text()
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr  # an output that only holds an audit is reported, not refused
+    assert "audit verdict" in r.stdout and re.search(rf"spent +│ \${fake.billed} ", r.stdout), r.stdout
 
 
 def simulator_spec(tmp_path: Path, max_usd: str = "1.00") -> Path:
