@@ -358,4 +358,4 @@ def test_rows_and_answers_read_calls_written_as_text_one_way(tmp_path):
     [bad] = whole(tmp_path, [{"conversations": [
         {"from": "human", "value": "q"},
         {"from": "gpt", "value": "<tool_call>{'name': 'w', 'arguments': {'c': {1, 2}}}</tool_call>"}]}], "sharegpt")
-    assert bad.reason == "turn 1 <tool_call> 0 has arguments that are not JSON values"
+    assert bad.reason == "turn 1 <tool_call> 0: arguments are not JSON values"

@@ -220,7 +220,7 @@ def test_malformed_and_unclosed_blocks_are_invalid_calls():
         '<tool_call>{"name": "get_weather"}<tool_call>{"name": "get_weather", "arguments": {"city": "A"}}</tool_call>':
             "<tool_call> block is never closed",
         "<tool_call>{'name': 'get_weather', 'arguments': {'city': {1, 2}}}</tool_call>":
-            "<tool_call> block has arguments that are not JSON values",
+            "arguments are not JSON values",
         '<tool_call>{"arguments": {}}</tool_call>': "<tool_call> block has no function name",
         "<tool_call>[]</tool_call>": "<tool_call> block holds no call",
         f"{kimi.SECTION_BEGIN}{kimi.CALL_BEGIN}functions.get_weather:0{kimi.CALL_ARG_BEGIN}{{":

@@ -126,8 +126,12 @@ class ToolValidator:
                 args = orjson.loads(args)
             except orjson.JSONDecodeError as e:
                 return _NOT_DECODED, f"arguments are not valid JSON: {e}"[:cap]
-        else:
-            deep = True
+        else:  # decoded already (a provider's object, a call written as text): JSON values, not too deep?
+            try:
+                dumped = orjson.dumps(args)
+            except TypeError:  # sets, bytes, int keys, huge ints (a Python literal); orjson's depth cap
+                return _NOT_DECODED, "arguments are not JSON values"
+            deep = dumped.count(b"{") + dumped.count(b"[") > most
         if deep and json_depth(args, most) > most:
             return _NOT_DECODED, f"arguments nest deeper than {most} levels"
         return args, None
