@@ -80,8 +80,9 @@ class Behaviour:
 class ProviderFake:
     """OpenRouter with several endpoints of MODEL, on 127.0.0.1 in a thread of its own."""
 
-    def __init__(self, behaviours: list[Behaviour], model: str = MODEL):
+    def __init__(self, behaviours: list[Behaviour], model: str = MODEL, listing: bool = True):
         self.by_tag = {b.tag: b for b in behaviours}
+        self.has_listing = listing  # False: an API without an endpoint listing (vLLM, SGLang)
         self.model = model
         self.log: list[tuple[str | None, dict[str, Any]]] = []  # (endpoint served, body) per chat request
         self.listings = 0
@@ -206,7 +207,8 @@ class ProviderFake:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/v1/models/{author}/{slug}/endpoints", self._endpoints)
+        if self.has_listing:
+            app.router.add_get("/v1/models/{author}/{slug}/endpoints", self._endpoints)
         with serve(app) as self.base_url:
             yield self
 

@@ -258,6 +258,23 @@ def test_the_cli_exits_9_when_no_endpoint_passes_and_prints_the_routing_otherwis
         assert len(fake.log) == 3 * 4  # its 4 answers were stored by the first call: nothing re-sent
 
 
+def test_an_api_without_a_listing_is_probed_as_its_one_endpoint_and_nothing_is_routed(tmp_path, monkeypatch):
+    with ProviderFake([Behaviour("vllm", calls={0, 1})], listing=False).running() as fake:
+        path = probe_spec(tmp_path, fake.base_url, n_rows=10)
+        result, store = run_inline(path, monkeypatch)
+        assert result.outcome == "Done", result.message
+        doc = orjson.loads(store.get(layout.PROVIDERS))
+        (only,) = doc["candidates"]
+        assert not doc["listed"] and only["tag"].startswith("127.0.0.1:") and doc["passing"] == [only["tag"]]
+        assert doc["provider"] is None and doc["reference"] is None and only["triggerF1"] is None
+        assert all("provider" not in b for _, b in fake.log)  # nothing to route: no provider block sent
+        assert len(fake.log) == 10  # 8 probe answers kept as samples, 2 more generated
+        named = probe_spec(tmp_path / "named", fake.base_url, probe={"providers": ["vllm"]})
+        with pytest.raises(ProbeError, match="has no endpoint listing"):
+            probe_only(named, monkeypatch)
+        assert len(fake.log) == 10
+
+
 # ----------------------------------------------------------------------------- paid only once
 
 

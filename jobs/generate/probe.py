@@ -136,7 +136,10 @@ def choose_candidates(listing: Listing, settings: ProbeSettings, base: ProviderS
     must be a candidate; unnamed: every listed endpoint within api.provider's only/ignore/quantizations,
     the reference the model author's own endpoint when it is listed."""
     tags = listing.tags()
-    if settings.providers is not None and listing.listed:
+    if settings.providers is not None and not listing.listed:
+        raise ProbeError(f"{settings.where}.providers: the API at {listing.endpoints[0].name} has no endpoint "
+                         "listing: it is one endpoint, and nothing can be routed; leave providers unset")
+    if settings.providers is not None:
         unknown = [t for t in settings.providers if t not in tags]
         if unknown:
             raise ProbeError(f"{settings.where}.providers: {', '.join(unknown)} not in the endpoint listing of "
@@ -387,8 +390,9 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
     if stored_doc is not None and stored_routing_matches(stored_doc, h):
         notify(f"provider probe: reusing the stored verdict ({len(stored_doc.get('passing') or [])} of "
                f"{len(stored_doc.get('candidates') or [])} endpoints pass)")
-        out = ProbeOutcome(stored_doc, reused=True, records=list(records.iter_probe_records(store)))
-        return _with_stop(out)
+        used = {tuple(a) for a in stored_doc.get("answers") or []}
+        kept = [r for r in records.iter_probe_records(store) if (r["probe"]["endpoint"], r["probe"]["key"]) in used]
+        return _with_stop(ProbeOutcome(stored_doc, reused=True, records=kept))
     listing = asyncio.run(_listing(spec, base_url, ctx.api_key))
     endpoints, reference = choose_candidates(listing, settings, spec.api.provider, spec.target.model)
     prompts = pick_prompts(spec, settings.samples, settings.where)
@@ -416,9 +420,11 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
     verdict = decide([measure(ep, by_tag.get(ep.tag, [])) for ep in endpoints], reference, settings.thresholds,
                      template_choices(spec, by_tag), pre_failed)
     total = sum((Decimal(r.get("costUSD") or "0") for r in records.iter_probe_records(store)), Decimal(0))
-    doc = _document(spec, settings, h, listing, verdict, prompts, total)
-    store.put(layout.PROVIDERS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     all_recs = [r for recs in by_tag.values() for r in recs]
+    doc = _document(spec, settings, h, listing, verdict, prompts, total)
+    # the answers this verdict was judged on: what a reuse of it keeps as samples
+    doc["answers"] = sorted([r["probe"]["endpoint"], r["probe"]["key"]] for r in all_recs)
+    store.put(layout.PROVIDERS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return _with_stop(ProbeOutcome(doc, spent_now=spent_now, sent_now=len(new), records=all_recs))
 
 
