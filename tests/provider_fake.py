@@ -66,6 +66,7 @@ class Behaviour:
     errors: set[int] = field(default_factory=set)  # HTTP 400 (never retried): the sample fails
     reasoning: str = "full"  # full | summarised | encrypted | none
     cost: Decimal = Decimal("0.001")  # usage.cost of every answer
+    byok_upstream: Decimal | None = None  # with the user's own key: cost is OpenRouter's fee, this the provider's
     prompt_tokens: Callable[[dict[str, Any]], int] | None = None  # usage.prompt_tokens (default 20)
     prompt_offset: int = 0  # added to prompt_tokens: another template revision
     supported: tuple[str, ...] = ("max_tokens", "temperature", "top_p", "tools", "tool_choice", "reasoning",
@@ -153,8 +154,10 @@ class ProviderFake:
         usage = {"prompt_tokens": prompt, "completion_tokens": 12, "total_tokens": prompt + 12,
                  "cost": float(b.cost), "is_byok": False, "cost_details": {"upstream_inference_cost": None},
                  "completion_tokens_details": {"reasoning_tokens": 0}}
+        if b.byok_upstream is not None:  # usage accounting: is_byok, cost_details.upstream_inference_cost
+            usage.update(is_byok=True, cost_details={"upstream_inference_cost": float(b.byok_upstream)})
         with self._lock:
-            self.billed += b.cost
+            self.billed += b.cost + (b.byok_upstream or 0)
         return 200, {"id": f"gen-{b.tag}-{i}", "provider": b.name or b.tag, "model": body["model"],
                      "object": "chat.completion", "created": 1,
                      "choices": [{"index": 0, "finish_reason": finish, "native_finish_reason": finish,

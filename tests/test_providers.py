@@ -122,23 +122,7 @@ def test_passing_endpoints_are_ordered_cheapest_first(tmp_path, monkeypatch):
 def test_a_template_revision_alone_fails_on_template_fit(tmp_path, monkeypatch):
     """Three endpoints identical in every answer; one counts its prompts 3 tokens longer (another
     chat-template revision). It fails on templateFit and nothing else; the others fit deepseek-v4."""
-    from eyrie.jobs.reconstruct.formats import resolve_format
-    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
-    from eyrie.jobs.reconstruct.variants import candidates, prompt_lengths
-    from eyrie.jobs.spec import TargetSpec
-
-    target = TargetSpec(model=MODEL, tokenizer="bundled:deepseek-v4", chat_format="deepseek-v4")
-    tok = load_tokenizer(target)
-    formats = candidates(resolve_format("deepseek-v4", tok))
-
-    def counted(body: dict[str, Any]) -> int:  # what a faithful provider counts for this prompt
-        i = int(body["messages"][-1]["content"].split()[2].rstrip(":"))
-        calls = [{"id": f"call_{i}", "type": "function",
-                  "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "c"}'}}]
-        resp = {"content": None, "tool_calls": calls, "reasoning": None, "finish_reason": "tool_calls"}
-        (n,) = prompt_lengths(formats, tok, body, resp, {}).values()
-        return n if isinstance(n, int) else next(iter(n.values()))
-
+    counted = _faithful_counter()
     same = {"calls": set(range(N)), "prompt_tokens": counted}
     eps = [Behaviour("acme", **same), Behaviour("twin", **same), Behaviour("shifted", prompt_offset=3, **same)]
     with ProviderFake(eps).running() as fake:
@@ -175,6 +159,19 @@ def test_reasoning_errors_and_parameters_are_judged(tmp_path, monkeypatch):
             "requireParameters": False, "maxErrorRate": 0.3, "maxOpaqueReasoningRate": 1}}, extra={
             "api.sampling": {"maxTokens": 256, "seed": 7, "reasoning": {"effort": "high"}}}), monkeypatch)
     assert sorted(out.passing) == ["acme", "flaky", "noseed", "summ"]
+
+
+def test_spend_per_answer_counts_byok_upstream_cost(tmp_path, monkeypatch):
+    """usage-accounting: with BYOK, `cost` is OpenRouter's fee and cost_details.upstream_inference_cost
+    what the provider charged the user's key; an endpoint's spend per answer is their sum."""
+    eps = [Behaviour("acme", calls={0}, cost=Decimal("0.004")),
+           Behaviour("byok", calls={0}, cost=Decimal("0.0002"), byok_upstream=Decimal("0.004"))]
+    with ProviderFake(eps).running() as fake:
+        out, _ = probe_only(probe_spec(tmp_path, fake.base_url), monkeypatch)
+    c = by_tag(out.doc)
+    assert c["byok"]["costPerAnswerUSD"] == "0.0042" and c["acme"]["costPerAnswerUSD"] == "0.004"
+    assert out.passing == ["acme", "byok"]  # cheapest first by what the user pays, not by OpenRouter's fee
+    assert Decimal(out.doc["spentUSD"]) == fake.billed
 
 
 def test_an_endpoint_whose_listed_limits_cannot_hold_the_answer_is_judged_unsent(tmp_path, monkeypatch):
@@ -273,6 +270,43 @@ def test_an_api_without_a_listing_is_probed_as_its_one_endpoint_and_nothing_is_r
         with pytest.raises(ProbeError, match="has no endpoint listing"):
             probe_only(named, monkeypatch)
         assert len(fake.log) == 10
+
+
+def test_answers_kept_as_samples_count_in_the_runs_template_detection(tmp_path, monkeypatch):
+    """Every prompt answered by the probe: generation sends nothing, and the run's template variant
+    for the endpoint comes from the kept answers (as a worker's canary would give it), so the samples
+    stage rebuilds them with the variant the provider renders."""
+    counted = _faithful_counter()
+    with ProviderFake([Behaviour("acme", "Acme", calls=set(range(N)), prompt_tokens=counted)]).running() as fake:
+        path = probe_spec(tmp_path, fake.base_url, n_rows=N, probe={"samples": N}, extra={
+            "target.tokenizer": "bundled:deepseek-v4", "target.chatFormat": "deepseek-v4",
+            "tools.gate.canarySamples": N})
+        result, store = run_inline(path, monkeypatch)
+    assert result.outcome == "Done", result.message
+    assert fake.generation_requests() == [] and len(fake.log) == N
+    choice = progress(store)["templateVariants"]["byProvider"]["Acme"]
+    assert (choice["variant"], choice["how"], choice["answers"]) == ("deepseek-v4", "detected", N)
+
+
+def _faithful_counter():
+    """usage.prompt_tokens as a provider rendering deepseek-v4 counts it (for a get_weather call)."""
+    from eyrie.jobs.reconstruct.formats import resolve_format
+    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+    from eyrie.jobs.reconstruct.variants import candidates, prompt_lengths
+    from eyrie.jobs.spec import TargetSpec
+
+    tok = load_tokenizer(TargetSpec(model=MODEL, tokenizer="bundled:deepseek-v4", chat_format="deepseek-v4"))
+    formats = candidates(resolve_format("deepseek-v4", tok))
+
+    def counted(body: dict[str, Any]) -> int:
+        i = int(body["messages"][-1]["content"].split()[2].rstrip(":"))
+        calls = [{"id": f"call_{i}", "type": "function",
+                  "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "c"}'}}]
+        resp = {"content": None, "tool_calls": calls, "reasoning": None, "finish_reason": "tool_calls"}
+        (n,) = prompt_lengths(formats, tok, body, resp, {}).values()
+        return n if isinstance(n, int) else next(iter(n.values()))
+
+    return counted
 
 
 # ----------------------------------------------------------------------------- paid only once

@@ -27,7 +27,7 @@ from eyrie.jobs.generate.coordinator import RunCoordinator
 from eyrie.jobs.generate.forecast import forecaster
 from eyrie.jobs.generate.plan import Plan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, preflight
-from eyrie.jobs.generate.probe import ProbeOutcome, ProbeSettings, adopt, run_probe
+from eyrie.jobs.generate.probe import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
@@ -115,7 +115,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         except SourceError as e:
             raise PreflightError(f"sources: {e}") from None
         total = plan.total
-        probe, stop = _probe(spec, store, ctx, base_url, plan, notify)
+        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate, resuming=True)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
@@ -123,6 +123,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec),
                        "forecast": forecaster(spec, ckpt.costs)}
+        if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
+            stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None), probe.progress() if probe else {})
         run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor)
         if stop is not None:  # nothing to generate with: the run ends before its first request
@@ -161,20 +163,23 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
 
 
 def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: Plan,
-           notify: Callable[[str], None]) -> tuple[ProbeOutcome | None, tuple[Outcome, str] | None]:
+           notify: Callable[[str], None]) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
     """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;
-    the outcome that stops the run before generation (no endpoint passes, budget spent), if any."""
+    the records kept, and the outcome that stops the run before generation (no endpoint passes,
+    budget spent), if any."""
     if spec.api.provider_probe is None:
-        return None, None
+        return None, [], None
     probe = run_probe(spec, store, ctx, base_url, ProbeSettings.from_spec(spec), notify=notify)
+    kept = []
     # kept only where a probe answer is what generation would record: tools structural, one turn
-    if (probe.stop is None and spec.tools.mode != "text" and spec.generation.turns == "last"
-            and (kept := adopt(store, plan, probe))):
-        notify(f"provider probe: {kept} answers of passing endpoints kept as samples")
+    if probe.stop is None and spec.tools.mode != "text" and spec.generation.turns == "last":
+        kept = adopt(store, plan, probe)
+        if kept:
+            notify(f"provider probe: {len(kept)} answers of passing endpoints kept as samples")
     if probe.doc:
         notify(f"provider probe: passing {', '.join(probe.passing) or 'none'} "
                f"(of {len(probe.doc.get('candidates') or [])})")
-    return probe, probe.stop
+    return probe, kept, probe.stop
 
 
 class _Monitor:

@@ -448,9 +448,9 @@ async def _listing(spec: DatasetGenerationSpec, base_url: str, api_key: str | No
 # -------------------------------------------------------------------------------------- adoption
 
 
-def adopt(store: Store, plan: Plan, outcome: ProbeOutcome) -> int:
+def adopt(store: Store, plan: Plan, outcome: ProbeOutcome) -> list[records.Record]:
     """Write each probe prompt's answer from the first passing endpoint (routing order) into the
-    shard holding its row, unless that row already has a record there; returns records written.
+    shard holding its row, unless that row already has a record there; returns the records written.
     Idempotent: a second call (a resume) finds them in the shard and writes nothing."""
     first: dict[str, records.Record] = {}
     rank = {tag: i for i, tag in enumerate(outcome.passing)}
@@ -462,15 +462,38 @@ def adopt(store: Store, plan: Plan, outcome: ProbeOutcome) -> int:
         shard = _shard_of(plan, rec["source"], rec["row"])
         if shard is not None:
             by_shard.setdefault(shard, []).append(rec)
-    written = 0
+    written: list[records.Record] = []
     writer = secrets.token_hex(4)
     for seq, (shard, recs) in enumerate(sorted(by_shard.items())):
         held = {records.record_key(r) for r in records.iter_shard(store, shard)}
         fresh = [r for r in recs if records.record_key(r) not in held]
         if fresh:
             store.put(layout.journal_key(shard, writer, seq), records.encode_part(fresh))
-            written += len(fresh)
+            written += fresh
     return written
+
+
+def seed_variants(spec: DatasetGenerationSpec, detector: Any, kept: list[records.Record]) -> str | None:
+    """Count the answers kept as samples in the run's template-variant detector, as a worker counts
+    the canary's (`CanaryProbe`): they are answers of their provider like any other. Returns the
+    detector's stop message if one fits no variant (the probe judged them fitting: a change between
+    the probe and the run)."""
+    if detector is None or not kept:
+        return None
+    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+    from eyrie.jobs.reconstruct.variants import CanaryProbe
+
+    canary = CanaryProbe(spec, lambda: load_tokenizer(spec.target, spec.output.endpoint))
+    for r in kept:
+        response, usage = r["response"] or {}, r.get("usage") or {}
+        lengths = canary.lengths(r["request"], response, usage)
+        if lengths is not None:
+            reported = usage.get("prompt_tokens")
+            stop = detector.observe(response.get("provider"), reported if isinstance(reported, int) else None,
+                                    lengths)
+            if stop is not None:
+                return stop.message
+    return None
 
 
 def _shard_of(plan: Plan, source: str, row: int) -> int | None:
