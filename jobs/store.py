@@ -62,12 +62,29 @@ def _clean_key(key: str) -> str:
     return key
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux's /proc; elsewhere set and restored once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class FileStore:
-    """A local directory. Atomic via write-to-temp + os.replace in the same directory."""
+    """A local directory. Atomic via write-to-temp + os.replace in the same directory; files get the
+    mode a new file gets under the user's umask, directories likewise."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
         self.uri = f"file://{self.root}"
+        # mkstemp creates 0600; a store's files are as readable as any file the user creates (0644
+        # under the usual umask 022), so a teammate can open a run's report, manifest and samples
+        self.file_mode = 0o666 & ~_umask()
 
     def _path(self, key: str) -> Path:
         return self.root / _clean_key(key)
@@ -79,6 +96,7 @@ class FileStore:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as f:
+                    os.fchmod(f.fileno(), self.file_mode)
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())

@@ -39,6 +39,26 @@ def test_file_store_never_lists_unfinished_writes(tmp_path):
     assert s.list() == ["x.json"]
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_file_store_files_are_as_readable_as_the_umask_lets_new_files_be(tmp_path, umask):
+    """A teammate opens a run's report: files 0644 and folders 0755 under umask 022 (not
+    mkstemp's 0600), and no more than the user's umask allows."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        s = FileStore(tmp_path / "out")
+        s.put("hidden/shard-00000-00000.safetensors", b"x")
+        s.put("report.html", b"<html>")
+        s.put("report.html", b"<html></html>")  # an overwrite too
+    finally:
+        os.umask(old)
+    for key in ("report.html", "hidden/shard-00000-00000.safetensors"):
+        assert stat.S_IMODE((tmp_path / "out" / key).stat().st_mode) == 0o666 & ~umask, key
+    assert stat.S_IMODE((tmp_path / "out" / "hidden").stat().st_mode) == 0o777 & ~umask
+
+
 def test_bad_keys_and_schemes_are_refused(tmp_path):
     s = FileStore(tmp_path)
     with pytest.raises(StoreError):
