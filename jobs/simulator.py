@@ -80,6 +80,7 @@ class SimulatorConfig:
     output_per_million: Decimal = SIMULATOR_PRICING.output_per_million
     tool_call_rate: float = 0.8
     divergence_rate: float = 0.0  # tool-calling turns answered with another call, other arguments or none
+    completion_token_drift: float = 0.0  # a fault: usage.completion_tokens off by up to this share of the count
     # text mode (functions described in the prompt): what the model does, per source (simulated_text.py)
     text_calls: TextBehaviour = field(default_factory=TextBehaviour.from_spec)
     text_calls_by_source: dict[str, TextBehaviour] = field(default_factory=dict)
@@ -91,7 +92,8 @@ class SimulatorConfig:
     api_key: str | None = None  # when set, requests must carry `Authorization: Bearer <api_key>`
     # With a tokenizer, usage.prompt_tokens is the length of the prompt `chat_format` renders with
     # `template_variant` (None: the format's default; "unknown": one eyrie does not know), as a real
-    # provider counts it; without one, a quarter of the prompt's characters.
+    # provider counts it, and usage.completion_tokens the length of the answer as that format renders
+    # it (the tokens a model wrote to give this answer); without one, a quarter of the characters.
     tokenizer: str | None = None
     chat_format: str = "auto"
     template_variant: str | None = None
@@ -111,7 +113,7 @@ class SimulatorConfig:
             raise ValueError(f"simulator faults: unknown {unknown}; known: {list(FAULTS)}")
         self.text_calls = TextBehaviour.of(self.text_calls)
         self.text_calls_by_source = {k: TextBehaviour.of(v) for k, v in self.text_calls_by_source.items()}
-        for name in ("fault_rate", "tool_call_rate", "divergence_rate"):
+        for name in ("fault_rate", "tool_call_rate", "divergence_rate", "completion_token_drift"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
@@ -134,6 +136,7 @@ class SimulatorConfig:
                 "text_sources": [s.dump() for s in sources if s.name in by_source], "sources_endpoint": endpoint}
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
                    seed=sim.seed, divergence_rate=sim.divergence_rate, default_thinking=sim.default_thinking,
+                   completion_token_drift=sim.completion_token_drift,
                    providers=[p.wire() for p in sim.providers], **text, **counts)
 
     def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
@@ -379,6 +382,7 @@ class PromptCounter:
         self.extra = UNKNOWN_EXTRA_TOKENS if self.unknown else 0
         self._lock = threading.Lock()
         self._loaded: tuple[Any, Any] | None = None
+        self._rebuild: Any = None  # a Reconstructor over the same format: how the answer's tokens are cut
 
     _loading = threading.Lock()  # one tokenizer load at a time: several endpoints' counters share it
 
@@ -389,9 +393,15 @@ class PromptCounter:
                 from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
 
                 cfg = self.cfg
+                from eyrie.jobs.reconstruct.reconstructor import Reconstructor
+
                 tok = load_tokenizer(TargetSpec(model=MODEL_ID, tokenizer=cfg.tokenizer, chat_format=cfg.chat_format))
                 self._loaded = tok, resolve_format(cfg.chat_format, tok, None if self.unknown else cfg.template_variant)
+                self._rebuild = Reconstructor(self._loaded[1], tok)
             return self._loaded
+
+    def _served_thinking(self, fmt: Any) -> bool:
+        return fmt.default_thinking if self.cfg.default_thinking is None else self.cfg.default_thinking
 
     def __call__(self, body: dict[str, Any], ans: Answer) -> int | None:
         from eyrie.jobs.reconstruct.reconstructor import thinking_readings, turn_of
@@ -402,10 +412,61 @@ class PromptCounter:
                     "finish_reason": ans.finish_reason}
         usage = {"completion_tokens_details": {"reasoning_tokens": ans.reasoning_tokens}}
         by_reading = prompt_lengths({"served": fmt}, tok, body, response, usage).get("served") or {}
-        served = fmt.default_thinking if self.cfg.default_thinking is None else self.cfg.default_thinking
         # the reading the request or answer says, else the one this provider serves when nothing does
-        n = by_reading.get(thinking_readings(body, usage, turn_of(response), served)[0])
+        n = by_reading.get(thinking_readings(body, usage, turn_of(response), self._served_thinking(fmt))[0])
         return None if n is None else n + self.extra
+
+    def completion(self, body: dict[str, Any], ans: Answer) -> tuple[int, int] | None:
+        """(completion tokens, reasoning tokens) of `ans` as the model wrote it: the answer's tokens
+        in the format's rendering (through its end-of-turn marker; none when cut by length), under the
+        thinking reading the prompt was counted with. None when the format cannot render it."""
+        from eyrie.jobs.reconstruct.base import FormatError
+        from eyrie.jobs.reconstruct.reconstructor import thinking_readings, turn_of
+
+        tok, fmt = self._format()
+        response = {"reasoning": ans.reasoning, "content": ans.content, "tool_calls": ans.tool_calls,
+                    "finish_reason": ans.finish_reason}
+        try:
+            turn = turn_of(response)
+            usage = {"completion_tokens_details": {"reasoning_tokens": 1 if ans.reasoning else 0}}
+            thinking = thinking_readings(body, usage, turn, self._served_thinking(fmt))[0]
+            ids = self._rebuild.response_ids(fmt.render(body.get("messages") or [], body.get("tools") or None,
+                                                        turn, thinking))
+        except FormatError:
+            return None
+        if ids is None:
+            return None
+        return len(ids), len(tok.encode(ans.reasoning)) if ans.reasoning else 0
+
+
+def count_completion(counter: PromptCounter | None, body: dict[str, Any], ans: Answer,
+                     cfg: SimulatorConfig) -> Answer:
+    """usage.completion_tokens as a provider counts what its model generated: with the target's
+    tokenizer, the answer's own tokens, the answer cut until they fit the request's limit
+    (finish_reason `length`); then `completion_token_drift`, the fault that makes the count wrong."""
+    if counter is not None and (counted := counter.completion(body, ans)) is not None:
+        limit = completion_limit(body, cfg)
+        for _ in range(8):  # each cut keeps a share of the text: a few rounds reach the limit
+            if counted is None or counted[0] <= limit:
+                break
+            ans = _cut(ans, 0.9 * limit / counted[0])
+            counted = counter.completion(body, ans)
+        if counted is not None:
+            ans = replace(ans, completion_tokens=counted[0], reasoning_tokens=counted[1])
+    if cfg.completion_token_drift and ans.completion_tokens:
+        rng = random.Random(hashlib.sha256(f"{ans.gen_id}/drift/{cfg.seed}".encode()).digest())
+        off = round(ans.completion_tokens * cfg.completion_token_drift * rng.uniform(-1, 1))
+        ans = replace(ans, completion_tokens=max(0, ans.completion_tokens + off))
+    return ans
+
+
+def _cut(ans: Answer, share: float) -> Answer:
+    """The answer stopped early by the length limit: the first `share` of what it wrote (reasoning,
+    then content), no tool call (a call cut short is not returned)."""
+    reasoning, content = ans.reasoning or "", "" if ans.tool_calls else ans.content or ""
+    keep = int((len(reasoning) + len(content)) * share)
+    return replace(ans, reasoning=reasoning[:keep] or None, content=content[:max(0, keep - len(reasoning))] or None,
+                   tool_calls=[], finish_reason="length")
 
 
 def _tool_call(rng: random.Random, fn: dict[str, Any]) -> dict[str, Any]:
@@ -873,6 +934,7 @@ class _Sim:
             return web.Response(status=504, body=_error_body(504, "simulated hang ended"),
                                 content_type="application/json")
         ans = make_answer(body, cfg)
+        cut = None
         if endpoint is not None and (cut := endpoint.context_limit(body, ans)) is not None:
             if endpoint.too_long(ans):
                 return web.Response(status=400, body=_error_body(
@@ -886,6 +948,7 @@ class _Sim:
         if counter is not None:
             counted = await asyncio.to_thread(counter, body, ans)
             ans = replace(ans, prompt_tokens=ans.prompt_tokens if counted is None else counted)
+        ans = await asyncio.to_thread(count_completion, counter, cut or body, ans, cfg)
         if endpoint is not None:
             ans = endpoint.degrade(body, ans)
         if fault in ("leak", "length-empty"):

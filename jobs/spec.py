@@ -369,6 +369,11 @@ class SimulatorSpec(Model):
     the template's default with no reasoning returned; false, a provider that silently serves the
     model with thinking off (prompt tokens counted as the template renders it with thinking off);
     true, one that thinks and returns the reasoning."""
+    completion_token_drift: float = Field(default=0, ge=0, le=1)
+    """A fault for tests and demos: each answer's usage.completion_tokens is off by up to this share
+    of the true count (a seeded draw per answer in [-share, +share]), as a provider counting with
+    another tokenizer does. 0: with target.tokenizer the count is exact (the tokens the answer is
+    rebuilt into), so the completion-token gap reads 0; without one, a quarter of its characters."""
     text_calls: SimulatedTextCalls = Field(default_factory=SimulatedTextCalls)
     """How the simulated model answers prompts whose functions are described only as text."""
     text_calls_by_source: dict[str, SimulatedTextCalls] = Field(default_factory=dict)

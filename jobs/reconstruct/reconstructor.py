@@ -211,6 +211,12 @@ class Reconstructor:
             return "the prompt's tokens are not a prefix of the whole's (a token spans the boundary)"
         return prompt_ids, whole_ids[len(prompt_ids):], response, flags
 
+    def response_ids(self, rendering: Rendering) -> list[int] | None:
+        """The response's token ids as this rebuild cuts them (None: the prompt is not a prefix): what
+        a model generated when it wrote this answer; the simulator counts its completion tokens so."""
+        got = self._tokens(rendering)
+        return None if isinstance(got, str) else got[1]
+
     def _logprobs(self, resp_ids: list[int], logprobs: Any) -> str | None:
         entries = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
         if not isinstance(entries, list) or not entries:
