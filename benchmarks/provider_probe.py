@@ -9,7 +9,9 @@ fixed latency.
   `canarySamples` answers, its one look at the provider before the money goes) is `canarySamples`
   requests, their dollars, and the seconds from the first request to the canary's last answer.
 
-The probe's overhead is B - A (requests, seconds, dollars); per candidate, / K. The passing endpoints'
+The probe's overhead is B - A in requests and dollars; in seconds, the probe's own time (providers.json
+`elapsedSeconds`: listing, requests, judging) beside B - A of the whole process (which Ray's start-up
+and the machine's load move by more than the probe takes); per candidate, / K. The passing endpoints'
 first answers are kept as samples, so B re-sends none of the probe's prompts: its overhead in
 requests is samples x (K - 1), not samples x K. Target: per candidate, no more requests than the canary
 it replaces (ratio <= 1.0). Dollars follow each endpoint's price against the one generation goes to,
@@ -111,11 +113,12 @@ def main() -> int:
         a, b = results["A"], results["B"]
         passing = (b["progress"].get("providers") or {}).get("passing")
         c_dollars, c_seconds = canary_of(a["out"], args.canary)
-        over = {"requests": b["requests"] - a["requests"], "dollars": b["dollars"] - a["dollars"],
-                "seconds": b["seconds"] - a["seconds"]}
+        probe_s = json.loads((b["out"] / "providers.json").read_text())["elapsedSeconds"]
+        over = {"requests": b["requests"] - a["requests"], "dollars": b["dollars"] - a["dollars"], "seconds": probe_s}
         per = {key: v / k for key, v in over.items()}
         print(f"probe over {k} endpoints ({args.canary} prompts each), passing {passing}: overhead "
-              f"{over['requests']} requests, ${over['dollars']:.6f}, {over['seconds']:.1f} s")
+              f"{over['requests']} requests, ${over['dollars']:.6f}, {probe_s:.1f} s of probing "
+              f"(whole process B - A: {b['seconds'] - a['seconds']:.1f} s)")
         print(f"per candidate: {per['requests']:.1f} requests, ${per['dollars']:.6f}, {per['seconds']:.1f} s; "
               f"the canary it replaces: {args.canary} requests, ${c_dollars:.6f}, {c_seconds:.1f} s")
         r_req = per["requests"] / args.canary

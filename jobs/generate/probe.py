@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -393,6 +394,7 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
         used = {tuple(a) for a in stored_doc.get("answers") or []}
         kept = [r for r in records.iter_probe_records(store) if (r["probe"]["endpoint"], r["probe"]["key"]) in used]
         return _with_stop(ProbeOutcome(stored_doc, reused=True, records=kept))
+    started = time.monotonic()
     listing = asyncio.run(_listing(spec, base_url, ctx.api_key))
     endpoints, reference = choose_candidates(listing, settings, spec.api.provider, spec.target.model)
     prompts = pick_prompts(spec, settings.samples, settings.where)
@@ -424,6 +426,7 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
     doc = _document(spec, settings, h, listing, verdict, prompts, total)
     # the answers this verdict was judged on: what a reuse of it keeps as samples
     doc["answers"] = sorted([r["probe"]["endpoint"], r["probe"]["key"]] for r in all_recs)
+    doc["elapsedSeconds"] = round(time.monotonic() - started, 3)  # this call: listing, requests, judging
     store.put(layout.PROVIDERS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return _with_stop(ProbeOutcome(doc, spent_now=spent_now, sent_now=len(new), records=all_recs))
 
