@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -124,22 +124,21 @@ def break_arguments(args: str, schema: Any) -> str:
 
 
 def text_answer(rng: random.Random, fns: Sequence[dict[str, Any]], behaviour: TextBehaviour, source: str | None,
-                arguments: Callable[[dict[str, Any]], str], filler: str) -> tuple[str, TextPlan]:
-    """(content, plan) for a prompt whose functions `fns` are described as text; `arguments(fn)`
-    draws valid arguments, `filler` is prose."""
-    if rng.random() >= behaviour.call_rate:
+                same: Sequence[tuple[str, str]], filler: str) -> tuple[str, TextPlan]:
+    """(content, plan) for a prompt whose functions `fns` are described as text: when it calls, the
+    calls `same` (those the model makes with the tools declared structurally, so the two modes can
+    agree), glaive's format keeping one; `filler` is prose."""
+    if not same or rng.random() >= behaviour.call_rate:  # nothing to call (after a tool result): it answers
         if rng.random() < behaviour.prose_share:
             name = rng.choice(fns)["name"]
             return f"I could use {name} for this, but here is what I know. {filler}", TextPlan(source, None, (), True)
         return filler, TextPlan(source, None)
     fmt = behaviour.pick_format(rng)
-    n = 1 if fmt == "glaive" or rng.random() >= 0.25 else 2
+    params = {f["name"]: f.get("parameters") for f in fns}
     calls = []
-    for _ in range(n):
-        fn = rng.choice(fns)
-        args = arguments(fn)
+    for name, args in same[:1] if fmt == "glaive" else same:
         valid = rng.random() >= behaviour.invalid_share
-        calls.append(PlannedCall(fn["name"], args if valid else break_arguments(args, fn.get("parameters")), valid))
+        calls.append(PlannedCall(name, args if valid else break_arguments(args, params.get(name)), valid))
     lead = "" if fmt in ("glaive", "kimi", "deepseek") else "Let me look that up.\n"
     return lead + write_calls(fmt, calls), TextPlan(source, fmt, tuple(calls))
 

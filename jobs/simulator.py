@@ -40,7 +40,7 @@ from aiohttp import web
 
 from eyrie.jobs.simulated_text import TextBehaviour, TextPlan, prompt_key, source_index, text_answer
 from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatedProvider, SimulatorSpec, SourceSpec, TargetSpec
-from eyrie.jobs.tools.declarations import DeclarationError, parse_text_declarations
+from eyrie.jobs.tools.declarations import DeclarationError, normalize_tools, parse_text_declarations
 
 # One source of truth for the fault names: the spec's Literal.
 FAULTS: tuple[str, ...] = get_args(get_args(SimulatorSpec.model_fields["faults"].annotation)[0])
@@ -475,20 +475,30 @@ def _tool_call(rng: random.Random, fn: dict[str, Any]) -> dict[str, Any]:
             "function": {"name": str(fn.get("name", "tool")), "arguments": orjson.dumps(args).decode()}}
 
 
+def _as_tools(fns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Functions read from a prompt's text as the `tools` the same prompt sends in structured mode."""
+    try:
+        return normalize_tools(fns)
+    except DeclarationError:
+        return [{"type": "function", "function": f} for f in fns]
+
+
 def _functions(tools: Any) -> list[dict[str, Any]]:
     return [t["function"] for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
 
 
-def planned_calls(messages: list[Any], tools: Any, cfg: SimulatorConfig) -> list[tuple[str, str]]:
+def planned_calls(messages: list[Any], tools: Any, cfg: SimulatorConfig,
+                  rate: float | None = None) -> list[tuple[str, str]]:
     """The (name, arguments) the simulated model calls when it does not diverge: none after a tool
     result (it answers), else a pure function of the declared tools and the last user message, so
-    a conversation's tool calls can be written down beforehand (an agentic example, a test)."""
+    a conversation's tool calls can be written down beforehand (an agentic example, a test).
+    `rate` stands in for cfg.tool_call_rate (1.0: the calls it makes when it calls)."""
     fns = _functions(tools)
     if not fns or not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") == "tool":
         return []
     user = next((m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), "")
     rng = random.Random(hashlib.sha256(orjson.dumps([user, tools, cfg.seed], option=orjson.OPT_SORT_KEYS)).digest())
-    if rng.random() >= cfg.tool_call_rate:
+    if rng.random() >= (cfg.tool_call_rate if rate is None else rate):
         return []
     n = 2 if rng.random() < 0.25 else 1
     calls = [_tool_call(rng, rng.choice(fns))["function"] for _ in range(n)]
@@ -550,9 +560,9 @@ def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
         content = "Given the result: " + _text(rng, rng.randint(5, 60))
     elif not fns and (declared := declared_text_functions(messages)):
         behaviour, source = cfg.text_behaviour(messages)
-        content, text_plan = text_answer(rng, declared, behaviour, source,
-                                         lambda fn: _tool_call(rng, fn)["function"]["arguments"],
-                                         _text(rng, rng.randint(5, 60)))
+        # when it calls as text, it makes the calls it makes with the tools declared structurally
+        same = planned_calls(messages, _as_tools(declared), cfg, rate=1.0)
+        content, text_plan = text_answer(rng, declared, behaviour, source, same, _text(rng, rng.randint(5, 60)))
     else:
         content = _text(rng, rng.randint(5, 120))
     finish = "tool_calls" if calls else "stop"

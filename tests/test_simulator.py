@@ -36,7 +36,7 @@ from eyrie.jobs.simulator import (
 )
 from eyrie.jobs.sources import iter_source
 from eyrie.jobs.spec import DatasetGenerationSpec, SimulatorSpec
-from eyrie.jobs.tools.declarations import prepare_prompt
+from eyrie.jobs.tools.declarations import normalize_tools, prepare_prompt
 
 StartSim = Callable[..., Awaitable[SimulatorServer]]
 
@@ -264,6 +264,14 @@ def test_text_declared_functions_are_called_as_text_at_their_rates_and_formats()
             except (ValueError, jsonschema.ValidationError):
                 ok = False
             assert ok == c.valid, c
+        # the calls are those it makes when the same functions are sent as `tools` (the modes can agree)
+        tools = normalize_tools(fns)
+        structured = make_answer({**b, "messages": [{"role": "user", "content": f"convert {i} dollars"}],
+                                  "tools": tools}, SimulatorConfig(tool_call_rate=1.0))
+        made = [(c["function"]["name"], c["function"]["arguments"]) for c in structured.tool_calls]
+        assert len(plan.calls) == (1 if plan.format == "glaive" else len(made))  # glaive: one call a turn
+        assert [(c.name, c.arguments) for c in plan.calls if c.valid] == \
+            [m for m, c in zip(made, plan.calls, strict=False) if c.valid]
     n = sum(answered.values())
     assert 0.42 <= n / 400 <= 0.58
     assert 0.4 <= answered["glaive"] / n <= 0.6 and answered["kimi"] and answered["hermes"]
