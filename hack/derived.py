@@ -45,6 +45,7 @@ NAMESPACED: frozenset[tuple[str, str]] = frozenset({
     ("", "configmaps"),
     ("", "secrets"),
     ("", "events"),
+    ("", "pods"),
     ("ray.io", "rayjobs"),
     ("batch", "jobs"),
     ("kopf.dev", "kopfpeerings"),

@@ -623,6 +623,8 @@ class ExtractionSpec(Model):
     """Storage dtype; float8 stores e4m3 with a per-token scale."""
     gpus_per_pod: int = Field(default=1, ge=0)
     """GPUs per extraction pod (tensor parallel size)."""
+    memory: Quantity | None = Field(default=None, description="Memory of each extraction pod (request and limit), "
+                                    "a Kubernetes quantity, e.g. 64Gi; unset: the namespace's default.")
     pods: int = Field(default=1, ge=1, le=100_000)
     """Extraction pods running at once (an Indexed Job's bound with per-index retries)."""
     max_tokens_per_batch: int = Field(default=16384, ge=1)

@@ -277,8 +277,13 @@ def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
         "env": _env(spec, None),
         "volumeMounts": [mount],
     }
+    limits: dict[str, Any] = {}
     if ext.gpus_per_pod > 0:
-        container["resources"] = {"limits": {"nvidia.com/gpu": ext.gpus_per_pod}}
+        limits["nvidia.com/gpu"] = ext.gpus_per_pod
+    if ext.memory:
+        limits["memory"] = ext.memory
+    if limits:
+        container["resources"] = {"limits": limits, **({"requests": {"memory": ext.memory}} if ext.memory else {})}
     volumes = [volume]
     if ext.engine == "sglang":
         # containers get 64 MiB of /dev/shm; SGLang spools a whole batch of hidden states there

@@ -17,6 +17,7 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PROVIDERS_CHECKED = "ProvidersChecked"  # spec.api.providerProbe judged the target's endpoints
+PODS_HEALTHY = "PodsHealthy"  # written once a child's pod has shown a problem (image, Secret, memory, scheduling)
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 

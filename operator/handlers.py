@@ -30,7 +30,7 @@ from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError
 from . import children, conditions, metrics
 from .config import OperatorConfig
 from .kube import Kind, Kube, KubeError
-from .observed import job_child, neighbour_attempts, rayjob_child, submission_child
+from .observed import job_child, neighbour_attempts, pod_problems, rayjob_child, submission_child
 from .passes import PassGate
 from .reconcile import (
     TERMINAL_PHASES,
@@ -44,6 +44,7 @@ from .reconcile import (
     FinalizeManifest,
     GenerationChild,
     Observation,
+    PodProblem,
     SetExtractionSuspend,
     StopGeneration,
     SuspendSpec,
@@ -182,6 +183,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     attempt = status.get("attempt") or "1"
     resuming = conditions.is_true(status.get("conditions") or [], conditions.SUSPENDED)
     gens: list[GenerationChild] = []
+    problems: list[PodProblem] = []
     ray = spec.generation.ray
     if ray.mode == "RayJob":
         # deterministic names: the previous, current and a possibly-unrecorded next attempt
@@ -189,6 +191,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             doc = await kube.get(Kind.RAYJOB, ns, children.generation_name(name, a))
             if doc is not None:
                 gens.append(rayjob_child(doc))
+                problems += await _rayjob_pod_problems(kube, ns, doc, gens[-1], attempt)
     elif ray.mode == "Submit" and ray.address:
         for a in neighbour_attempts(attempt, resuming):
             sid = children.submission_id(ns, name, a)
@@ -199,6 +202,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     if spec.extraction.enabled:
         doc = await kube.get(Kind.JOB, ns, children.extraction_name(name))
         ext = job_child(doc) if doc else None
+        if ext is not None and not ext.suspended and not (ext.completions and ext.succeeded >= ext.completions):
+            problems += pod_problems(await kube.pods(ns, f"batch.kubernetes.io/job-name={ext.name}"), "extraction")
 
     # progress after the children: what it says is at least as fresh as their status
     prog = error = manifest = fidelity = report = None
@@ -222,7 +227,19 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
         manifest_uri=manifest, report_uri=report, summaries_done=summaries, extraction_bytes=nbytes,
         fidelity=fidelity,
-        stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""))
+        stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""), pod_problems=tuple(problems))
+
+
+async def _rayjob_pod_problems(kube: Kube, ns: str, doc: dict[str, Any], child: GenerationChild,
+                               attempt: str) -> tuple[PodProblem, ...]:
+    """The pods of an attempt's Ray cluster and its submitter Job, while it should be coming up or running (listed
+    only once KubeRay named the cluster: a queued or refused RayJob has none)."""
+    cluster = (doc.get("status") or {}).get("rayClusterName")
+    if not cluster or int(child.attempt) < int(attempt) or child.state not in ("Pending", "Running"):
+        return ()
+    pods = await kube.pods(ns, f"ray.io/cluster={cluster}")
+    pods += await kube.pods(ns, f"batch.kubernetes.io/job-name={child.name}")
+    return pod_problems(pods, "generation")
 
 
 # ----------------------------------------------------------------------------------------- act

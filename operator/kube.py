@@ -36,6 +36,7 @@ class Kind(Enum):
 
     CONFIGMAP = "configmaps"
     SECRET = "secrets"
+    POD = "pods"
     JOB = "jobs"
     RAYJOB = "rayjobs"
     DATASET = "datasetgenerations"
@@ -91,6 +92,7 @@ class Kube:
     def __init__(self, api: client.ApiClient):
         self.api = api
         core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+        self._core = core
         self._ops = {
             Kind.CONFIGMAP: _Ops(core.read_namespaced_config_map, core.create_namespaced_config_map,
                                  core.patch_namespaced_config_map),
@@ -123,6 +125,14 @@ class Kube:
             if e.status == 404:
                 return None
             raise KubeError("get", kind, name, e.status, _detail(e)) from None
+
+    async def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods a label selector picks (a child's: the why of a pod that does not run is on the pod)."""
+        try:
+            found = await self._core.list_namespaced_pod(namespace, label_selector=selector, _request_timeout=TIMEOUT)
+            return list(self._json(found).get("items") or [])
+        except ApiException as e:
+            raise KubeError("list", Kind.POD, selector, e.status, _detail(e)) from None
 
     async def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> bool:
         """Create; False when it already exists (a restarted operator meets its own children)."""

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from . import children
-from .reconcile import ChildState, ExtractionChild, GenerationChild
+from .reconcile import ChildState, ExtractionChild, GenerationChild, PodProblem, PodRole
 
 # Ray's job states (JobSubmissionClient.get_job_status) -> a child's state
 RAY_STATES: dict[str, ChildState] = {"PENDING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
@@ -77,3 +78,41 @@ def neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
     pending) and, while a resume is in flight, the next (created just before a crash)."""
     n = int(attempt)
     return [str(a) for a in (n - 1, n, n + 1) if a >= 1 and (a <= n or resuming)]
+
+
+# a container's waiting reason (the kubelet's) -> PodProblem.reason
+_CONTAINER_WAITING = {"ErrImageNeverPull": "ImageNotPresent", "ErrImagePull": "ImagePullFailed",
+            "ImagePullBackOff": "ImagePullFailed", "InvalidImageName": "ImagePullFailed",
+            "CreateContainerConfigError": "ContainerConfigError"}
+
+
+def pod_problems(pods: Iterable[dict[str, Any]], role: PodRole) -> tuple[PodProblem, ...]:
+    """What keeps a child's pods from running, in the words of the scheduler (PodScheduled=False, Unschedulable) and
+    the kubelet (a container waiting on its image or its config, a container OOMKilled now or before its restart).
+    A missing Secret or key of a container's env is `SecretNotFound`; pods being deleted are passed over."""
+    out: list[PodProblem] = []
+    for pod in pods:
+        meta, spec, st = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        name = meta.get("name", "")
+        for cond in st.get("conditions") or []:
+            if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False",
+                                                                              "Unschedulable"):
+                out.append(PodProblem("Unschedulable", name, role, detail=cond.get("message", "")))
+        declared = {c.get("name"): c for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])}
+        for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+            container = declared.get(cs.get("name"), {})
+            image = container.get("image") or cs.get("image", "")
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = _CONTAINER_WAITING.get(waiting.get("reason", ""))
+            detail = waiting.get("message", "")
+            if reason == "ContainerConfigError" and "secret" in detail.lower():
+                reason = "SecretNotFound"
+            if reason:
+                out.append(PodProblem(reason, name, role, cs.get("name", ""), image, detail))  # type: ignore[arg-type]
+            ended = [(cs.get(k) or {}).get("terminated") or {} for k in ("state", "lastState")]
+            if any(t.get("reason") == "OOMKilled" for t in ended):
+                limit = ((container.get("resources") or {}).get("limits") or {}).get("memory", "")
+                out.append(PodProblem("OOMKilled", name, role, cs.get("name", ""), image, memory=str(limit)))
+    return tuple(out)

@@ -28,6 +28,8 @@ RULES: tuple[Rule, ...] = (
     Rule("", "configmaps", ("get", "create", "patch"), "the resolved spec the jobs mount"),
     Rule("", "secrets", ("get",), "check the referenced Secrets exist; S3 credentials to read progress.json"),
     Rule("", "events", ("create",), "events that explain every stop (kopf posts core/v1 events)"),
+    Rule("", "pods", ("list",), "why a child's pods do not run: an image missing, a Secret missing, out of memory, "
+         "unschedulable (PodsHealthy)"),
     Rule(RAYJOB_API[0], RAYJOB_API[2], ("get", "create", "patch", "delete"), "generation RayJobs"),
     Rule("batch", "jobs", ("get", "create", "patch", "delete"), "the Indexed extraction Job"),
     Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), "kopf resource discovery"),

@@ -19,7 +19,16 @@ from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, Progress
 from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 
 from . import children, conditions
-from .conditions import FAILED, OUTPUT_REACHABLE, PROVIDERS_CHECKED, QUEUED, SECRETS_READY, SUCCEEDED, SUSPENDED
+from .conditions import (
+    FAILED,
+    OUTPUT_REACHABLE,
+    PODS_HEALTHY,
+    PROVIDERS_CHECKED,
+    QUEUED,
+    SECRETS_READY,
+    SUCCEEDED,
+    SUSPENDED,
+)
 
 # outcome -> the Suspended condition's reason
 STOP_REASONS = {Outcome.BUDGET_EXHAUSTED: "BudgetExceeded", Outcome.TOOL_SEMANTICS_DRIFT: "ToolSemanticsDrift",
@@ -61,6 +70,23 @@ class ExtractionChild:
     suspended_by_other: bool = False  # suspended by Kueue (or another controller), not by eyrie
 
 
+PodRole = Literal["generation", "extraction"]
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """Why a child's pod does not run, as its kubelet or the scheduler says (observed.pod_problems)."""
+
+    reason: Literal["ImageNotPresent", "ImagePullFailed", "SecretNotFound", "ContainerConfigError", "OOMKilled",
+                    "Unschedulable"]
+    pod: str
+    role: PodRole
+    container: str = ""
+    image: str = ""
+    detail: str = ""  # the kubelet's or scheduler's message
+    memory: str = ""  # the container's memory limit (OOMKilled)
+
+
 @dataclass(frozen=True)
 class Observation:
     name: str
@@ -85,6 +111,7 @@ class Observation:
     fidelity: dict[str, Any] | None = None  # the manifest's fidelity section, once it exists
     stop_grace: float = STOP_GRACE_SECONDS
     uid: str = ""  # metadata.uid: attempts are numbered per object, so outcomes carry it too
+    pod_problems: tuple[PodProblem, ...] = ()  # of the current generation child's and the extraction Job's pods
 
 
 # ------------------------------------------------------------------------------------------ actions
@@ -278,6 +305,7 @@ def reconcile(obs: Observation) -> Decision:
     _apply_configmap(p)
     can_start = _readiness(p)
     _providers(p)
+    _pods(p)
     attempt, current = _current_attempt(p)
     prog = _progress_of(obs, attempt)
     was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
@@ -336,7 +364,9 @@ def _readiness(p: _Pass) -> bool:
     """SecretsReady and OutputReachable; True when an attempt may be started."""
     obs = p.obs
     if obs.missing_secrets:
-        p.cond(SECRETS_READY, False, "SecretNotFound", "; ".join(obs.missing_secrets))
+        message = "; ".join(obs.missing_secrets)
+        _warn_on_change(p, SECRETS_READY, "SecretNotFound", message)
+        p.cond(SECRETS_READY, False, "SecretNotFound", message)
     else:
         p.cond(SECRETS_READY, True, "SecretsFound")
     if obs.progress_error:
@@ -348,6 +378,64 @@ def _readiness(p: _Pass) -> bool:
     else:
         p.cond(OUTPUT_REACHABLE, True, "OutputReadable")
     return not obs.missing_secrets and not obs.progress_error
+
+
+def _warn_on_change(p: _Pass, type_: str, reason: str, message: str) -> None:
+    """A Warning event when condition `type_` turns False with this reason and message (not on every pass)."""
+    prev = conditions.find(p.prev, type_) or {}
+    if (prev.get("status"), prev.get("reason"), prev.get("message")) != ("False", reason, message):
+        p.actions.append(Event("Warning", reason, message))
+
+
+RECREATE = ("recreate the DatasetGeneration with the same spec.output.uri: what was paid for is read from there, "
+            "not requested again")
+
+
+def pod_advice(problem: PodProblem) -> str:
+    """What a pod's problem is and what to do about it, naming the spec field to change."""
+    where = f"pod {problem.pod}" + (f" container {problem.container}" if problem.container else "")
+    image_field = "spec.extraction.image" if problem.role == "extraction" else "spec.generation.ray.image"
+    if problem.reason == "ImageNotPresent":
+        return (f"{where}: image {problem.image} is not on its node and is never pulled (imagePullPolicy Never): "
+                f"load it onto the node, or set {image_field} to an image the nodes have and {RECREATE}")
+    if problem.reason == "ImagePullFailed":
+        return (f"{where}: image {problem.image} cannot be pulled ({problem.detail}): push it to its registry or "
+                f"let the pods pull it (imagePullSecrets); the kubelet keeps retrying. If {image_field} is wrong, "
+                f"correct it and {RECREATE}")
+    if problem.reason in ("SecretNotFound", "ContainerConfigError"):
+        return f"{where}: {problem.detail}: create it in the DatasetGeneration's namespace; the kubelet retries"
+    if problem.reason == "OOMKilled":
+        if problem.role == "extraction":
+            field = "spec.extraction.memory (or lower spec.extraction.maxTokensPerBatch)"
+        elif problem.container == "ray-worker":
+            field = "spec.generation.ray.memoryPerWorker"
+        else:
+            field = "the memory of its node (the Ray head's limit is 2Gi)"
+        return (f"{where} was killed out of memory at its limit of {problem.memory or 'its node'}: "
+                f"raise {field}")
+    fields = ("spec.extraction.gpusPerPod, spec.extraction.memory, spec.extraction.nodeSelector"
+              if problem.role == "extraction" else
+              "spec.generation.ray.workers, cpusPerWorker, memoryPerWorker")
+    return f"{where} cannot be scheduled ({problem.detail}): add node capacity, or ask for less ({fields})"
+
+
+def _pods(p: _Pass) -> None:
+    """PodsHealthy: False (and one Warning event) while a child's pod cannot run, saying why and what to do; True
+    again once none has a problem. Absent until a problem was ever seen."""
+    problems = p.obs.pod_problems
+    prev = conditions.find(p.prev, PODS_HEALTHY)
+    if not problems:
+        if prev is not None and prev.get("status") == "False":
+            p.cond(PODS_HEALTHY, True, "PodsRunning", "no pod of this run reports a problem")
+        return
+    seen: dict[tuple[str, str, str], PodProblem] = {}
+    for problem in problems:  # one line per kind of problem, not per pod
+        seen.setdefault((problem.reason, problem.image, problem.container), problem)
+    lines = [pod_advice(x) for x in seen.values()]
+    more = len(problems) - len(seen)
+    message = "; ".join(lines) + (f" (and {more} more pods alike)" if more else "")
+    _warn_on_change(p, PODS_HEALTHY, problems[0].reason, message)
+    p.cond(PODS_HEALTHY, False, problems[0].reason, message)
 
 
 def _current_attempt(p: _Pass) -> tuple[str, list[GenerationChild]]:
@@ -558,9 +646,11 @@ def _extraction(p: _Pass, job: ExtractionChild | None) -> str:
         p.actions.append(CreateExtraction(children.extraction_job(obs.name, obs.namespace, spec, obs.labels)))
         return "Extracting"
     if job.failed:
-        p.cond(FAILED, True, job.reason or "ExtractionFailed", job.message or f"Job {job.name} failed")
-        p.actions.append(Event("Warning", job.reason or "ExtractionFailed",
-                               job.message or f"Job {job.name} failed"))
+        oom = next((x for x in obs.pod_problems if x.role == "extraction" and x.reason == "OOMKilled"), None)
+        message = (f"extraction {pod_advice(oom)}; the generated data at {spec.output.uri} is kept: then "
+                   f"{RECREATE}") if oom else job.message or f"Job {job.name} failed"
+        p.cond(FAILED, True, "OOMKilled" if oom else job.reason or "ExtractionFailed", message)
+        p.actions.append(Event("Warning", p.conds[FAILED]["reason"], message))
         return "Failed"
     if job.completions and job.succeeded >= job.completions:
         count = children.extraction_count(spec)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ..conftest import S3_SECRET_KEY
-from .node import Node, busybox_image, images_archive, running_node
+from .node import Node, busybox_image, images_archive, install_kuberay, running_node
 from .testbed import (
     CONFIGMAPS,
     DSG,
@@ -60,6 +60,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         sys.stderr.write(f"\ntestbed: control plane for a node in {n.cp.started_in:.1f}s, node Ready and its "
                          f"services up in {n.started_in:.1f}s\n")
         yield n
+
+
+@pytest.fixture(scope="session")
+def node_kuberay(node: Node) -> Node:
+    """KubeRay deployed on the node as its release deploys it (node.install_kuberay)."""
+    install_kuberay(node)
+    return node
 
 
 RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}

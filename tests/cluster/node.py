@@ -55,9 +55,12 @@ from .testbed import (
     binary,
     cache_dir,
     free_port,
+    kuberay_crds,
+    load_yaml,
     node_link,
     running_control_plane,
     spawn,
+    versions,
     wait_for,
 )
 
@@ -204,6 +207,51 @@ def busybox_image() -> tuple[str, Path]:
                    *(Entry(f"/bin/{a}", link="busybox") for a in applets)]
         oci_archive(dest, ref, entries, {"Cmd": ["sh"], "Env": ["PATH=/bin"]})
     return _cached_image("busybox", [busybox], build)
+
+
+def kuberay_image() -> tuple[str, Path]:
+    """The KubeRay operator image, as KubeRay's own manager.yaml names it (config/default's kustomization), made of
+    the ray-operator binary build.sh built: static, run as a non-root user."""
+    manager = binary("kuberay", "ray-operator")
+    version = versions()["KUBERAY"]
+    ref = f"quay.io/kuberay/operator:{version}"
+    digest = hashlib.sha256(manager.read_bytes()).hexdigest()[:12]
+    dest = cache_dir() / "images" / f"testbed-kuberay-{version}-{digest}.oci.tar"
+    if not dest.exists():
+        oci_archive(dest, ref, [Entry("/manager", manager.read_bytes())],
+                    {"Entrypoint": ["/manager"], "User": "65532:65532"})
+    return ref, dest
+
+
+KUBERAY_NS = "kuberay-system"
+
+
+def install_kuberay(node: Node) -> None:
+    """KubeRay as its release deploys it, on the node: its CRDs, ServiceAccount, ClusterRole and bindings
+    (config/rbac) and its Deployment (config/manager), read from the Go module cache, in KUBERAY_NS. In the
+    cluster, because KubeRay's RayJob controller reads each job's state from the head's dashboard at its
+    Service's cluster DNS name."""
+    cp = node.cp
+    cp.apply_crds(*kuberay_crds())
+    ref, archive = kuberay_image()
+    node.import_image(archive)
+    config = kuberay_crds()[0].parents[2]
+    docs = [load_yaml((config / "rbac" / f).read_text()) for f in (
+        "service_account.yaml", "role.yaml", "role_binding.yaml", "leader_election_role.yaml",
+        "leader_election_role_binding.yaml")]
+    docs.append(load_yaml((config / "manager" / "manager.yaml").read_text()))
+    for doc in docs:
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            doc["metadata"]["namespace"] = KUBERAY_NS
+        for subject in doc.get("subjects") or []:
+            subject["namespace"] = KUBERAY_NS
+        if doc["kind"] == "Deployment":
+            doc["spec"]["template"]["spec"]["containers"][0]["image"] = ref
+    cp.ensure_namespace(KUBERAY_NS)
+    manifest = node.root / "kuberay.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    cp.kubectl("apply", "-f", str(manifest), check=True)
+    cp.kubectl("rollout", "status", "-n", KUBERAY_NS, "deployment/kuberay-operator", "--timeout=180s", check=True)
 
 
 def images_archive(name: str) -> Path:

@@ -126,8 +126,8 @@ def test_output_uri_cannot_change_once_set(control_plane: ControlPlane, chart: I
 
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 # resources the operator has no business with at all
-FOREIGN = (("", "pods"), ("", "serviceaccounts"), ("rbac.authorization.k8s.io", "clusterroles"),
-           ("apps", "deployments"), ("ray.io", "rayclusters"))
+FOREIGN = (("", "persistentvolumeclaims"), ("", "pods/exec"), ("", "serviceaccounts"),
+           ("rbac.authorization.k8s.io", "clusterroles"), ("apps", "deployments"), ("ray.io", "rayclusters"))
 
 
 def can_i(cp: ControlPlane, token: str, group: str, resource: str, verb: str, ns: str = "default") -> bool:

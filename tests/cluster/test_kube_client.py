@@ -5,6 +5,7 @@ patches on built-in and custom kinds, the status subresource, and a refusal of t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,6 +62,13 @@ async def test_each_call_the_operator_makes(kube: Kube, control_plane: ControlPl
                                                   "spec": {"suspend": False}})
     job = await kube.get(Kind.JOB, NS, "dg-extract")
     assert job is not None and job["spec"]["suspend"] is False and job["spec"]["completionMode"] == "Indexed"
+    pods: list[dict[str, object]] = []
+    for _ in range(150):  # the Job controller creates its pods; the operator lists them by the Job's label
+        pods = await kube.pods(NS, "batch.kubernetes.io/job-name=dg-extract")
+        if len(pods) == 2:
+            break
+        await asyncio.sleep(0.2)
+    assert sorted(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in pods) == ["0", "1"]
     await kube.delete(Kind.JOB, NS, "dg-extract")
     await kube.delete(Kind.JOB, NS, "never-was")
 

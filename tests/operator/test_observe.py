@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from eyrie.jobs.contract.layout import summary_key
-from eyrie.operator.observed import job_child, neighbour_attempts, rayjob_child
+from eyrie.operator.observed import job_child, neighbour_attempts, pod_problems, rayjob_child
 
 
 def rayjob(status: dict[str, Any], suspend: bool = False, stop: str | None = None) -> dict[str, Any]:
@@ -89,3 +89,61 @@ def test_who_suspended_the_job(labels: dict[str, str], annotations: dict[str, st
     assert job_child(doc).suspended_by_other is by_other
     doc["spec"]["suspend"] = False
     assert job_child(doc).suspended_by_other is False
+
+
+def pod(name: str, statuses: list[dict[str, Any]] = (), conditions: list[dict[str, Any]] = (),
+        memory: str | None = None, deleting: bool = False) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "extract", "image": "ghcr.io/x/extractor:1"}
+    if memory:
+        container["resources"] = {"limits": {"memory": memory}}
+    meta: dict[str, Any] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"containers": [container]},
+            "status": {"conditions": list(conditions), "containerStatuses": list(statuses)}}
+
+
+def waiting(reason: str, message: str = "") -> dict[str, Any]:
+    return {"name": "extract", "image": "ghcr.io/x/extractor:1", "state": {"waiting": {"reason": reason,
+                                                                                      "message": message}}}
+
+
+@pytest.mark.parametrize(("p", "want"), [
+    (pod("ok", [{"name": "extract", "state": {"running": {}}}]), []),
+    (pod("creating", [waiting("ContainerCreating")]), []),
+    (pod("never", [waiting("ErrImageNeverPull", 'Container image "ghcr.io/x/extractor:1" is not present')]),
+     [("ImageNotPresent", "never", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("pull", [waiting("ImagePullBackOff", "Back-off pulling image")]),
+     [("ImagePullFailed", "pull", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("pull2", [waiting("ErrImagePull", "dial tcp: network is unreachable")]),
+     [("ImagePullFailed", "pull2", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("secret", [waiting("CreateContainerConfigError", 'secret "s3" not found')]),
+     [("SecretNotFound", "secret", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("key", [waiting("CreateContainerConfigError", "couldn't find key secretKey in Secret e2e/s3")]),
+     [("SecretNotFound", "key", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("cm", [waiting("CreateContainerConfigError", 'configmap "x" not found')]),
+     [("ContainerConfigError", "cm", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("oom", [{"name": "extract", "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}],
+         memory="64Mi"), [("OOMKilled", "oom", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("oom-before", [{"name": "extract", "state": {"running": {}},
+                         "lastState": {"terminated": {"reason": "OOMKilled"}}}]),
+     [("OOMKilled", "oom-before", "extract", "ghcr.io/x/extractor:1")]),
+    (pod("failed", [{"name": "extract", "state": {"terminated": {"reason": "Error", "exitCode": 1}}}]), []),
+    (pod("pending", conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "message": "0/1 nodes are available: 1 Insufficient cpu."}]),
+     [("Unschedulable", "pending", "", "")]),
+    (pod("gone", [waiting("ErrImageNeverPull")], deleting=True), []),
+])
+def test_pod_problems(p: dict[str, Any], want: list[tuple[str, str, str, str]]) -> None:
+    got = pod_problems([p], "extraction")
+    assert [(x.reason, x.pod, x.container, x.image) for x in got] == want
+    assert all(x.role == "extraction" for x in got)
+
+
+def test_pod_problems_keep_the_kubelets_words_and_the_memory_limit() -> None:
+    [oom] = pod_problems([pod("a", [{"name": "extract", "state": {"terminated": {"reason": "OOMKilled"}}}],
+                              memory="64Mi")], "extraction")
+    assert oom.memory == "64Mi"
+    [secret] = pod_problems([pod("b", [waiting("CreateContainerConfigError", 'secret "s3" not found')])],
+                            "generation")
+    assert (secret.detail, secret.role) == ('secret "s3" not found', "generation")

@@ -18,7 +18,9 @@ from eyrie.operator.reconcile import (
     ExtractionChild,
     GenerationChild,
     Observation,
+    PodProblem,
     Progress,
+    pod_advice,
     reconcile,
 )
 
@@ -148,7 +150,7 @@ CASES = [
         "S3 credentials missing: output not checked yet",
         obs(missing_secrets=("spec.output.credentialsSecretRef.accessKeyKey: Secret 'minio' not found",),
             output_checked=False),
-        [],
+        ["Event:Warning:SecretNotFound"],
         "Pending",
         conds={"SecretsReady": ("False", "SecretNotFound"), "OutputReachable": ("Unknown", "WaitingForCredentials")},
     ),
@@ -186,9 +188,46 @@ CASES = [
     Case(
         "missing secret waits",
         obs(missing_secrets=("spec.api.apiKeySecretRef: Secret 'openrouter' not found",)),
+        ["Event:Warning:SecretNotFound"],
+        "Pending",
+        conds={"SecretsReady": ("False", "SecretNotFound")},
+    ),
+    Case(
+        "a secret still missing: no second event",
+        obs(missing_secrets=("spec.api.apiKeySecretRef: Secret 'openrouter' not found",),
+            status={"attempt": "1", "conditions": [conditions.make(
+                "SecretsReady", "False", "SecretNotFound", "spec.api.apiKeySecretRef: Secret 'openrouter' not found",
+                "2025-12-31T00:00:00Z", 1)]}),
         [],
         "Pending",
         conds={"SecretsReady": ("False", "SecretNotFound")},
+    ),
+    Case(
+        "a Ray pod waits on an image the node lacks: PodsHealthy False, the run waits",
+        obs(generation_children=(gen(state="Pending"),),
+            pod_problems=(PodProblem("ImageNotPresent", "dg-gen-1-head", "generation", "ray-head", "ray:1"),)),
+        ["Event:Warning:ImageNotPresent"],
+        "Pending",
+        conds={"PodsHealthy": ("False", "ImageNotPresent")},
+    ),
+    Case(
+        "the pods run again: PodsHealthy True",
+        obs(generation_children=(gen(state="Running"),), progress=prog(),
+            status={"attempt": "1", "conditions": [cond("PodsHealthy", "False", "ImageNotPresent")]}),
+        [],
+        "Generating",
+        conds={"PodsHealthy": ("True", "PodsRunning")},
+    ),
+    Case(
+        "an extraction pod OOMKilled fails the run naming the memory to raise",
+        obs(spec(extraction__enabled=True), progress=prog("Done"),
+            extraction=ExtractionChild("dg-extract", False, False, failed=True, reason="PodFailurePolicy",
+                                       message="Container extract for pod ns/dg-extract-0-x failed with exit code 137"),
+            pod_problems=(PodProblem("OOMKilled", "dg-extract-0-x", "extraction", "extract", "sgl:1",
+                                     memory="64Mi"),)),
+        ["Event:Warning:OOMKilled", "Event:Warning:OOMKilled"],
+        "Failed",
+        conds={"Failed": ("True", "OOMKilled"), "PodsHealthy": ("False", "OOMKilled")},
     ),
     Case(
         "unreachable output waits",
@@ -764,3 +803,30 @@ def test_no_passing_provider_suspends_with_its_own_reason() -> None:
 def test_progress_providers_must_be_well_formed() -> None:
     with pytest.raises(ProgressError, match=r"providers\.endpoints"):
         parse_progress({"attempt": "1", "outcome": "Running", "providers": {"endpoints": [{"tag": 3}]}})
+def test_pod_problems_say_which_and_what_to_do() -> None:
+    d = reconcile(obs(generation_children=(gen(state="Pending"),), pod_problems=(
+        PodProblem("ImagePullFailed", "dg-gen-1-head", "generation", "ray-head", "ray:1", "Back-off pulling image"),
+        PodProblem("ImagePullFailed", "dg-gen-1-worker-a", "generation", "ray-head", "ray:1", "Back-off pulling"),
+        PodProblem("SecretNotFound", "dg-gen-1-worker-b", "generation", "ray-worker", "ray:1",
+                   'secret "openrouter" not found'))))
+    c = conditions.find(d.status["conditions"], "PodsHealthy")
+    assert c is not None and (c["status"], c["reason"]) == ("False", "ImagePullFailed")
+    assert "image ray:1 cannot be pulled (Back-off pulling image)" in c["message"]
+    assert "spec.generation.ray.image" in c["message"]
+    assert 'secret "openrouter" not found: create it' in c["message"]
+    assert c["message"].endswith("(and 1 more pods alike)")
+    [event] = [a for a in d.actions if isinstance(a, Event)]
+    assert (event.type, event.reason, event.message) == ("Warning", "ImagePullFailed", c["message"])
+
+
+@pytest.mark.parametrize(("problem", "says"), [
+    (PodProblem("ImageNotPresent", "p", "extraction", "extract", "x:1"), "set spec.extraction.image"),
+    (PodProblem("OOMKilled", "p", "extraction", "extract", memory="64Mi"),
+     "out of memory at its limit of 64Mi: raise spec.extraction.memory"),
+    (PodProblem("OOMKilled", "p", "generation", "ray-worker", memory="4Gi"),
+     "raise spec.generation.ray.memoryPerWorker"),
+    (PodProblem("Unschedulable", "p", "generation", detail="0/1 nodes: Insufficient cpu"),
+     "cannot be scheduled (0/1 nodes: Insufficient cpu): add node capacity"),
+])
+def test_pod_advice_names_the_field(problem: PodProblem, says: str) -> None:
+    assert says in pod_advice(problem)
