@@ -75,6 +75,15 @@ def test_extraction_job_is_indexed_on_gpus() -> None:
     assert "EYRIE_ATTEMPT" not in {e["name"] for e in c["env"]}
 
 
+def test_extraction_memory_is_each_pods_request_and_limit() -> None:
+    c = children.extraction_job("dg", "ns", spec(extraction__enabled=True, extraction__memory="48Gi"))[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 8, "memory": "48Gi"}, "requests": {"memory": "48Gi"}}
+    cpu = children.extraction_job("dg", "ns", spec(extraction__enabled=True, extraction__gpusPerPod=0))[
+        "spec"]["template"]["spec"]["containers"][0]
+    assert "resources" not in cpu
+
+
 def test_sglang_extraction_mounts_a_memory_dev_shm_that_holds_one_batch() -> None:
     """Containers get 64 MiB of /dev/shm; SGLang spools a whole batch there before eyrie reads it."""
     from eyrie.jobs.extract.layers import spool_bytes
