@@ -3,8 +3,8 @@
 # tests run, from Go modules at the versions pinned in versions.env, into
 # ${EYRIE_TESTBED_CACHE:-~/.cache/eyrie-testbed}/<component>-<version>/: etcd, kube-apiserver and
 # kube-controller-manager, the KubeRay operator, the Kueue controller and MinIO; and for the real node
-# (tests/cluster/node.py) kubelet, kube-proxy and kube-scheduler from the same k8s.io/kubernetes module, CoreDNS, and
-# the pod sandbox ("pause") binary from node/pause.go (keyed by its content). The tests read KubeRay's and
+# (tests/cluster/node.py) kubelet, kube-proxy and kube-scheduler from the same k8s.io/kubernetes module, and CoreDNS
+# (hack/images.sh builds the node's sandbox image). The tests read KubeRay's and
 # Kueue's CRDs (and Kueue's webhook manifests) from the Go module cache beside them. Kueue's cold build alone took
 # 63 min on a 2-core machine at load 20.
 # A warm machine returns in well under a second; nothing is written into the repository.
@@ -18,16 +18,15 @@ niceness=(nice -n 15)
 
 # build NAME VERSION MAIN_MODULE PACKAGE... : a throwaway module requiring MAIN_MODULE, so that the replace directives in
 # its own go.mod (which point into its source tree) do not apply; EXTRA_GOMOD is appended to that go.mod. With
-# MAIN_GO (a file) that file is the module's main package, built as bin/NAME instead of PACKAGE; MAIN_MODULE "-"
-# requires nothing (a main of the standard library alone).
+# MAIN_GO (a file) that file is the module's main package, built as bin/NAME instead of PACKAGE.
 build() {
   local name=$1 version=$2 module=$3; shift 3
   local dest="$cache/$name-$version"
   [[ -f "$dest/.done" ]] && return 0
   echo "testbed: building $name $version (once per machine)" >&2
   local src t0=$SECONDS; src="$(mktemp -d)"
-  local requires=""; [[ "$module" == - ]] || requires="require $module $version"
-  printf 'module eyrie.dev/testbed/%s\n\ngo 1.26\n\n%s\n%s\n' "$name" "$requires" "${EXTRA_GOMOD:-}" >"$src/go.mod"
+  printf 'module eyrie.dev/testbed/%s\n\ngo 1.26\n\nrequire %s %s\n%s\n' \
+    "$name" "$module" "$version" "${EXTRA_GOMOD:-}" >"$src/go.mod"
   local out="$dest/bin/"
   if [[ -n "${MAIN_GO:-}" ]]; then cp "$MAIN_GO" "$src/main.go"; set -- .; out="$dest/bin/$name"; fi
   mkdir -p "$dest/bin"
@@ -63,6 +62,3 @@ kubernetes kubernetes-node kubelet kube-proxy kube-scheduler
 
 # CoreDNS (cluster DNS for Service names), built with the plugins node/coredns.go names
 MAIN_GO="$here/node/coredns.go" build coredns "$COREDNS" github.com/coredns/coredns
-# the pod sandbox binary, keyed by its source (static: CGO_ENABLED=0)
-pause_src="$here/node/pause.go"
-MAIN_GO="$pause_src" build pause "$(sha256sum "$pause_src" | cut -c1-12)" -

@@ -44,7 +44,6 @@ import httpx
 import yaml
 
 from .testbed import (
-    BUILD_SCRIPT,
     CLUSTER_DOMAIN,
     PODS,
     SERVICE_CIDR,
@@ -104,14 +103,6 @@ def require_host() -> None:
 def node_binary(name: str) -> Path:
     """kubelet, kube-proxy, kube-scheduler: built from the control plane's k8s.io/kubernetes by build.sh."""
     return binary("kubernetes-node", name, version_key="KUBERNETES")
-
-
-def pause_binary() -> Path:
-    digest = hashlib.sha256((HERE / "node" / "pause.go").read_bytes()).hexdigest()[:12]
-    path = cache_dir() / f"pause-{digest}" / "bin" / "pause"
-    if not path.is_file():
-        raise TestbedMissing(f"{path} is missing: build the testbed first with `{BUILD_SCRIPT}` (once per machine)")
-    return path
 
 
 # --- OCI image archives (what `ctr images import` reads), for the images the node itself needs
@@ -184,11 +175,25 @@ def _cached_image(name: str, sources: list[Path], build: Any) -> tuple[str, Path
     return ref, dest
 
 
-def pause_image() -> tuple[str, Path]:
-    """The sandbox image containerd's sandbox_image names: node/pause.go's static binary, run as nobody."""
-    pause = pause_binary()
-    return _cached_image("pause", [pause], lambda dest, ref: oci_archive(
-        dest, ref, [Entry("/pause", pause.read_bytes())], {"Entrypoint": ["/pause"], "User": "65535:65535"}))
+def archive_image(archive: Path) -> tuple[str, str]:
+    """The name and manifest digest of the one image in an OCI archive (its index.json; an uncompressed tar, so only
+    the headers are read on the way)."""
+    with tarfile.open(archive) as tar:
+        f = tar.extractfile("index.json")
+        assert f is not None, f"{archive} has no index.json: not an OCI archive"
+        [manifest] = json.load(f)["manifests"]
+    ann = manifest.get("annotations") or {}
+    return ann.get("io.containerd.image.name") or ann["org.opencontainers.image.ref.name"], manifest["digest"]
+
+
+def sandbox_image() -> tuple[str, Path]:
+    """The sandbox ("pause") image containerd's sandbox_image names: Kubernetes' own pause, which hack/images.sh
+    compiles at the pinned version (no registry is reachable)."""
+    found = sorted((cache_dir() / "images").glob("pause-*.oci.tar"))
+    if not found:
+        raise TestbedMissing(f"no pause image under {cache_dir() / 'images'}: build it with `hack/images.sh pause` "
+                             "(once per machine; hack/test-deps.sh runs it)")
+    return archive_image(found[-1])[0], found[-1]
 
 
 def busybox_image() -> tuple[str, Path]:
@@ -412,7 +417,7 @@ class Node:
         self.link.create()
         self.link.expose(self.cp.api_port)
         self._cgroups_create()
-        sandbox_ref, sandbox = pause_image()
+        sandbox_ref, sandbox = sandbox_image()
         self._start_containerd(sandbox_ref)
         for archive in (sandbox, *images):
             self.import_image(archive)
@@ -545,14 +550,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     def import_image(self, archive: Path) -> str:
         """Import an OCI archive into containerd's k8s.io namespace (where the kubelet finds it; nothing is pulled)
         unless the image is there already from the same archive (same name, same manifest), and return its name."""
-        with tarfile.open(archive) as tar:  # an uncompressed tar: the headers are read, the blobs skipped
-            f = tar.extractfile("index.json")
-            assert f is not None, f"{archive} has no index.json: not an OCI archive"
-            [manifest] = json.load(f)["manifests"]
-        ann = manifest.get("annotations") or {}
-        name = ann.get("io.containerd.image.name") or ann["org.opencontainers.image.ref.name"]
+        name, digest = archive_image(archive)
         listed = self.ctr("images", "list").stdout.split("\n")
-        if not any(line.split()[:1] == [name] and manifest["digest"] in line for line in listed):
+        if not any(line.split()[:1] == [name] and digest in line for line in listed):
             self.ctr("images", "import", "--snapshotter=overlayfs", str(archive))
         self.images[name] = archive
         return name
