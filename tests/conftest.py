@@ -209,3 +209,14 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_sep("=", f"{len(nodes)} tests skipped for missing {what}", yellow=True)
         for node in nodes:
             terminalreporter.write_line(f"  {node}")
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config) -> None:
+    """SIGTERM ends a run as Ctrl-C does: pytest then tears down its fixtures, so every server they started is
+    stopped by its PID and the node's namespaces, links and cgroups are removed (a plain SIGTERM would leave them)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)

@@ -414,6 +414,8 @@ class Node:
         coredns = binary("coredns", "coredns")
         t0 = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
+        reap_stale_nodes()
+        self._record()
         self.link.create()
         self.link.expose(self.cp.api_port)
         self._cgroups_create()
@@ -424,10 +426,10 @@ class Node:
         self._start_kubelet(kubelet)
         wait_for(f"node {NODE_NAME} Ready", self._ready, timeout=90, every=0.25)
         self._cluster_dns()
-        self.procs.append(spawn("kube-proxy", self.link.in_netns(proxy, f"--config={self._proxy_config()}"),
-                                self.root / "kube-proxy.log"))
-        self.procs.append(spawn("coredns", self.link.in_netns(coredns, "-conf", self._corefile()),
-                                self.root / "coredns.log"))
+        self._spawn("kube-proxy", self.link.in_netns(proxy, f"--config={self._proxy_config()}"),
+                                self.root / "kube-proxy.log")
+        self._spawn("coredns", self.link.in_netns(coredns, "-conf", self._corefile()),
+                                self.root / "coredns.log")
         self._start_scheduler(scheduler)
         with httpx.Client(timeout=2) as c:
             wait_for("kube-proxy /healthz", lambda: self._check() or _ok(c, f"http://{self.ip}:{self._ports['proxy']}"
@@ -439,6 +441,24 @@ class Node:
                 c, f"https://127.0.0.1:{self._ports['scheduler']}/healthz"), timeout=60, every=0.25)
         self.started_in = time.monotonic() - t0
         return self
+
+    @property
+    def record(self) -> Path:
+        return RECORDS / f"node-{self.cp.api_port}.json"
+
+    def _record(self) -> None:
+        """What reap_stale_nodes needs to remove this node should its test process die without stopping it."""
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "owner": [os.getpid(), _start_time(os.getpid())], "api_port": self.cp.api_port, "root": str(self.root),
+            "cgroup_root": self.cgroup_root, "sock": str(self.sock), "control_plane": str(self.cp.root),
+            "pids": [[p.proc.pid, _start_time(p.proc.pid)] for p in (*self.cp.procs, *self.procs)]}))
+        tmp.rename(self.record)
+
+    def _spawn(self, name: str, argv: list[str | Path], log: Path) -> None:
+        self.procs.append(spawn(name, argv, log))
+        self._record()
 
     def _check(self) -> None:
         for p in self.procs:
@@ -493,6 +513,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   sandbox_image = "{sandbox_ref}"
   # root here lacks CAP_SYS_RESOURCE: the -998 the kubelet asks for each sandbox would be refused
   restrict_oom_score_adj = true
+  # the pods' network namespaces pinned under the state dir, not the host's /run/netns
+  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   disable_apparmor = true
@@ -521,28 +543,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         # a mount namespace of its own (the kubelet joins it): enters the node's network namespace, shows the kubelet
         # its kernel settings, then becomes containerd
         script = "".join(fakes) + f'exec containerd --config "{d / "config.toml"}"'
-        self.procs.append(spawn("containerd", self.link.in_netns(
-            "unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script), self.root / "containerd.log"))
+        self._spawn("containerd", self.link.in_netns(
+            "unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script), self.root / "containerd.log")
         wait_for("containerd's socket", lambda: self.procs[-1].check() or (
             self.sock.exists() and self.ctr("version", check=False).returncode == 0), timeout=60, every=0.2)
         self._remove_containers()  # a node killed before its stop left them in the kept root
 
-    def _remove_containers(self) -> tuple[list[str], set[Path]]:
-        """Kill and delete every container of this containerd; returns their ids and the files their pods' network
-        namespaces were mounted on."""
+    def _remove_containers(self) -> list[str]:
+        """Kill and delete every container of this containerd; returns their ids."""
         cids = self.containers()
-        netns: set[Path] = set()
-        for cid in cids:
-            with suppress(ValueError, KeyError):
-                spec = json.loads(self.ctr("containers", "info", cid, check=False).stdout)["Spec"]
-                netns.update(Path(n["path"]) for n in spec["linux"]["namespaces"]
-                             if n["type"] == "network" and n.get("path"))
         for task in self.ctr("tasks", "list", "--quiet", check=False).stdout.split():
             self.ctr("tasks", "kill", "--signal=SIGKILL", task, check=False)
         for cid in cids:
             self.ctr("tasks", "delete", "--force", cid, check=False)
             self.ctr("containers", "delete", cid, check=False)
-        return cids, netns
+        return cids
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run("ctr", f"--address={self.sock}", "--namespace=k8s.io", *args, check=check, timeout=timeout)
@@ -583,11 +598,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
         }))
         mntns = f"/proc/{self.procs[0].proc.pid}/ns/mnt"  # containerd's: the kubelet's volumes are its mounts
-        self.procs.append(spawn("kubelet", [
+        self._spawn("kubelet", [
             "nsenter", f"--mount={mntns}", f"--net=/run/netns/{self.link.netns}", "--", kubelet,
             f"--config={config}", f"--kubeconfig={self.kubeconfig('kubelet')}", f"--root-dir={d / 'root'}",
             f"--cert-dir={d / 'pki'}", f"--hostname-override={NODE_NAME}", f"--node-ip={self.ip}", "--v=1",
-        ], self.root / "kubelet.log"))
+        ], self.root / "kubelet.log")
 
     def _ready(self) -> bool:
         self._check()
@@ -668,11 +683,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _start_scheduler(self, scheduler: Path) -> None:
         cfg = self.kubeconfig("kube-scheduler", inside=False)
-        self.procs.append(spawn("kube-scheduler", [
+        self._spawn("kube-scheduler", [
             scheduler, f"--kubeconfig={cfg}", f"--authentication-kubeconfig={cfg}",
             f"--authorization-kubeconfig={cfg}", "--leader-elect=false", "--bind-address=127.0.0.1",
             f"--secure-port={self._ports['scheduler']}", f"--cert-dir={self.root / 'scheduler-certs'}", "--v=1",
-        ], self.root / "kube-scheduler.log"))
+        ], self.root / "kube-scheduler.log")
 
     # --- what tests ask of it
 
@@ -697,26 +712,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             if name in by_name:
                 by_name[name].stop()
         cids: list[str] = []
-        netns: set[Path] = set()
         if containerd is not None and alive:
-            cids, netns = self._remove_containers()
+            cids = self._remove_containers()
             containerd.stop()
-        self._kill_leftovers()
+        _kill_node_processes(self.cgroup_root, self.sock)
         self.procs.clear()
         if self.store is not None and self.store_lock is not None:  # what the CRI kept of deleted pods
             for kept in ("sandboxes", "containers"):
                 shutil.rmtree(self.store / "io.containerd.grpc.v1.cri" / kept, ignore_errors=True)
             self.store_lock.close()
             self.store_lock = None
-        self._cgroups_remove()
+        _remove_cgroups(self.cgroup_root)
         self.link.delete()
-        # what lives on the host's filesystem: the files the pods' network namespaces were mounted on (the mounts were
-        # in containerd's mount namespace, gone with it), the CNI plugins' cache of what they set up, the kubelet's
-        # links into its podLogsDir
-        mounted = Path("/proc/self/mountinfo").read_text()
-        for path in netns:
-            if f" {path} " not in mounted and path.parent in (Path("/run/netns"), Path("/var/run/netns")):
-                path.unlink(missing_ok=True)
+        # what lives on the host's filesystem outside the node's root: the CNI plugins' cache of what they set up,
+        # the kubelet's links into its podLogsDir
         for cache in Path("/var/lib/cni/results").glob("*"):
             if cache.name.startswith(f"{self.link.netns}-") or any(cid in cache.name for cid in cids):
                 cache.unlink(missing_ok=True)
@@ -725,6 +734,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 if str(log.readlink()).startswith(str(self.root)):
                     log.unlink()
         shutil.rmtree(self.root, ignore_errors=True)
+        self.record.unlink(missing_ok=True)
 
     def _drain(self) -> None:
         """Delete every pod at once and wait (a while) for the kubelet to stop their containers and sandboxes."""
@@ -733,39 +743,79 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         wait_for("the kubelet to stop every pod", lambda: not self.ctr("tasks", "list", "--quiet").stdout.split(),
                  timeout=30, every=0.25)
 
-    def _kill_leftovers(self) -> None:
-        """Processes of this node that outlived containerd: its shims (which name its socket) and anything left in
-        its pods' cgroups."""
-        pids = set()
-        for hierarchy in _cgroup_hierarchies():
-            for procs in (hierarchy / self.cgroup_root).rglob("cgroup.procs"):
-                with suppress(OSError):
-                    pids.update(int(p) for p in procs.read_text().split())
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                with suppress(OSError):
-                    if f"-address\0{self.sock}\0".encode() in (proc / "cmdline").read_bytes():
-                        pids.add(int(proc.name))
-        for pid in pids:
-            with suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        wait_for("the node's leftover processes to exit", lambda: not any(Path(f"/proc/{p}").exists()
-                                                                            for p in pids), timeout=30)
 
-    def _cgroups_remove(self) -> None:
-        for hierarchy in _cgroup_hierarchies():
-            top = hierarchy / self.cgroup_root
-            if not top.exists():
-                continue
-            for d in [*sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), top]:
-                for _ in range(50):  # a cgroup whose last task just died is busy for a moment
-                    try:
-                        d.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+def _kill_node_processes(cgroup_root: str, sock: Path, recorded: Iterable[tuple[int, str]] = ()) -> None:
+    """Kill what a node started that is still alive: the processes `recorded` (pid, start time: a pid the kernel
+    reused since is someone else's), containerd's shims (which name its socket) and anything in its pods' cgroups."""
+    pids = {pid for pid, started in recorded if _start_time(pid) == started}
+    for hierarchy in _cgroup_hierarchies():
+        for procs in (hierarchy / cgroup_root).rglob("cgroup.procs"):
+            with suppress(OSError):
+                pids.update(int(p) for p in procs.read_text().split())
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with suppress(OSError):
+                if f"-address\0{sock}\0".encode() in (proc / "cmdline").read_bytes():
+                    pids.add(int(proc.name))
+    for pid in pids:
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for("the node's leftover processes to exit", lambda: not any(Path(f"/proc/{p}").exists() for p in pids),
+             timeout=30)
+
+
+def _remove_cgroups(cgroup_root: str) -> None:
+    for hierarchy in _cgroup_hierarchies():
+        top = hierarchy / cgroup_root
+        if not top.exists():
+            continue
+        for d in [*sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)), top]:
+            for _ in range(50):  # a cgroup whose last task just died is busy for a moment
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (field 22 of /proc/PID/stat): with the pid, what names one process for good."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+RECORDS = Path("/run/eyrie-testbed")
+
+
+def reap_stale_nodes() -> list[str]:
+    """Remove what nodes whose test process died without stopping them (SIGKILL, a crash) left behind: their
+    processes and their control plane's, cgroups, veth, network namespace, forwarding rules and files, as each node's
+    record (RECORDS/node-PORT.json, written as it starts) names them. Returns the records reaped."""
+    reaped = []
+    for record in sorted(RECORDS.glob("node-*.json")):
+        try:
+            doc = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        owner, started = doc["owner"]
+        if _start_time(owner) == started:
+            continue  # its test process is alive: the node is in use
+        _kill_node_processes(doc["cgroup_root"], Path(doc["sock"]), [tuple(p) for p in doc["pids"]])
+        _remove_cgroups(doc["cgroup_root"])
+        link = Link(doc["api_port"])
+        link.created = True
+        link.delete()
+        for cache in Path("/var/lib/cni/results").glob(f"{link.netns}-*"):
+            cache.unlink(missing_ok=True)
+        shutil.rmtree(doc["root"], ignore_errors=True)
+        shutil.rmtree(doc["control_plane"], ignore_errors=True)
+        record.unlink(missing_ok=True)
+        reaped.append(record.name)
+    return reaped
 
 
 def _cgroup_hierarchies() -> list[Path]:

@@ -8,12 +8,14 @@ import ipaddress
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .node import NODE_NAME, NODES, SERVICES, Node, busybox_image, run, running_node
+from .node import NODE_NAME, NODES, RECORDS, SERVICES, Link, Node, busybox_image, reap_stale_nodes, run, running_node
 from .testbed import KUBERNETES_SERVICE_IP, PODS, ControlPlane, versions, wait_for
 
 
@@ -156,6 +158,7 @@ def test_a_stopped_node_leaves_no_process_namespace_link_rule_cgroup_mount_or_fi
         netns = {Path(ns["path"]) for c in containers for ns in json.loads(n.ctr("containers", "info", c).stdout)[
             "Spec"]["linux"]["namespaces"] if ns["type"] == "network" and "/netns/" in ns.get("path", "")}
         assert len(netns) == 1 and next(iter(netns)).exists(), netns
+        assert next(iter(netns)).is_relative_to(root), netns  # not the host's /run/netns
         pids = [p.proc.pid for p in n.procs]
         link, cgroup_root, sock = n.link, n.cgroup_root, n.sock
     from .node import _cgroup_hierarchies
@@ -172,3 +175,36 @@ def test_a_stopped_node_leaves_no_process_namespace_link_rule_cgroup_mount_or_fi
     assert not any((h / cgroup_root).exists() for h in _cgroup_hierarchies())
     assert str(root) not in Path("/proc/self/mountinfo").read_text()
     assert list(root.iterdir()) == []
+    assert not (RECORDS / f"node-{link.api_port}.json").exists()
+
+
+def test_a_node_whose_test_process_died_is_reaped_by_the_next(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A test process killed with SIGKILL stops nothing: the next node to start finds its record, sees its owner
+    dead, and removes what it left (processes, cgroups, veth, namespace, rules, files)."""
+    root = tmp_path_factory.mktemp("node-orphan")
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+from cluster import node
+from pathlib import Path
+with node.running_node(Path({str(root)!r})) as n:
+    print(n.cp.api_port, flush=True)
+    time.sleep(3600)
+"""
+    orphan = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        port = int(orphan.stdout.readline())  # its node is up
+    finally:
+        orphan.kill()  # SIGKILL: no teardown
+        orphan.wait(30)
+    doc = json.loads((RECORDS / f"node-{port}.json").read_text())
+    pids = [pid for pid, _ in doc["pids"]]
+    link = Link(port)
+    assert link.netns in run("ip", "netns", "list").stdout and any(Path(f"/proc/{p}").exists() for p in pids)
+    assert reap_stale_nodes() == [f"node-{port}.json"]
+    assert not any(Path(f"/proc/{p}").exists() for p in pids)
+    assert link.netns not in run("ip", "netns", "list").stdout
+    assert link.host_if not in run("ip", "-o", "link").stdout and link.chain not in run("iptables", "-t", "nat",
+                                                                                          "-S").stdout
+    assert not (root / "node").exists()
