@@ -1,7 +1,7 @@
 """The README's picture of the report: `docs/report.png`, taken from a real run's page in headless
 Chromium (the tests' CDP client), cropped to the plots of spend and tool semantics.
 
-    eyrie run examples/quickstart.yaml && python hack/readme_screenshot.py eyrie-out/quickstart
+    eyrie run examples/quickstart.yaml && python hack/readme_screenshot.py examples/eyrie-out/quickstart
 """
 
 from __future__ import annotations

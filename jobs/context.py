@@ -1,5 +1,5 @@
 """What a run is told by whoever starts it, read once at start-up: the operator's attempt and uid,
-and the API key. Nothing else in eyrie reads these from the environment."""
+the fingerprint a user accepted, and the API key. Nothing else in eyrie reads these from the environment."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ class RunContext:
     attempt: str  # EYRIE_ATTEMPT from the operator; a local run makes one up
     run_id: str | None = None  # EYRIE_RUN_ID: the DatasetGeneration's uid
     api_key: str | None = field(default=None, repr=False)  # never printed
+    # EYRIE_ACCEPT_FINGERPRINT: the operator passes the new fingerprint's id a user accepted (the
+    # annotation eyrie.dev/accept-fingerprint); `eyrie run --accept-changed FIELD...` is the local way
+    accept_fingerprint: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> RunContext:
         attempt = environ.get("EYRIE_ATTEMPT") or (
             f"local-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}")
-        return cls(attempt=attempt, run_id=environ.get("EYRIE_RUN_ID") or None, api_key=api_key_from_env(environ))
+        return cls(attempt=attempt, run_id=environ.get("EYRIE_RUN_ID") or None, api_key=api_key_from_env(environ),
+                   accept_fingerprint=environ.get("EYRIE_ACCEPT_FINGERPRINT") or None)

@@ -6,15 +6,16 @@ does the work; this module decides which stages a spec needs and records where t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 
 import orjson
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.fingerprint import bind_output
 from eyrie.jobs.contract.manifest import finalize_manifest
-from eyrie.jobs.contract.progress import Outcome, Stage, mark_stage, write_progress
+from eyrie.jobs.contract.progress import Outcome, Stage, mark_stage, now_iso, write_progress
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
 
@@ -44,14 +45,21 @@ def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
 def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, inline: bool = False,
                on_progress: Callable[[dict], None] | None = None,
                notify: Callable[[str], None] = lambda _msg: None,
-               on_audit: Callable[[dict], None] | None = None) -> tuple[Outcome, str]:
+               on_audit: Callable[[dict], None] | None = None,
+               accept_changed: Sequence[str] = ()) -> tuple[Outcome, str]:
     """generate -> samples (needs target.tokenizer) -> extract (needs extraction.enabled) -> manifest.
     `notify` receives notes for the user (warnings, a skipped audit), `on_progress` live snapshots and
-    `on_audit` the audit's table (tools.mode audit)."""
+    `on_audit` the audit's table (tools.mode audit). An output whose answers were bought under another
+    fingerprint is refused before anything is sent, the audit included (`accept_changed`: the fields
+    whose change the user accepts)."""
     from eyrie.jobs.generate.driver import run_generation
 
     spec = dg.spec
     store = open_output(spec)
+    binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
+                          now=now_iso())
+    if note := binding.note():
+        notify(note)
     if spec.tools.mode == "text":
         notify(f"warning: {TEXT_MODE_WARNING}")
     with ExitStack() as stack:
@@ -65,7 +73,8 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
                     on_audit(doc)
             except AuditError as e:
                 notify(f"audit skipped: {e}")
-        result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress, notify=notify)
+        result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress, notify=notify,
+                                binding=binding)
     snap = {k: v for k, v in result.snapshot.items() if k not in ("outcome", "message")}
 
     def mark(stage: Stage, outcome: Outcome, message: str = "") -> None:

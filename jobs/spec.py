@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -114,7 +115,8 @@ class SourceSpec(Model):
     """One prompt set. Rows are read in file order; `limit` caps how many are taken."""
 
     name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$", description="Unique source name.")
-    uri: str = Field(description="file://, s3:// or a local path to .jsonl, .jsonl.gz or .parquet.")
+    uri: str = Field(description="file://, s3:// or a local path (a relative one is taken next to the spec file) "
+                     "to .jsonl, .jsonl.gz or .parquet.")
     format: Literal["openai", "sharegpt", "glaive"] = Field(
         default="openai", description="Row format: openai (messages [+ tools]), sharegpt, glaive."
     )
@@ -656,12 +658,25 @@ class CredentialsRef(Model):
 
 
 class OutputSpec(Model):
-    uri: str = Field(description="s3://bucket/prefix or file:///path (a local path is accepted).")
+    uri: str = Field(description="s3://bucket/prefix, file:///path, or a local path (a relative one is "
+                     "taken next to the spec file, like sources).")
     endpoint: str | None = Field(default=None, description="S3 endpoint, e.g. http://minio.minio.svc:9000.")
     region: str | None = None
     """S3 region, where the store needs one."""
     credentials_secret_ref: CredentialsRef | None = None
     """Secret with the S3 credentials (in cluster); locally EYRIE_S3_ACCESS_KEY/SECRET_KEY."""
+    _relative: str | None = PrivateAttr(default=None)  # the relative path the spec file gave (load_spec)
+
+    def earlier_location(self) -> Path | None:
+        """Where a relative path from a spec file used to lead (the current directory, before outputs
+        resolved next to the spec like sources), when an output is there and none is here."""
+        if self._relative is None:
+            return None
+        old = Path(self._relative).resolve()
+        here = Path(self.uri)
+        if old == here or not (old / "progress.json").exists() or (here / "progress.json").exists():
+            return None
+        return old
 
     @field_validator("uri")
     @classmethod
@@ -753,9 +768,15 @@ class Condition(Model):
 
 class SampleCounts(Model):
     total: int = 0
+    """Prompts (conversations with generation.turns: all) in the sources."""
     done: int = 0
-    dropped: int = 0
+    """Answered and kept."""
+    rejected: int = 0
+    """Never sent: a row that does not parse or whose tools do not (unpaid); listed in samples/bad_rows.jsonl."""
+    discarded: int = 0
+    """Answered and paid, then excluded by tools.onInvalidCall: drop (their cost: progress.json discardedUSD)."""
     failed: int = 0
+    """Sent, and failed after retries (by error type in progress.json failures)."""
 
 
 class TokenCounts(Model):
@@ -914,10 +935,15 @@ def load_spec(path: str | Path) -> DatasetGeneration:
     dg = parse_spec(docs[0])
     if dg.metadata.name is None:
         dg.metadata.name = p.stem
-    # a relative source path means "next to the spec file", as users of examples expect
+    # a relative source or output path means "next to the spec file", wherever eyrie runs from:
+    # `cd examples && eyrie run x.yaml` and `eyrie run examples/x.yaml` read and write the same files
     for src in dg.spec.sources:
         if "://" not in src.uri and not Path(src.uri).is_absolute():
             src.uri = str((p.parent / src.uri).resolve())
+    out = dg.spec.output
+    if "://" not in out.uri and not Path(out.uri).expanduser().is_absolute():
+        out._relative = out.uri
+        out.uri = str((p.parent / out.uri).resolve())
     ex = dg.spec.extraction
     if isinstance(ex.layers, str) and ex.layers.startswith("specforge:"):
         ref = ex.layers.removeprefix("specforge:")

@@ -181,10 +181,13 @@ def secret_env(spec: DatasetGenerationSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _env(spec: DatasetGenerationSpec, attempt: str | None, uid: str = "") -> list[dict[str, Any]]:
+def _env(spec: DatasetGenerationSpec, attempt: str | None, uid: str = "",
+         accept_fingerprint: str | None = None) -> list[dict[str, Any]]:
     env = [{"name": "EYRIE_ATTEMPT", "value": attempt}] if attempt is not None else []
     if uid:
         env.append({"name": "EYRIE_RUN_ID", "value": uid})
+    if accept_fingerprint:  # the user accepted this spec's new fingerprint (annotation eyrie.dev/accept-fingerprint)
+        env.append({"name": "EYRIE_ACCEPT_FINGERPRINT", "value": accept_fingerprint})
     if spec.output.endpoint:
         env.append({"name": "EYRIE_S3_ENDPOINT", "value": spec.output.endpoint})
     return env + secret_env(spec)
@@ -197,13 +200,14 @@ def _spec_volume(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
-           parent_labels: dict[str, str] | None = None, uid: str = "") -> dict[str, Any]:
+           parent_labels: dict[str, str] | None = None, uid: str = "",
+           accept_fingerprint: str | None = None) -> dict[str, Any]:
     """A KubeRay RayJob running the generation job on its own cluster, torn down when it ends."""
     ray = spec.generation.ray
     if not ray.image:
         raise ChildSpecError("spec.generation.ray.image", "required when generation.ray.mode is RayJob")
     volume, mount = _spec_volume(name)
-    env = _env(spec, attempt, uid)
+    env = _env(spec, attempt, uid, accept_fingerprint)
     worker_resources: dict[str, Any] = {"cpu": str(ray.cpus_per_worker)}
     if ray.memory_per_worker:
         worker_resources["memory"] = ray.memory_per_worker

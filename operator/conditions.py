@@ -12,6 +12,7 @@ from typing import Any, Literal
 # Condition types this operator writes (one place, so tests and docs use the same words).
 SECRETS_READY = "SecretsReady"
 OUTPUT_REACHABLE = "OutputReachable"
+OUTPUT_MATCHES_SPEC = "OutputMatchesSpec"  # the output's answers were bought under this spec's fingerprint
 QUEUED = "Queued"
 SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"

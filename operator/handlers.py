@@ -21,6 +21,8 @@ import kopf
 import orjson
 
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION
+from eyrie.jobs.contract.fingerprint import read_doc as read_fingerprint
 from eyrie.jobs.contract.manifest import finalize_manifest
 from eyrie.jobs.contract.progress import Outcome, ProgressError, parse_progress
 from eyrie.jobs.errors import EyrieError
@@ -133,6 +135,7 @@ class OutputState:
     extraction_bytes: int
     fidelity: dict[str, Any] | None = None
     report_url: str | None = None
+    fingerprint: dict[str, Any] | None = None
 
 
 def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
@@ -156,7 +159,7 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
         n = children.extraction_count(spec)
         summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
     report_url = store.url(layout.REPORT) if store.exists(layout.REPORT) else None
-    return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url)
+    return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url, read_fingerprint(store))
 
 
 async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
@@ -206,7 +209,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             problems += pod_problems(await kube.pods(ns, f"batch.kubernetes.io/job-name={ext.name}"), "extraction")
 
     # progress after the children: what it says is at least as fresh as their status
-    prog = error = manifest = fidelity = report = None
+    prog = error = manifest = fidelity = report = bound = None
     summaries = nbytes = 0
     output_checked = not (spec.output.credentials_secret_ref and creds is None)
     if output_checked:
@@ -217,7 +220,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             out = await asyncio.to_thread(_read_output, store, spec)
             prog = parse_progress(out.progress) if out.progress is not None else None
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
-            fidelity, report = out.fidelity, out.report_url
+            fidelity, report, bound = out.fidelity, out.report_url, out.fingerprint
         except (StoreError, ProgressError, orjson.JSONDecodeError) as e:
             error = f"spec.output.uri: {e}"
     return Observation(
@@ -226,7 +229,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         configmap_data=memo.configmaps[cm_key], generation_children=tuple(gens), extraction=ext,
         missing_secrets=tuple(missing), progress=prog, progress_error=error, output_checked=output_checked,
         manifest_uri=manifest, report_uri=report, summaries_done=summaries, extraction_bytes=nbytes,
-        fidelity=fidelity,
+        fidelity=fidelity, fingerprint_doc=bound,
+        accept_fingerprint=(meta.get("annotations") or {}).get(ACCEPT_ANNOTATION),
         stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""), pod_problems=tuple(problems))
 
 
@@ -300,6 +304,8 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
             else:
                 sid = children.submission_id(ns, name, action.attempt)
                 env = await _submit_env(kube, ns, spec, action.attempt, str(meta.get("uid") or ""))
+                if action.accept_fingerprint:
+                    env["EYRIE_ACCEPT_FINGERPRINT"] = action.accept_fingerprint
                 spec_yaml = children.resolved_spec_yaml(name, ns, spec)
                 assert spec.generation.ray.address is not None  # the spec model requires it for Submit
                 await asyncio.to_thread(_submit, spec.generation.ray.address, sid, spec_yaml, env)

@@ -15,12 +15,15 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from eyrie.jobs.contract.fidelity import status_fidelity
+from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, current_fields, diff, fingerprint
+from eyrie.jobs.contract.money import brief, dollars
 from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, Progress
 from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 
 from . import children, conditions
 from .conditions import (
     FAILED,
+    OUTPUT_MATCHES_SPEC,
     OUTPUT_REACHABLE,
     PODS_HEALTHY,
     PROVIDERS_CHECKED,
@@ -109,6 +112,8 @@ class Observation:
     summaries_done: int = 0
     extraction_bytes: int = 0  # from the manifest once extraction is merged into it
     fidelity: dict[str, Any] | None = None  # the manifest's fidelity section, once it exists
+    fingerprint_doc: dict[str, Any] | None = None  # <output>/fingerprint.json: what its answers were bought under
+    accept_fingerprint: str | None = None  # annotation eyrie.dev/accept-fingerprint: a new fingerprint accepted
     stop_grace: float = STOP_GRACE_SECONDS
     uid: str = ""  # metadata.uid: attempts are numbered per object, so outcomes carry it too
     pod_problems: tuple[PodProblem, ...] = ()  # of the current generation child's and the extraction Job's pods
@@ -126,6 +131,7 @@ class ApplyConfigMap:
 class CreateGeneration:
     attempt: str
     body: dict[str, Any] | None  # the RayJob; None in Submit mode (the handler submits to Ray)
+    accept_fingerprint: str | None = None  # passed to the job (EYRIE_ACCEPT_FINGERPRINT)
 
 
 @dataclass(frozen=True)
@@ -198,15 +204,16 @@ def _counts(obs: Observation) -> dict[str, Any]:
     st = obs.status
     p = obs.progress
     out: dict[str, Any] = {
-        "spentUSD": str(p.spent) if p else st.get("spentUSD", "0"),
-        "reservedUSD": str(p.reserved) if p else st.get("reservedUSD", "0"),
+        # rounded for `kubectl get dsg` (up: never below the spend); progress.json keeps every digit
+        "spentUSD": brief(p.spent) if p else st.get("spentUSD", "0"),
+        "reservedUSD": brief(p.reserved) if p else st.get("reservedUSD", "0"),
     }
     if p and p.forecast is not None:
-        out["forecastUSD"] = str(p.forecast)
+        out["forecastUSD"] = brief(p.forecast)
     elif "forecastUSD" in st:
         out["forecastUSD"] = st["forecastUSD"]
     if p:
-        out["samples"] = {k: p.samples.get(k, 0) for k in ("total", "done", "dropped", "failed")}
+        out["samples"] = {k: p.samples.get(k, 0) for k in ("total", "done", "rejected", "discarded", "failed")}
         out["tokens"] = {k: p.tokens.get(k, 0) for k in ("input", "output")}
         tools = p.tools
         out["tools"] = {"declaredPrompts": int(tools.get("declaredPrompts", 0)),
@@ -231,7 +238,7 @@ def _counts(obs: Observation) -> dict[str, Any]:
 
 
 def _budget_message(spent: Decimal, budget: Decimal) -> str:
-    return (f"spent {spent} USD of the {budget} USD budget (spec.budget.maxUSD); raise "
+    return (f"spent {dollars(spent)} of the {dollars(budget)} budget (spec.budget.maxUSD); raise "
             "spec.budget.maxUSD and set spec.suspend: false to resume")
 
 
@@ -521,14 +528,16 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                 can_start: bool) -> Decision:
     """The generation child of the current attempt: create it, or read its state into the phase."""
     obs = p.obs
+    accepted = _output_binding(p, running=child is not None and child.running)
     if child is None:
         p.cond(QUEUED, False, "NotQueued")
-        if not can_start:
+        if not can_start or accepted is False:
             return Decision(p.actions, p.status("Pending", attempt))
+        accept = accepted if isinstance(accepted, str) else None
         body = None
         if obs.spec.generation.ray.mode == "RayJob":
-            body = children.rayjob(obs.name, obs.namespace, obs.spec, attempt, obs.labels, obs.uid)
-        p.actions.append(CreateGeneration(attempt, body))
+            body = children.rayjob(obs.name, obs.namespace, obs.spec, attempt, obs.labels, obs.uid, accept)
+        p.actions.append(CreateGeneration(attempt, body, accept))
         return Decision(p.actions, p.status("Pending", attempt))
     if child.state == "Failed":
         return _fail(p, attempt, child.reason or "GenerationJobFailed",
@@ -546,6 +555,40 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                  and prog.samples.get("done", 0) < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
     return Decision(p.actions, p.status(phase, attempt))
+
+
+def _output_binding(p: _Pass, running: bool) -> bool | str:
+    """OutputMatchesSpec: may a new attempt write into the output? False when the spec's fingerprint
+    differs from the one the output's answers were bought under and the user has not accepted it
+    (no child is created: a job would only refuse, exit 2, and fail); the accepted fingerprint's id
+    (passed to the job) when they have; True when nothing changed. The running attempt, if any, goes
+    on with the spec it started with."""
+    obs = p.obs
+    fp = fingerprint(obs.spec)
+    stored = current_fields(obs.fingerprint_doc)
+    changes = diff(stored, fp.fields) if stored is not None else []
+    prog = obs.progress
+    persisted = prog is None or sum(prog.samples.get(k, 0) for k in ("done", "rejected", "discarded", "failed")) > 0
+    if not changes or not persisted:
+        p.cond(OUTPUT_MATCHES_SPEC, True, "FingerprintMatches")
+        return True
+    what = "; ".join(f"spec.{c.describe()}" for c in changes)
+    if obs.accept_fingerprint == fp.id:
+        p.cond(OUTPUT_MATCHES_SPEC, True, "ChangeAccepted",
+               f"accepted ({ACCEPT_ANNOTATION}={fp.id}): {what}; earlier answers keep fingerprint "
+               f"{obs.fingerprint_doc.get('current') if obs.fingerprint_doc else None}, new ones are labelled {fp.id}")
+        return fp.id
+    message = (f"the output's answers were bought under another spec: {what}. "
+               + ("The running attempt goes on with the spec it started with; a new attempt "
+                  if running else "No new attempt ")
+               + f"starts until you either restore those fields, write to a new output (a new DatasetGeneration "
+               f"with another spec.output.uri), or keep the answers and label new ones with the new fingerprint: "
+               f"kubectl annotate dsg {obs.name} {ACCEPT_ANNOTATION}={fp.id}")
+    prev = conditions.find(p.prev, OUTPUT_MATCHES_SPEC)
+    if not (prev and prev.get("status") == "False" and prev.get("message") == message):
+        p.actions.append(Event("Warning", "SpecChanged", message))
+    p.cond(OUTPUT_MATCHES_SPEC, False, "SpecChanged", message)
+    return False
 
 
 def _waiting(obs: Observation, child: str) -> str:

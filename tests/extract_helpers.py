@@ -25,7 +25,7 @@ def samples_parquet(rows: Sequence[tuple[str, list[int], list[int]]], turns: Seq
         "source": ["src"] * len(rows),
         "input_ids": [r[1] for r in rows], "loss_mask": [r[2] for r in rows],
         "n_tokens": [len(r[1]) for r in rows], "flags": [[] for _ in rows],
-        "provider": [None] * len(rows), "segments": [None] * len(rows),
+        "provider": [None] * len(rows), "segments": [None] * len(rows), "fingerprint": [None] * len(rows),
     }, schema=SAMPLES_SCHEMA)
     buf = io.BytesIO()
     pq.write_table(table, buf)

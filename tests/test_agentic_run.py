@@ -110,7 +110,7 @@ def test_three_tool_calls_regenerated_turn_by_turn_with_spliced_results_under_th
     assert prog["agentic"]["conversations"] == 4 and prog["agentic"]["turnsRegenerated"] == 24
     assert prog["agentic"]["splicedToolResults"] == sum(
         x["agentic"]["spliced"] for recs in convs.values() for x in recs) >= 12
-    assert prog["samples"] == {"total": 4, "done": 4, "dropped": 0, "failed": 0}  # conversations
+    assert prog["samples"] == {"total": 4, "done": 4, "rejected": 0, "discarded": 0, "failed": 0}  # conversations
 
 
 def test_divergence_stop_ends_the_conversation_and_keep_original_flags_the_rest(tmp_path):

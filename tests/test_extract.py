@@ -628,8 +628,8 @@ def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp
     store = open_store(out)
     for shard in range(2):
         put_samples(store, shard, random_rows(shard, 3, VOCAB, seed=shard))
-    write_progress(store, {"samples": {"total": 6, "done": 6, "dropped": 0, "failed": 0}}, "1", Stage.SAMPLES,
-                   outcome=Outcome.DONE)
+    write_progress(store, {"samples": {"total": 6, "done": 6, "rejected": 0, "discarded": 0, "failed": 0}}, "1",
+                   Stage.SAMPLES, outcome=Outcome.DONE)
     publish(store)  # as the generation job (`eyrie run --until samples`) ends
     stale = store.get(layout.REPORT).decode()
     assert "engine / dtype" not in stale and "scored by the target model" not in stale

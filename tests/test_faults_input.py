@@ -106,7 +106,7 @@ def test_hostile_rows_are_recorded_with_a_reason_and_never_paid(tmp_path, monkey
         args = args["inner"]
     assert isinstance(args, str) and by_row[6]["checks"]["invalidCalls"] == 0
     prog = progress(store)
-    assert prog["samples"] == {"total": 10, "done": 4, "dropped": 6, "failed": 0}
+    assert prog["samples"] == {"total": 10, "done": 4, "rejected": 6, "discarded": 0, "failed": 0}
     assert Decimal(prog["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs) <= Decimal("5.00")
 
 

@@ -123,7 +123,7 @@ def test_progress_after_lost_workers_counts_each_sample_once(lost_workers):
     store = open_store(lost_workers.out)
     recs = persisted(store)
     prog = progress(store)
-    assert prog["samples"] == {"total": N, "done": N, "dropped": 0, "failed": 0}
+    assert prog["samples"] == {"total": N, "done": N, "rejected": 0, "discarded": 0, "failed": 0}
     assert prog["tokens"]["output"] == sum(r["usage"]["completion_tokens"] for r in recs)
 
 

@@ -62,7 +62,7 @@ def test_each_retryable_fault_at_30_percent_is_retried_and_paid_once(tmp_path, m
     spent = Decimal(progress(store)["spentUSD"])
     assert spent == Decimal(stats["billedUSD"]) == spent_sum(recs) <= Decimal("5.00")
     assert stats["completed"] == N
-    assert progress(store)["samples"] == {"total": N, "done": N, "dropped": 0, "failed": 0}
+    assert progress(store)["samples"] == {"total": N, "done": N, "rejected": 0, "discarded": 0, "failed": 0}
     assert progress(store)["retries"] == injected
     assert by_row[0]["request"]["tools"][0]["function"]["name"] == "get_weather"
 
@@ -126,7 +126,7 @@ def test_provider_slower_than_the_timeout_gives_failed_records_with_a_reason(tmp
         assert "0.4s" in r["error"]["message"]
     assert stats["requests"] == 12 and stats["completed"] == 0 and Decimal(stats["billedUSD"]) == 0
     prog = progress(store)
-    assert prog["samples"] == {"total": 6, "done": 0, "dropped": 0, "failed": 6}
+    assert prog["samples"] == {"total": 6, "done": 0, "rejected": 0, "discarded": 0, "failed": 6}
     assert Decimal(prog["spentUSD"]) == 0 and Decimal(prog["reservedUSD"]) == 0
 
 
@@ -204,7 +204,8 @@ def test_moderated_prompts_at_30_percent_fail_alone_and_the_run_finishes(tmp_pat
         assert r["error"]["details"]["reasons"] == ["harassment"]
         assert r["error"]["details"]["flagged_input"].startswith("Fault suite question")
     prog = progress(store)
-    assert prog["samples"] == {"total": N, "done": N - flagged, "dropped": 0, "failed": flagged}
+    assert prog["samples"] == {"total": N, "done": N - flagged, "rejected": 0, "discarded": 0,
+                              "failed": flagged}
     assert prog["failures"] == {"moderation": flagged}
     assert Decimal(prog["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
 

@@ -47,8 +47,8 @@ def test_nothing_left_projects_the_spend_and_no_answers_project_nothing_more():
 def test_the_message_says_what_to_change():
     f = project(Decimal("1"), stats(["0.2", "0.4"]), prompts_left=100)
     msg = over_message(f, Decimal("10"))
-    assert msg.startswith("forecast: the run would spend $31 (p90 $41) of the $10 budget (spec.budget.maxUSD)")
-    assert "$0.3 per answer on average over 2 answers, 100 prompts left" in msg
+    assert msg.startswith("forecast: the run would spend $31.00 (p90 $41.00) of the $10.00 budget (spec.budget.maxUSD)")
+    assert "$0.30 per answer on average over 2 answers, 100 prompts left" in msg
     assert "spec.budget.onForecastOver: warn" in msg
 
 
@@ -69,7 +69,7 @@ def test_the_forecaster_judges_once_when_the_canary_is_measured():
         assert f.judge(Decimal("0.2"), 100, Decimal("5")) is None and f.to_progress(Decimal("0.2"), 100) == {}
     f.add(Decimal("0.1"))
     msg = f.judge(Decimal("0.3"), 97, Decimal("5"))  # 0.3 + 97 x 0.1 = 10 > 5
-    assert msg is not None and msg.startswith("forecast: the run would spend $10 ")
+    assert msg is not None and msg.startswith("forecast: the run would spend $10.00 ")
     assert f.judge(Decimal("0.3"), 97, Decimal("5")) is None  # judged once
     f.add(Decimal("0.3"))
     doc = f.to_progress(Decimal("0.6"), 96)  # keeps following the answers

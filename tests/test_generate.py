@@ -105,7 +105,8 @@ def test_local_ray_run_persists_every_prompt_once_and_spend_matches_the_provider
     for s, _p, key in records.list_parts(open_store(out)):
         assert {x["row"] // 10 for x in records.decode_part(open_store(out).get(key))} == {s}
     prog = progress(out)
-    assert prog["outcome"] == "Done" and prog["samples"] == {"total": 30, "done": 30, "dropped": 0, "failed": 0}
+    assert prog["outcome"] == "Done"
+    assert prog["samples"] == {"total": 30, "done": 30, "rejected": 0, "discarded": 0, "failed": 0}
     assert Decimal(prog["spentUSD"]) == Decimal(stats["billedUSD"]) == sum(Decimal(x["costUSD"]) for x in recs)
     assert prog["retries"] > 0 and sum(x["attempts"] for x in recs) == 30 + prog["retries"]
     with_tools = [x for x in recs if x["request"].get("tools")]
@@ -250,4 +251,4 @@ def test_bad_rows_are_recorded_with_their_row_and_never_sent(tmp_path):
     assert sorted(recs) == [0, 1, 2, 3, 4]
     assert [recs[i]["status"] for i in range(5)] == ["ok", "rejected", "rejected", "rejected", "ok"]
     assert stats["requests"] == 2
-    assert progress(out)["samples"] == {"total": 5, "done": 2, "dropped": 3, "failed": 0}
+    assert progress(out)["samples"] == {"total": 5, "done": 2, "rejected": 3, "discarded": 0, "failed": 0}

@@ -207,7 +207,7 @@ def test_a_moderated_prompt_fails_its_sample_and_the_run_goes_on(tmp_path, monke
         assert by_row[4]["error"]["details"] == {"patterns": ["ignore all previous instructions"]}
         assert all(by_row[r]["status"] == "ok" for r in (0, 2, 5))
         prog = progress(store)
-        assert prog["samples"] == {"total": 6, "done": 3, "dropped": 0, "failed": 3}
+        assert prog["samples"] == {"total": 6, "done": 3, "rejected": 0, "discarded": 0, "failed": 3}
         assert prog["failures"] == {"moderation": 3}
         manifest = finalize_manifest(load_spec(next(tmp_path.glob("spec-*.yaml"))).spec, store)
         assert manifest["failures"] == {"moderation": 3} and manifest["samples"]["failed"] == 3

@@ -211,7 +211,7 @@ def test_a_run_routes_only_to_passing_endpoints_and_pays_probe_answers_once(tmp_
         # spend: what the fake billed, the probe's answers counted once
         prog = progress(store)
         assert Decimal(prog["spentUSD"]) == fake.billed
-        assert prog["samples"] == {"total": total, "done": total, "dropped": 0, "failed": 0}
+        assert prog["samples"] == {"total": total, "done": total, "rejected": 0, "discarded": 0, "failed": 0}
         before = len(fake.log)
         again, store = run_inline(path, monkeypatch)  # resumed: the stored probe is reused, nothing sent
         assert again.outcome == "Done" and len(fake.log) == before and fake.listings == 1

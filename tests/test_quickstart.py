@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quickstart_runs_end_to_end(tmp_path):
     env = {**os.environ, "EYRIE_CACHE_DIR": os.environ.get("EYRIE_CACHE_DIR", str(Path.home() / ".cache/eyrie"))}
-    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(ROOT / "examples/quickstart.yaml"),
+    # the output is written next to the spec: a copy of examples/ (without any output of a local run)
+    examples = shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("eyrie-out"))
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(examples / "quickstart.yaml"),
                         "--no-progress"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = tmp_path / "eyrie-out" / "quickstart"
+    out = examples / "eyrie-out" / "quickstart"
     progress = json.loads((out / "progress.json").read_text())
     assert progress["outcome"] == "Done" and progress["stage"] == "done"
     assert progress["samples"]["total"] == 45
@@ -71,10 +74,11 @@ def test_quickstart_runs_end_to_end(tmp_path):
 
 
 def test_agentic_quickstart_regenerates_every_turn_and_builds_one_sample_per_turn(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(ROOT / "examples/quickstart-agentic.yaml"),
+    examples = shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("eyrie-out"))
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(examples / "quickstart-agentic.yaml"),
                         "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = tmp_path / "eyrie-out" / "quickstart-agentic"
+    out = examples / "eyrie-out" / "quickstart-agentic"
     progress = json.loads((out / "progress.json").read_text())
     assert progress["outcome"] == "Done" and progress["stage"] == "done"
     agentic = progress["agentic"]

@@ -55,7 +55,7 @@ def kept(result: Sample | Excluded) -> Sample:
 def excluded(result: Sample | Excluded, reason: str) -> Excluded:
     assert isinstance(result, Excluded), result
     assert result.reason == reason, result
-    assert result.message.startswith(f"sample {result.sample_id} (src row 3): ")
+    assert result.message.startswith(f"sample {result.sample_id} (src row 4): ")  # 1-based
     return result
 
 

@@ -69,7 +69,7 @@ def test_build_samples_writes_one_parquet_per_shard_and_counts_exclusions(spec, 
         s = expected[row["sample_id"]]
         assert row == {"sample_id": s.sample_id, "turn": 0, "source": "chat", "input_ids": s.input_ids,
                        "loss_mask": s.loss_mask, "n_tokens": s.n_tokens, "flags": list(s.flags),
-                       "provider": None, "segments": list(s.segments)}
+                       "provider": None, "segments": list(s.segments), "fingerprint": None}
     assert rows[1]["flags"] == ["tool_policy_flag"]
     assert rows[0]["loss_mask"].count(0) == expected["r1"].n_prompt and rows[0]["loss_mask"][-1] == 1
 

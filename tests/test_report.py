@@ -49,7 +49,8 @@ def test_timeseries_stays_bounded_evenly_spread_and_keeps_first_and_latest():
 
 def test_timeseries_point_keeps_only_the_plotted_counters():
     snap = {"spentUSD": "0.5", "reservedUSD": "0.1", "requests": 7, "retries": 2, "inFlight": 3,
-            "errors": {"429": 2, "500": 1}, "samples": {"total": 10, "done": 4, "dropped": 1, "failed": 0},
+            "errors": {"429": 2, "500": 1},
+            "samples": {"total": 10, "done": 4, "rejected": 1, "discarded": 0, "failed": 0},
             "tools": {"perTool": {"x": {}}}}
     p = timeseries.point(snap, "a1")
     assert p["errors"] == 3 and p["done"] == 4 and p["attempt"] == "a1" and "tools" not in p
@@ -158,11 +159,13 @@ def _full_store(root: Path) -> FileStore:
     for k in range(12):
         pts.append({"t": (t0 + timedelta(seconds=10 * k)).isoformat().replace("+00:00", "Z"), "attempt": "a1",
                     "spentUSD": str(round(0.04 * k, 4)), "reservedUSD": "0.02", "requests": 6 * k,
-                    "retries": k // 3, "errors": k // 4, "done": 5 * k, "dropped": 0, "failed": 0, "total": 60})
+                    "retries": k // 3, "errors": k // 4, "done": 5 * k, "rejected": 0, "discarded": 0, "failed": 0,
+                    "total": 60})
     store.put(layout.TIMESERIES, timeseries.encode(pts))
     progress = {"attempt": "a1", "stage": "done", "outcome": "Done", "spentUSD": "0.44", "reservedUSD": "0",
                 "maxUSD": "1", "auditUSD": "0.02", "forecastUSD": "0.47", "requests": 66, "retries": 3,
-                "errors": {"429": 2}, "samples": {"total": 61, "done": 55, "dropped": 5, "failed": 1},
+                "errors": {"429": 2}, "samples": {"total": 61, "done": 55, "rejected": 3, "discarded": 2, "failed": 1},
+                "discardedUSD": "0.0123456789",
                 "failures": {"moderation": 1},
                 "tokens": {"input": 9000, "output": 12000}, "tools": {"callRate": 0.7}}
     store.put(layout.PROGRESS, orjson.dumps(progress))
@@ -198,24 +201,25 @@ def test_terminal_report_shows_every_section_with_data(tmp_path):
     console = Console(record=True, width=160, file=io.StringIO())
     print_report(data, console)
     text = console.export_text()
-    for expected in ("$0.44 (44.0% of $1)", "forecast", "$0.47", "glaive", "fireworks", "get_weather",
+    for expected in ("$0.44 (44.0% of $1.00)", "forecast", "$0.47", "glaive", "fireworks", "get_weather",
                      "tools as text vs structured", "policy_drop 5", "exact 50/55", "3.0 GiB",
                      "the answers scored by the target model", "provider moonshotai", "0.910",
                      "turnsRegenerated", "failed: moderation 1",
-                     "fireworks $0.030", "moonshotai $0.030"):
+                     "fireworks $0.03", "moonshotai $0.03", "discarded: paid $0.012346"):
         assert expected in text, expected
 
 
 def test_sections_without_data_are_left_out(tmp_path):
     store = FileStore(tmp_path / "out")
     store.put(layout.PROGRESS, orjson.dumps({"attempt": "a", "outcome": "Running", "spentUSD": "0", "maxUSD": "5",
-                                             "samples": {"total": 3, "done": 0, "dropped": 0, "failed": 0}}))
+                                             "samples": {"total": 3, "done": 0, "rejected": 0, "discarded": 0,
+                                                         "failed": 0}}))
     data = collect(store)
     assert figures(data) == []
     console = Console(record=True, width=160, file=io.StringIO())
     print_report(data, console)
     text = console.export_text()
-    assert "$0 (0.0% of $5)" in text and "reconstruction" not in text and "fidelity" not in text
+    assert "$0.00 (0.0% of $5.00)" in text and "reconstruction" not in text and "fidelity" not in text
     assert "<script" in render(data)  # still a page
 
 
@@ -264,7 +268,7 @@ def test_html_page_renders_every_plot_in_chromium(tmp_path):
     expected = [title for _s, title, _f in figures(data)]
     assert len(expected) == 14  # spend, throughput, 3 tool plots, 2 audit, 2 tokens, 2 gaps, 3 fidelity
     spend = figures(data)[0][2]
-    assert [t.name for t in spend.data] == ["spent", "spent + reserved (in flight)", "budget $1", "forecast $0.47"]
+    assert [t.name for t in spend.data] == ["spent", "spent + reserved (in flight)", "budget $1.00", "forecast $0.47"]
     url = publish(store, data)
     page = Path(url.removeprefix("file://"))
     assert page == tmp_path / "out" / layout.REPORT

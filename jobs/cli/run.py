@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
@@ -13,7 +14,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome, read_progress
+from eyrie.jobs.contract.tally import describe_bad_row
 from eyrie.jobs.pipeline import UNTIL, provider, run_stages
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import Store, open_output
@@ -32,13 +35,13 @@ class ProgressBar:
         self.enabled = enabled
         self._p = Progress(
             TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("${task.fields[spent]} / ${task.fields[budget]}"),
-            TextColumn("forecast ${task.fields[forecast]}"),
+            TextColumn("{task.fields[spent]} / {task.fields[budget]}"),
+            TextColumn("forecast {task.fields[forecast]}"),
             TextColumn("{task.fields[rps]:.1f} req/s"),
             TextColumn("retries {task.fields[retries]}"), TextColumn("errors {task.fields[errors]}"),
             TimeElapsedColumn(), console=err, transient=False, disable=not enabled)
         self._t0: float | None = None  # the first update: sending starts after preflight
-        self._task = self._p.add_task("gen", total=None, spent="0", budget="?", forecast="?", rps=0.0, retries=0,
+        self._task = self._p.add_task("gen", total=None, spent="$0", budget="?", forecast="?", rps=0.0, retries=0,
                                       errors=0)
 
     def __enter__(self) -> ProgressBar:
@@ -50,12 +53,13 @@ class ProgressBar:
 
     def update(self, snap: dict) -> None:
         s = snap["samples"]
-        finished = s["done"] + s["dropped"] + s["failed"]
+        finished = s["done"] + s["rejected"] + s["discarded"] + s["failed"]
         if self._t0 is None:
             self._t0 = time.monotonic()
         rps = snap.get("requests", 0) / max(1e-3, time.monotonic() - self._t0)  # this attempt's requests
-        self._p.update(self._task, total=s["total"], completed=finished, spent=snap["spentUSD"],
-                       budget=snap["maxUSD"], forecast=snap.get("forecastUSD", "?"), rps=rps,
+        forecast = snap.get("forecastUSD")
+        self._p.update(self._task, total=s["total"], completed=finished, spent=dollars(snap["spentUSD"]),
+                       budget=dollars(snap["maxUSD"]), forecast=dollars(forecast) if forecast else "?", rps=rps,
                        retries=snap.get("retries", 0), errors=sum(snap.get("errors", {}).values()))
 
 
@@ -65,6 +69,10 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("--until", choices=UNTIL, default="all",
                     help="stop after this stage (the operator runs generation with --until samples)")
     ap.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    ap.add_argument("--accept-changed", nargs="+", default=[], metavar="FIELD",
+                    help="keep the answers the output holds although these fingerprint fields changed (a prefix "
+                         "such as api.sampling names all under it); new answers are labelled with the new "
+                         "fingerprint")
     ap.add_argument("--inline", action="store_true",
                     help="run workers in this process instead of on Ray (debugging, benchmarks); "
                          "EYRIE_NO_RAY=1 does the same")
@@ -75,17 +83,25 @@ def run_main(argv: list[str]) -> int:
     if dg.spec.generation.ray.mode == "Local" and not os.environ.get("RAY_ADDRESS"):
         # the private loopback cluster of a local run needs no auth token (DESIGN §9)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    show = not args.no_progress and err.is_terminal
-    with ProgressBar(show) as bar:
-        outcome, message = run_stages(dg, ctx, args.until, inline=inline, on_progress=bar.update,
-                                      notify=lambda msg: err.print(f"eyrie: {msg}", markup=False),
-                                      on_audit=lambda doc: print_audit(doc, err))
     store = open_output(dg.spec)
+    print(f"eyrie: output {store.uri}", file=sys.stderr)
+    if (earlier := dg.spec.output.earlier_location()) is not None:
+        print(f"eyrie: note: an earlier output is at {earlier} (output.uri {dg.spec.output._relative!r} taken from "
+              f"the current directory, as eyrie did before relative outputs resolved next to the spec, like "
+              f"sources); this run writes to {store.uri} instead. To go on with the earlier one, move it there or "
+              f"set output.uri to {earlier}", file=sys.stderr)
+    show = not args.no_progress and err.is_terminal
+    try:
+        with ProgressBar(show) as bar:
+            outcome, message = run_stages(dg, ctx, args.until, inline=inline, on_progress=bar.update,
+                                          notify=lambda msg: err.print(f"eyrie: {msg}", markup=False),
+                                          on_audit=lambda doc: print_audit(doc, err),
+                                          accept_changed=args.accept_changed)
+    except KeyboardInterrupt:  # outside generation's own handling (samples, extraction: rebuilt on resume)
+        outcome, message = Outcome.STOPPED, "interrupted; run the same command again to resume"
     prog = read_progress(store) or {}
-    s = prog.get("samples", {})
-    print(f"outcome: {outcome}  samples done {s.get('done')}/{s.get('total')} "
-          f"(dropped {s.get('dropped')}, failed {s.get('failed')})  spent ${prog.get('spentUSD')} "
-          f"of ${prog.get('maxUSD')}  output {store.uri}", file=sys.stderr)
+    for line in summary_lines(prog, store.uri):
+        print(line, file=sys.stderr)
     variants = prog.get("templateVariants")
     if variants and variants.get("byProvider"):
         chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted"
@@ -107,6 +123,37 @@ def run_main(argv: list[str]) -> int:
     return EXIT_CODES.get(outcome, 1)
 
 
+def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
+    """The run's first lines: what happened to the samples, what the money went to, what a resume
+    reused and what this attempt paid, and the rows that were never sent."""
+    s = prog.get("samples") or {}
+    discarded = (f"discarded {s['discarded']} paid {dollars(prog.get('discardedUSD', 0))} then excluded, "
+                 if s.get("discarded") else "")
+    out = [f"outcome: {prog.get('outcome')}  samples done {s.get('done')}/{s.get('total')} (rejected "
+           f"{s.get('rejected')} never sent, {discarded}failed {s.get('failed')})  spent "
+           f"{dollars(prog.get('spentUSD', 0))} of {dollars(prog.get('maxUSD', 0))}  output {uri}"]
+    r = prog.get("resume") or {}
+    if int(r.get("attempt") or 1) > 1:
+        out.append(f"resumed attempt {r['attempt']}: reused {r.get('reusedAnswers', 0)} answers "
+                   f"({dollars(r.get('reusedUSD', 0))}) from earlier attempts; this attempt paid "
+                   f"{dollars(r.get('paidUSD', 0))} for {r.get('requests', 0)} requests")
+    if Decimal(str(prog.get("unrecordedUSD") or 0)) > 0:
+        out.append(f"spent {dollars(prog['spentUSD'])} is {dollars(prog['unrecordedUSD'])} more than the records and "
+                   f"the audit show paid ({dollars(prog.get('paidUSD', 0))}): a run stopped at once or killed may have "
+                   "paid for answers it never stored, so the budget kept the bound it had persisted before granting "
+                   "them (budget.json) as spent; the cap held. Compare with the provider's bill")
+    fp = prog.get("fingerprint") or {}
+    if fp.get("accepted"):
+        out.append(f"fingerprint {fp['id']}: new answers are labelled with it; earlier ones keep {fp.get('previous')} "
+                   f"(changed and accepted: {', '.join(fp['accepted'])})")
+    bad = prog.get("badRows") or {}
+    if bad.get("count"):
+        out.append(f"{bad['count']} rows never sent (bad data, not paid); the first:")
+        out += [f"  {describe_bad_row(b)}" for b in bad.get("first") or []]
+        out.append(f"  all of them: {uri.rstrip('/')}/{bad.get('file')}")
+    return out
+
+
 def _report(store: Store) -> None:
     """The one-screen summary, and the full report written beside the manifest."""
     from eyrie.jobs.report import collect, publish
@@ -122,10 +169,24 @@ def _report(store: Store) -> None:
 def validate_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="eyrie validate", description="Check a spec; name what is wrong.")
     ap.add_argument("spec")
+    ap.add_argument("--show", type=int, default=20, metavar="N", help="bad rows listed per source (default 20)")
     args = ap.parse_args(argv)
     dg = load_spec(args.spec)
+    from eyrie.jobs.generate.preflight import inspect_sources
+
+    checks = inspect_sources(dg.spec, shown=args.show)  # every row read, nothing sent
     print(f"{args.spec}: valid DatasetGeneration {dg.metadata.name!r} "
-          f"({len(dg.spec.sources)} sources, budget ${dg.spec.budget.max_usd}, output {dg.spec.output.uri})")
+          f"({len(dg.spec.sources)} sources, budget {dollars(dg.spec.budget.max_usd)}, output {dg.spec.output.uri})")
+    for c in checks:
+        print(f"  sources[{c.index}] {c.name}: {c.uri}: {c.rows} rows, {c.bad} bad")
+        for row, kind, reason in c.first_bad:
+            print(f"    row {row} ({kind}): {reason}")
+        if c.bad > len(c.first_bad):
+            print(f"    ... and {c.bad - len(c.first_bad)} more (--show N lists more)")
+    bad = sum(c.bad for c in checks)
+    if bad:
+        print(f"{bad} bad rows: a run records them as rejected (never sent, not paid) and lists them in "
+              f"{dg.spec.output.uri.rstrip('/')}/{layout.BAD_ROWS}")
     return 0
 
 
@@ -210,7 +271,7 @@ def audit_main(argv: list[str]) -> int:
         return 2
     print_audit(doc)
     where = f"; written to {open_output(dg.spec).url(layout.AUDIT)}" if dg is not None else ""
-    print(f"spent ${doc['spentUSD']} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
+    print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
           file=sys.stderr)
     if doc["outcome"] != Outcome.DONE:
         print(f"stopped early: {doc['message']}", file=sys.stderr)

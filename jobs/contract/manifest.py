@@ -30,6 +30,7 @@ def read_json(store: Store, key: str) -> Any:
 def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
     """Write manifest.json from what the stages left in the store."""
     progress = read_progress(store) or {}
+    models = dict(progress.get("models") or {})
     keys = store.list()
     extraction = summarize(store)
     pods = sum(1 for k in keys if k.startswith(f"{layout.HIDDEN}/summary-"))
@@ -44,10 +45,18 @@ def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
         "apiVersion": "eyrie.dev/v1alpha1",
         "kind": "DatasetManifest",
         "specHash": spec.spec_hash(),
-        "model": spec.target.model,
+        # what the records say, never what the spec says: the model(s) the requests named, and per
+        # fingerprint (contract/fingerprint.py) the sampling they carried and what they hold
+        "model": next(iter(models)) if len(models) == 1 else None,
+        "models": models,
+        "fingerprints": progress.get("fingerprints"),
         "attempt": progress.get("attempt"),
+        "attempts": progress.get("attempts"),
         "spentUSD": progress.get("spentUSD"),
+        "paidUSD": progress.get("paidUSD"),
         "samples": progress.get("samples"),
+        "discardedUSD": progress.get("discardedUSD"),
+        "badRows": progress.get("badRows"),
         "failures": progress.get("failures"),  # failed samples by error type (moderation, timeout, ...)
         "resendOnResume": progress.get("resendOnResume"),  # of them, failed only on transient errors
         "tokens": progress.get("tokens"),

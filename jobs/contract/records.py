@@ -66,6 +66,7 @@ class Record(TypedDict, total=False):
     source: str
     row: int
     attempt: str
+    fingerprint: str  # the id of what shaped the answer (contract/fingerprint.py); absent in older records
     status: Literal["ok", "failed", "rejected"]  # rejected: never sent (bad row/declaration)
     toolsMode: Literal["structured", "text"]
     request: dict[str, Any]  # the body as sent; never any header, never a key

@@ -27,7 +27,8 @@ def point(snapshot: dict[str, Any], attempt: str) -> dict[str, Any]:
     s = snapshot.get("samples") or {}
     return {"t": now_iso(), "attempt": attempt, **{k: snapshot[k] for k in POINT_KEYS if k in snapshot},
             "errors": sum((snapshot.get("errors") or {}).values()),
-            "done": s.get("done", 0), "dropped": s.get("dropped", 0), "failed": s.get("failed", 0),
+            "done": s.get("done", 0), "rejected": s.get("rejected", 0), "discarded": s.get("discarded", 0),
+            "failed": s.get("failed", 0),
             "total": s.get("total", 0)}
 
 

@@ -15,7 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from eyrie.jobs.contract import records
-from eyrie.jobs.generate.conversation import Finished, annotate, next_turn, tool_result_too_large
+from eyrie.jobs.generate.conversation import Finished, annotate, next_turn
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools import declarations
@@ -63,10 +63,6 @@ async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | B
     prepared = worker.prepare(prompt)
     if not isinstance(prepared, declarations.Prepared):
         await worker.reject(shard, rec, *prepared)
-        return True
-    too_large = tool_result_too_large(prepared.messages, declarations.DEFAULT_LIMITS.max_tool_result_chars)
-    if too_large:
-        await worker.reject(shard, rec, "bad_row", too_large)
         return True
     answers = _answers(earlier)
     while True:

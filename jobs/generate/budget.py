@@ -10,15 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 
+from eyrie.jobs.contract.money import usd as usd  # re-exported: generation writes money with it
 from eyrie.jobs.errors import EyrieError
 
 MILLION = Decimal(1_000_000)
 CENT_PRECISION = Decimal("0.0000000001")
-
-
-def usd(d: Decimal) -> str:
-    """A decimal amount as plain text: "0" rather than "0E-10", never an exponent."""
-    return format(d.normalize(), "f") if d else "0"
 
 
 class UnpriceableRequest(EyrieError, ValueError):

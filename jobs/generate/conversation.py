@@ -269,10 +269,12 @@ class AgenticSummary:
 
     def samples(self, total: int) -> dict[str, int]:
         """progress.json's `samples` in conversations: `total` rows; done (ended: every turn, a
-        divergence, maxTurns), dropped (rejected rows), failed (a turn failed). A conversation
-        that has not ended is neither: a stopped run resumes it."""
+        divergence, maxTurns), rejected (rows never sent), failed (a turn failed); `discarded` stays
+        0 here: the tool policy discards turns, not conversations (`discardedUSD` counts them). A
+        conversation that has not ended is neither: a stopped run resumes it."""
         failed = self.ended.get(End.FAILED.value, 0)
-        return {"total": total, "done": sum(self.ended.values()) - failed, "dropped": self.rejected, "failed": failed}
+        return {"total": total, "done": sum(self.ended.values()) - failed, "rejected": self.rejected,
+                "discarded": 0, "failed": failed}
 
     def to_dict(self) -> dict[str, Any]:
         return {"conversations": len(self.conversations), "turnsRegenerated": self.turns,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.generate.budget import usd
 from eyrie.jobs.generate.forecast import Forecaster
@@ -43,9 +44,14 @@ class Observation:
 
 @dataclass
 class Counts:
+    """Prompts by outcome: `rejected` were never sent (a bad row or declaration: unpaid),
+    `discarded` were answered, paid (`discarded_usd`) and then excluded by the tool policy."""
+
     done: int = 0
-    dropped: int = 0
+    rejected: int = 0
+    discarded: int = 0
     failed: int = 0
+    discarded_usd: Decimal = Decimal(0)
     input_tokens: int = 0
     output_tokens: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # failed samples by error type
@@ -54,17 +60,28 @@ class Counts:
     def add(self, obs: Observation) -> None:
         if obs.status == "ok":
             if obs.policy == "drop":
-                self.dropped += 1
+                self.discarded += 1
+                self.discarded_usd += obs.cost or Decimal(0)
             else:
                 self.done += 1
         elif obs.status == "rejected":
-            self.dropped += 1
+            self.rejected += 1
         else:
             self.failed += 1
             self.failures[obs.error_kind or "unknown"] += 1
             self.resend += obs.transient
         self.input_tokens += obs.input_tokens
         self.output_tokens += obs.output_tokens
+
+    @property
+    def finished(self) -> int:
+        """Prompts with a record: every outcome."""
+        return self.done + self.rejected + self.discarded + self.failed
+
+    def samples(self, total: int) -> dict[str, int]:
+        """progress.json's `samples`."""
+        return {"total": total, "done": self.done, "rejected": self.rejected, "discarded": self.discarded,
+                "failed": self.failed}
 
 
 COMMIT_SHARE = Decimal("0.02")  # a commit raises the persisted bound by 2% of the budget...
@@ -142,8 +159,8 @@ class RunCoordinator:
                 verdict = self.book.renew(w, want, hint, self._canary_left())
                 if verdict is Verdict.EXHAUSTED:
                     self._stop(Outcome.BUDGET_EXHAUSTED,
-                               f"budget exhausted: spent ${usd(self.book.spent)} of ${usd(self.book.max_usd)}; "
-                               f"the next request could cost up to ${usd(want)}")
+                               f"budget exhausted: spent {dollars(self.book.spent)} of {dollars(self.book.max_usd)}; "
+                               f"the next request could cost up to {dollars(want)}")
                     self._changed.notify_all()
                     return self._grant(w, verdict)
                 if verdict is Verdict.GRANTED:
@@ -172,8 +189,7 @@ class RunCoordinator:
         return min(lefts) if lefts else None
 
     def _prompts_left(self) -> int:
-        c = self.counts
-        return self.total - c.done - c.dropped - c.failed
+        return self.total - self.counts.finished
 
     def _judge_forecast(self) -> None:
         if self.forecast is not None and (
@@ -257,7 +273,8 @@ class RunCoordinator:
             "maxUSD": usd(self.book.max_usd),
             "auditUSD": usd(self.audit_usd),
             "priceFactor": usd(self.book.price_factor),
-            "samples": {"total": self.total, "done": c.done, "dropped": c.dropped, "failed": c.failed},
+            "samples": c.samples(self.total),
+            "discardedUSD": usd(c.discarded_usd),
             "failures": dict(c.failures),
             "resendOnResume": c.resend,
             "tokens": {"input": c.input_tokens, "output": c.output_tokens},

@@ -13,20 +13,26 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import records, timeseries
-from eyrie.jobs.contract.layout import TIMESERIES
-from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
-from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.contract.fingerprint import Binding, bind_output, write_doc
+from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
+from eyrie.jobs.contract.money import usd
+from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress, write_progress
+from eyrie.jobs.contract.tally import bad_row
+from eyrie.jobs.generate.checkpoint import BudgetCommitter, Checkpoint, read_checkpoint, read_committed
 from eyrie.jobs.generate.conversation import AgenticSummary
 from eyrie.jobs.generate.coordinator import RunCoordinator
 from eyrie.jobs.generate.forecast import forecaster
 from eyrie.jobs.generate.plan import Plan, plan_shards
-from eyrie.jobs.generate.preflight import PreflightError, preflight
+from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
 from eyrie.jobs.generate.probe import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
@@ -50,10 +56,14 @@ class GenerationResult:
 
 
 class _Stopper:
-    """SIGTERM/SIGINT (Ray's stop_job, Ctrl-C): stop dispatching, let in-flight requests finish."""
+    """SIGTERM/SIGINT (Ray's stop_job, Ctrl-C): stop dispatching, let in-flight requests finish. A
+    second SIGINT during that graceful stop (a user who will not wait) stops at once: the requests in
+    flight are abandoned (they may have been paid: the persisted budget bound keeps counting them),
+    and the run still ends with progress.json read from what is on disk, outcome Stopped, exit 6."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.hard = False
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Stopper:
@@ -69,8 +79,10 @@ class _Stopper:
                 self._old.setdefault(sig, old)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        # never raise here: an exception thrown at an arbitrary bytecode (mid-write, mid-settle) is
+        # what left progress.json disagreeing with the store; the run loops poll these flags
         if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            self.hard = True
         self.requested = True
 
     def __exit__(self, *exc: Any) -> None:
@@ -90,6 +102,7 @@ class _Run:
     store: Store
     stopper: _Stopper
     monitor: _Monitor
+    fingerprint: str | None = None  # the binding's id: every record's label, whatever the routing sent
 
     def worker_config(self, worker_id: str) -> WorkerConfig:
         a, n = self.spec.api, self.spec.generation.ray.workers
@@ -97,25 +110,35 @@ class _Run:
             spec_json=self.spec.model_dump_json(by_alias=True), worker_id=worker_id, attempt=self.ctx.attempt,
             base_url=self.base_url, concurrency=max(1, a.max_concurrency // n),
             rpm=max(1, a.requests_per_minute // n) if a.requests_per_minute else None,
-            tpm=max(1, a.tokens_per_minute // n) if a.tokens_per_minute else None)
+            tpm=max(1, a.tokens_per_minute // n) if a.tokens_per_minute else None, fingerprint=self.fingerprint)
 
 
 def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
                    on_progress: Callable[[dict], None] | None = None,
-                   notify: Callable[[str], None] = lambda _m: None) -> GenerationResult:
+                   notify: Callable[[str], None] = lambda _m: None, accept_changed: Sequence[str] = (),
+                   binding: Binding | None = None) -> GenerationResult:
     """Generate until every prompt is persisted or the run stops; returns the final snapshot.
     `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`).
     With `api.providerProbe` the probe runs first (generate/probe.py) and generation is routed to
-    the endpoints that pass."""
+    the endpoints that pass. Refuses (FingerprintChanged, before anything is sent) an output whose
+    answers were bought under another fingerprint, unless `accept_changed` names every field that
+    changed."""
     spec = dg.spec
+    if binding is None:
+        binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
+                              now=now_iso())
     with _Stopper() as stopper:
         asyncio.run(preflight(spec, base_url, store, ctx.api_key))
         try:
             plan = plan_shards(spec, store)  # a scan of each source; the driver holds no prompt
         except SourceError as e:
             raise PreflightError(f"sources: {e}") from None
+        for i, src in enumerate(spec.sources):
+            if plan.indexes[src.name].rows == 0:
+                raise empty_source(i, src)
+        write_doc(store, binding)
         total = plan.total
-        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify)
+        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate, resuming=True)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
@@ -125,24 +148,49 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                        "forecast": forecaster(spec, ckpt.costs)}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
-        monitor = _Monitor(store, ctx, on_progress or (lambda s: None), probe.progress() if probe else {})
-        run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor)
+        start = Resume.at_start(read_progress(store), ctx.attempt, ckpt, binding)
+        monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
+                           {**(probe.progress() if probe else {}), **start.progress()})
+        run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor,
+                   binding.fingerprint.id)
         if stop is not None:  # nothing to generate with: the run ends before its first request
             coord = RunCoordinator(**coordinator)
             asyncio.run(coord.stop(*stop))
             snapshot = monitor.merged(coord.snapshot())
         else:
             snapshot = monitor.merged(_run_inline(run) if inline else _run_ray(run))
+        # still under the handlers: a signal now (a third Ctrl-C) cannot cut the accounting short
+        monitor.extra.update(_account(spec, store, snapshot, total, stopper.hard, start))
+        monitor.on_progress(monitor.merged(snapshot))
+        monitor.write(snapshot)
+    return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), monitor.merged(snapshot))
+
+
+def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: int, hard: bool,
+             start: Resume) -> dict[str, Any]:
+    """The final figures, read from the store: what is on disk is what progress.json says. Returns
+    the attempt's resume figures (also put into `snapshot`)."""
     # The store is the truth: a worker lost before flushing reported answers that were never
     # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
     final_gate = ToolGate(spec.tools.gate)
-    final = read_checkpoint(store, final_gate)
-    snapshot["samples"] = {"total": total, "done": final.counts.done, "dropped": final.counts.dropped,
-                           "failed": final.counts.failed}
+    bad: list[bytes] = []
+    final = read_checkpoint(store, final_gate, on_bad_row=lambda rec: bad.append(orjson.dumps(bad_row(rec))))
+    if bad:
+        store.put(BAD_ROWS, b"\n".join(bad) + b"\n")
+    if hard:  # abandoned requests may have been paid: the budget keeps the persisted bound
+        snapshot["spentUSD"] = usd(max(Decimal(snapshot["spentUSD"]), read_committed(store)))
+        if snapshot["outcome"] in (Outcome.RUNNING, Outcome.STOPPED):
+            snapshot["outcome"], snapshot["message"] = Outcome.STOPPED, STOPPED_AT_ONCE
+        else:  # it was draining after another stop (budget, drift): that stays the outcome
+            snapshot["message"] = f"{snapshot.get('message')}; then {STOPPED_AT_ONCE}"
+    snapshot["samples"] = final.counts.samples(total)
+    snapshot["discardedUSD"] = usd(final.counts.discarded_usd)
     snapshot["failures"] = dict(final.counts.failures)
     snapshot["resendOnResume"] = final.counts.resend
     snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
     snapshot["tools"] = final_gate.metrics()
+    figures = start.final(final, Decimal(snapshot["spentUSD"]))
+    snapshot.update(figures)
     if spec.generation.turns == "all":  # samples count conversations; their turns are in `agentic`
         summary = AgenticSummary()
         for rec in records.iter_records(store):
@@ -151,19 +199,18 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         snapshot["samples"] = summary.samples(total)
     if snapshot["outcome"] == Outcome.RUNNING:
         c = snapshot["samples"]
-        missing = c["total"] - c["done"] - c["dropped"] - c["failed"]
+        missing = c["total"] - c["done"] - c["rejected"] - c["discarded"] - c["failed"]
         if missing > 0:
             snapshot["outcome"] = Outcome.FAILED
             snapshot["message"] = f"{missing} prompts were not processed (workers lost); run again to resume"
         else:
             snapshot["outcome"] = Outcome.DONE
-    monitor.on_progress(snapshot)
-    monitor.write(snapshot)
-    return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), snapshot)
+    return figures
 
 
 def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: Plan,
-           notify: Callable[[str], None]) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
+           notify: Callable[[str], None],
+           fingerprint: str) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
     """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;
     the records kept, and the outcome that stops the run before generation (no endpoint passes,
     budget spent), if any."""
@@ -173,7 +220,7 @@ def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url:
     kept = []
     # kept only where a probe answer is what generation would record: tools structural, one turn
     if probe.stop is None and spec.tools.mode != "text" and spec.generation.turns == "last":
-        kept = adopt(store, plan, probe)
+        kept = adopt(store, plan, probe, fingerprint=fingerprint)
         if kept:
             notify(f"provider probe: {len(kept)} answers of passing endpoints kept as samples")
     if probe.doc:
@@ -182,10 +229,57 @@ def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url:
     return probe, kept, probe.stop
 
 
+@dataclass
+class Resume:
+    """What this attempt found and what it added: the attempts so far, the answers reused from earlier
+    ones (and what they cost), what this attempt paid for how many requests, and spent vs paid."""
+
+    attempts: list[str]
+    reused_answers: int
+    reused_usd: Decimal
+    binding: Binding
+
+    @classmethod
+    def at_start(cls, prev: dict | None, attempt: str, ckpt: Checkpoint, binding: Binding) -> Resume:
+        attempts = [str(a) for a in (prev or {}).get("attempts") or []]
+        if prev and not attempts and prev.get("attempt"):
+            attempts = [str(prev["attempt"])]  # progress written before attempts were listed
+        if not attempts or attempts[-1] != attempt:
+            attempts.append(attempt)
+        return cls(attempts, ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding)
+
+    @property
+    def number(self) -> int:
+        return len(self.attempts)
+
+    def progress(self) -> dict[str, Any]:
+        """What every progress.json write of this attempt carries."""
+        fp = self.binding.fingerprint
+        bound = {"id": fp.id, "previous": self.binding.previous}
+        if self.binding.kind == "accepted":
+            bound["accepted"] = [c.field for c in self.binding.changes]
+        return {"attempts": self.attempts, "fingerprint": bound,
+                "resume": {"attempt": self.number, "reusedAnswers": self.reused_answers,
+                           "reusedUSD": usd(self.reused_usd)}}
+
+    def final(self, ckpt: Checkpoint, spent: Decimal) -> dict[str, Any]:
+        """From the store's final read: this attempt's share, per fingerprint, bad rows, spent vs paid."""
+        mine = ckpt.tally.by_attempt.get(self.attempts[-1])
+        out = self.progress()
+        out["resume"].update(paidUSD=usd(mine.paid if mine else Decimal(0)), requests=mine.sent if mine else 0)
+        paid = ckpt.paid + ckpt.audit
+        out.update(paidUSD=usd(paid), unrecordedUSD=usd(max(Decimal(0), spent - paid)),
+                   fingerprints=ckpt.tally.fingerprints(), models=ckpt.tally.models())
+        if ckpt.tally.bad_rows:
+            out["badRows"] = {"count": ckpt.tally.bad_rows, "first": ckpt.tally.first_bad, "file": BAD_ROWS}
+        return out
+
+
 class _Monitor:
     """Throttled progress.json writes plus the on_progress callback (the progress bar); each write
     also adds a point to timeseries.jsonl (earlier attempts' points kept: the report plots them all).
-    `extra` (the provider probe's verdict) is part of every snapshot."""
+    `extra` (the provider probe's verdict, the attempt's fingerprint and resume figures) is part of
+    every snapshot."""
 
     def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[dict], None],
                  extra: dict[str, Any] | None = None):
@@ -214,6 +308,8 @@ class _Monitor:
 
 
 STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"
+STOPPED_AT_ONCE = ("stopped at once by a second signal: the requests in flight were abandoned (they may have been "
+                   "paid; the budget counts them up to the persisted bound); resume by running again")
 
 
 def _run_inline(plan: _Run) -> dict:
@@ -226,6 +322,12 @@ def _run_inline(plan: _Run) -> dict:
         tasks = [asyncio.create_task(w.run()) for w in workers]
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
+            if plan.stopper.hard:
+                await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                return coord.snapshot()  # no settle_commit: the bound keeps covering what was in flight
             if plan.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
@@ -284,6 +386,11 @@ def _run_ray(plan: _Run) -> dict:
                         restarts += 1
                         nwid, nw, nref = start(i, restarts)
                         running[nref] = (i, nwid, nw)
+            if plan.stopper.hard:
+                ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_AT_ONCE))
+                for _i, _wid, w in running.values():
+                    ray.kill(w, no_restart=True)
+                return ray.get(coord.snapshot.remote())  # no settle_commit: the bound covers what was in flight
             if plan.stopper.requested:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
             plan.monitor.tick(ray.get(coord.snapshot.remote()))

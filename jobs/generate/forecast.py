@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.budget import usd
 from eyrie.jobs.spec import DatasetGenerationSpec
 
@@ -80,8 +81,9 @@ def project(spent: Decimal, stats: CostStats, prompts_left: int, turns_per_promp
 
 def over_message(f: Forecast, max_usd: Decimal) -> str:
     """Why a run stopped on its forecast, and how to go on."""
-    return (f"forecast: the run would spend ${usd(f.mean_usd)} (p90 ${usd(f.p90_usd)}) of the ${usd(max_usd)} budget "
-            f"(spec.budget.maxUSD): ${usd(f.per_answer_mean)} per answer on average over {f.answers} answers, "
+    return (f"forecast: the run would spend {dollars(f.mean_usd)} (p90 {dollars(f.p90_usd)}) of the "
+            f"{dollars(max_usd)} budget (spec.budget.maxUSD): {dollars(f.per_answer_mean)} per answer on average over "
+            f"{f.answers} answers, "
             f"{f.prompts_left} prompts left; raise spec.budget.maxUSD or set spec.budget.onForecastOver: warn, "
             "then resume (spec.suspend: false)")
 

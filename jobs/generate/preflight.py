@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from eyrie.jobs.errors import InputError
-from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.spec import DatasetGenerationSpec, SourceSpec
 from eyrie.jobs.store import Store
 
 
@@ -55,3 +57,50 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
                 raise PreflightError(f"samples.multiTurn: packed is refused for {fmt.name}: {reason}; use perTurn")
 
 
+
+
+def empty_source(index: int, source: SourceSpec) -> PreflightError:
+    """A source without a single row is an error: a run over it would end "Done 0/0" having bought nothing."""
+    return PreflightError(f"sources[{index}].uri: source {source.name!r}: {source.uri} holds no rows (an empty "
+                          "file, or blank lines only); fill it or remove the source")
+
+
+@dataclass
+class SourceCheck:
+    """What `eyrie validate` found in one source: its rows and the ones a run would never send."""
+
+    index: int
+    name: str
+    uri: str
+    rows: int = 0
+    bad: int = 0
+    first_bad: list[tuple[int, str, str]] = field(default_factory=list)  # (row, 1-based; error type; reason)
+
+
+def inspect_sources(spec: DatasetGenerationSpec, shown: int = 20) -> list[SourceCheck]:
+    """Read every row of every source (their `limit` applied) the way a run does and report the ones it
+    would reject, without sending anything. Raises PreflightError for a source that is missing,
+    unreadable or holds no rows (a run refuses those too)."""
+    from eyrie.jobs.contract.fingerprint import generated_mode
+    from eyrie.jobs.generate.requests import prepare_row
+    from eyrie.jobs.sources import SourceError, iter_source
+
+    whole = spec.generation.turns == "all"
+    mode = generated_mode(spec)
+    out = []
+    for i, src in enumerate(spec.sources):
+        check = SourceCheck(i, src.name, src.uri)
+        try:
+            for item in iter_source(src, spec.output.endpoint, whole=whole):
+                check.rows += 1
+                verdict = prepare_row(item, mode, whole=whole)
+                if isinstance(verdict, tuple):
+                    check.bad += 1
+                    if len(check.first_bad) < shown:
+                        check.first_bad.append((item.row + 1, *verdict))
+        except SourceError as e:
+            raise PreflightError(f"sources[{i}].uri: {e}") from None
+        if check.rows == 0:
+            raise empty_source(i, src)
+        out.append(check)
+    return out

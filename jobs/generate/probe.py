@@ -451,10 +451,11 @@ async def _listing(spec: DatasetGenerationSpec, base_url: str, api_key: str | No
 # -------------------------------------------------------------------------------------- adoption
 
 
-def adopt(store: Store, plan: Plan, outcome: ProbeOutcome) -> list[records.Record]:
+def adopt(store: Store, plan: Plan, outcome: ProbeOutcome, fingerprint: str | None = None) -> list[records.Record]:
     """Write each probe prompt's answer from the first passing endpoint (routing order) into the
     shard holding its row, unless that row already has a record there; returns the records written.
-    Idempotent: a second call (a resume) finds them in the shard and writes nothing."""
+    Idempotent: a second call (a resume) finds them in the shard and writes nothing. `fingerprint`:
+    the run's (contract/fingerprint.py), which the adopted records carry as generation's do."""
     first: dict[str, records.Record] = {}
     rank = {tag: i for i, tag in enumerate(outcome.passing)}
     for r in sorted((r for r in outcome.records if r.get("status") == "ok" and r["probe"]["endpoint"] in rank),
@@ -469,7 +470,8 @@ def adopt(store: Store, plan: Plan, outcome: ProbeOutcome) -> list[records.Recor
     writer = secrets.token_hex(4)
     for seq, (shard, recs) in enumerate(sorted(by_shard.items())):
         held = {records.record_key(r) for r in records.iter_shard(store, shard)}
-        fresh = [r for r in recs if records.record_key(r) not in held]
+        fresh = [{**r, "fingerprint": fingerprint} if fingerprint else r
+                 for r in recs if records.record_key(r) not in held]
         if fresh:
             store.put(layout.journal_key(shard, writer, seq), records.encode_part(fresh))
             written += fresh

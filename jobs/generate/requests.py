@@ -8,7 +8,10 @@ from typing import Any
 
 import orjson
 
+from eyrie.jobs.generate.conversation import tool_result_too_large
+from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.tools import declarations
 
 TOKENS_PER_MESSAGE = 16  # role markers and separators a chat template adds per message
 
@@ -51,3 +54,19 @@ def max_output_tokens(spec: DatasetGenerationSpec) -> int:
     s = spec.api.sampling
     extra = s.reasoning.max_tokens if s.reasoning and s.reasoning.max_tokens else 0
     return s.max_tokens + extra
+
+
+def prepare_row(prompt: Prompt | BadRow, mode: str, *, whole: bool = False) -> declarations.Prepared | tuple[str, str]:
+    """The row with its tools declared for `mode` ("structured" | "text"), or (error type, reason) of
+    a row that is never sent: a row that does not parse (`bad_row`), tools declared as text that do
+    not parse (`bad_declaration`), or, for a whole conversation (`whole`), a tool result over the
+    tool checks' limit. The run rejects these and `eyrie validate` reports them, by this one rule."""
+    if isinstance(prompt, BadRow):
+        return "bad_row", prompt.reason
+    prepared = declarations.prepare_prompt(prompt, mode)
+    if isinstance(prepared, declarations.Rejected):
+        return "bad_declaration", prepared.reason
+    if whole and (too_large := tool_result_too_large(prepared.messages,
+                                                     declarations.DEFAULT_LIMITS.max_tool_result_chars)):
+        return "bad_row", too_large
+    return prepared

@@ -26,6 +26,7 @@ from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFa
 from eyrie.jobs.api.client import Completion
 from eyrie.jobs.context import api_key_from_env
 from eyrie.jobs.contract import records
+from eyrie.jobs.contract.fingerprint import fingerprint, generated_mode
 from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate import agentic
@@ -34,7 +35,7 @@ from eyrie.jobs.generate.coordinator import Observation, Outcome
 from eyrie.jobs.generate.holder import LeaseHolder
 from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
 from eyrie.jobs.generate.plan import Plan
-from eyrie.jobs.generate.requests import build_body, estimate_prompt_tokens, max_output_tokens
+from eyrie.jobs.generate.requests import build_body, estimate_prompt_tokens, max_output_tokens, prepare_row
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
@@ -67,6 +68,7 @@ class WorkerConfig:
     concurrency: int
     rpm: int | None = None
     tpm: int | None = None
+    fingerprint: str | None = None  # the run's (contract/fingerprint.py); None: the worker's own spec's
 
 
 class WorkerFailed(EyrieError, RuntimeError):
@@ -112,7 +114,9 @@ class ShardWorker:
         prices = self.spec.effective_pricing()
         self.pricing = Pricing(prices.input_per_million, prices.output_per_million)
         self.max_out = max_output_tokens(self.spec)
-        self.mode = "text" if self.spec.tools.mode == "text" else "structured"  # audit runs structured
+        self.mode = generated_mode(self.spec)  # audit runs structured
+        # on every record: what shaped its answer (the run's binding: routing a probe derived is part of it)
+        self.fingerprint = config.fingerprint or fingerprint(self.spec).id
         self.agentic = self.spec.generation.turns == "all"
         self.budget = LeaseHolder(self._call, self.worker_id, self.concurrency)
         self.persisted = 0
@@ -287,12 +291,12 @@ class ShardWorker:
     # -- the per-request path ------------------------------------------------------------------
     def _base_record(self, sid: str, prompt: Prompt | BadRow) -> records.Record:
         return {"sample_id": sid, "source": prompt.source, "row": prompt.row, "attempt": self.attempt,
-                "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0", "attempts": 0,
-                "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
+                "fingerprint": self.fingerprint, "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0",
+                "attempts": 0, "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
 
     def prepare(self, prompt: Prompt | BadRow) -> declarations.Prepared | tuple[str, str]:
         """The prompt's tools declared for this run's mode, or (error type, reason) of a rejected one."""
-        return _prepare(prompt, self.mode)
+        return prepare_row(prompt, self.mode, whole=self.agentic)
 
     def _rejected(self, rec: records.Record, kind: str, reason: str) -> records.Record:
         rec.update(status="rejected", request=None, error={"type": kind, "message": reason})
@@ -395,16 +399,6 @@ class ShardWorker:
                           prompt_tokens=reported if isinstance(reported, int) else None,
                           cost=cost if cost is not None else amount)
         return cost, obs
-
-
-def _prepare(prompt: Prompt | BadRow, mode: str) -> declarations.Prepared | tuple[str, str]:
-    """The prompt with its tools declared for `mode`, or (error type, reason) of a rejected one."""
-    if isinstance(prompt, BadRow):
-        return "bad_row", prompt.reason
-    prepared = declarations.prepare_prompt(prompt, mode)
-    if isinstance(prepared, declarations.Rejected):
-        return "bad_declaration", prepared.reason
-    return prepared
 
 
 def _first_cause(e: BaseException) -> BaseException:

@@ -48,6 +48,7 @@ class Sample:
     spans: tuple[tuple[int, int], ...] = ()
     provider: str | None = None  # the provider that served the answer, as the response named it
     segments: tuple[int, int, int] | None = None  # where reasoning, content, tool calls start (segments.py)
+    fingerprint: str | None = None  # what shaped the answer (the record's; contract/fingerprint.py)
 
     @property
     def n_tokens(self) -> int:
@@ -181,7 +182,9 @@ class Reconstructor:
     def _excluded(self, record: Record, reason: str, message: str) -> Excluded:
         sid, source, turn = record.get("sample_id", ""), record.get("source", ""), _int(record.get("turn")) or 0
         at = f" turn {turn}" if "turn" in record else ""
-        return Excluded(sid, source, reason, f"sample {sid} ({source} row {record.get('row')}{at}): {message}", turn)
+        row = record.get("row")
+        row = row + 1 if isinstance(row, int) else row  # 1-based, as editors and samples/bad_rows.jsonl count
+        return Excluded(sid, source, reason, f"sample {sid} ({source} row {row}{at}): {message}", turn)
 
     def _clean_split(self, prompt: str, response: str) -> bool:
         return not response or any(prompt.endswith(m) or response.startswith(m) for m in self.boundary)
@@ -237,7 +240,10 @@ class Reconstructor:
     def __call__(self, record: Record) -> Sample | Excluded:
         status = record.get("status")
         if status != "ok":
-            return self._excluded(record, f"status_{status}", f"generation status is {status!r}")
+            err = record.get("error") or {}
+            why = f"{err.get('type')}: {err.get('message')}" if err else f"generation status is {status!r}"
+            return self._excluded(record, f"status_{status}",
+                                  f"{'never sent' if status == 'rejected' else 'failed'} ({why})")
         if record.get("policy") == "drop":
             return self._excluded(record, "policy_drop", "dropped by the tool policy")
         response, request = record.get("response"), record.get("request") or {}
@@ -329,4 +335,5 @@ class Reconstructor:
                       len(prompt_ids), tuple(flags), gap,
                       len(prompt_ids) - prompt_tokens if prompt_tokens is not None else None, lp,
                       _int(record.get("turn")) or 0,
-                      provider=provider if isinstance(provider, str) and provider else None, segments=segments)
+                      provider=provider if isinstance(provider, str) and provider else None, segments=segments,
+                      fingerprint=record.get("fingerprint"))

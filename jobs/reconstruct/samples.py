@@ -7,6 +7,8 @@ the store, and what was excluded is counted by reason. The summary goes into man
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 import itertools
 import statistics
@@ -40,7 +42,9 @@ SCHEMA = pa.schema([
     ("flags", pa.list_(pa.string())),
     ("provider", pa.string()),  # the provider that served the answer (null when it was not named)
     ("segments", pa.list_(pa.int32())),  # token positions where reasoning, content, tool calls start
+    ("fingerprint", pa.string()),  # the id of what shaped the answer (contract/fingerprint.py; null: unrecorded)
 ])
+MIXED = "mixed_fingerprint"  # a turn whose prompt holds earlier answers bought under another fingerprint
 EXAMPLES = 20  # excluded samples quoted in the summary (with their reason), the rest only counted
 ROW_GROUP = 256  # samples per parquet row group: what is held as Python lists at a time
 GAP_CLIP = 256  # gap histograms count |gap| > GAP_CLIP at +-GAP_CLIP: at most 513 bins whatever the run
@@ -185,6 +189,7 @@ def samples_table(samples: list[Sample]) -> pa.Table:
         "flags": [list(s.flags) for s in samples],
         "provider": [s.provider for s in samples],
         "segments": [list(s.segments) if s.segments else None for s in samples],
+        "fingerprint": [s.fingerprint for s in samples],
     }, schema=SCHEMA)
 
 
@@ -245,9 +250,20 @@ class ProviderRebuild:
         return replace(result, flags=(*result.flags, "template_mismatch"))
 
 
-def _shard_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: SamplesSummary
-                   ) -> Iterator[Sample | Excluded]:
+def _turn_fingerprints(store: Store, shard: int) -> dict[str, dict[int, str | None]]:
+    """Per conversation, the fingerprint each turn's answer was bought under (turns: all)."""
+    out: dict[str, dict[int, str | None]] = {}
+    for record in records.iter_records(store, shard):
+        out.setdefault(record.get("sample_id", ""), {})[record.get("turn") or 0] = record.get("fingerprint")
+    return out
+
+
+def _shard_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: SamplesSummary,
+                   agentic: bool = False) -> Iterator[Sample | Excluded]:
+    """`agentic`: flag a turn MIXED when an earlier turn of its conversation, which its prompt carries,
+    was answered under another fingerprint (an accepted change mid-conversation)."""
     seen: set[tuple[str, int]] = set()
+    turns = _turn_fingerprints(store, shard) if agentic else {}
     for record in records.iter_records(store, shard):
         key = (record.get("sample_id", ""), record.get("turn") or 0)
         if key in seen:  # one sample per prompt (per turn), whatever was written twice
@@ -256,6 +272,9 @@ def _shard_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: 
         result = rebuild(record)
         if isinstance(result, Sample):
             seen.add(key)
+            earlier = {fp for t, fp in turns.get(key[0], {}).items() if t < key[1]}
+            if earlier - {result.fingerprint}:
+                result = dataclasses.replace(result, flags=(*result.flags, MIXED))
         summary.answer(record, result)
         yield result
 
@@ -280,9 +299,11 @@ def pack(turns: list[Sample | Excluded]) -> Sample | Excluded:
                             f"{prev.turn}'s tokens (the chat template rewrote an earlier turn)")
     last = kept[-1]
     flags = tuple(dict.fromkeys(f for t in kept for f in t.flags))
+    if len({t.fingerprint for t in kept}) > 1 and MIXED not in flags:
+        flags = (*flags, MIXED)
     return Sample(last.sample_id, last.source, last.input_ids, last.n_prompt, flags, last.completion_gap,
                   last.prompt_gap, last.logprobs, last.turn, tuple((t.n_prompt, t.n_tokens) for t in kept),
-                  provider=last.provider)  # segments are per answer: a packed sample has several, none given
+                  provider=last.provider, fingerprint=last.fingerprint)  # segments: per answer, none given
 
 
 def _packed_results(rebuild: ProviderRebuild, store: Store, shard: int, summary: SamplesSummary
@@ -290,7 +311,7 @@ def _packed_results(rebuild: ProviderRebuild, store: Store, shard: int, summary:
     """Per conversation: its turns rebuilt one by one, then packed. A conversation's records may lie in
     several parts, so the shard's results are grouped first (per-turn samples held until packed)."""
     convs: dict[str, list[Sample | Excluded]] = {}
-    for result in _shard_results(rebuild, store, shard, summary):
+    for result in _shard_results(rebuild, store, shard, summary, agentic=True):
         if isinstance(result, Excluded) and result.reason == "duplicate":
             yield result
             continue
@@ -318,10 +339,13 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
         if refused:
             raise PackingRefused(f"samples.multiTurn: packed is refused for {fmt.name}: {refused}; use perTurn")
         results = _packed_results
+    elif spec.generation.turns == "all":
+        results = functools.partial(_shard_results, agentic=True)
     else:
         results = _shard_results
     for shard in records.list_shards(store):
         _write_shard(store, shard, results(rebuild, store, shard, summary), summary)
-    for stale in set(store.list(layout.SAMPLES)) - set(summary.files):
+    shards = {k for k in store.list(layout.SAMPLES) if layout.parse_samples_key(k) is not None}
+    for stale in shards - set(summary.files):
         store.delete(stale)  # a shard whose records are gone: rebuilt means rebuilt from what exists
     return summary

@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 from rich.console import Console, Group
 
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.terminal import audit_renderables, print_report
 from eyrie.jobs.tools.gate import Tally
@@ -57,13 +58,14 @@ def spend_figure(d: ReportData) -> go.Figure | None:
                   name="spent + reserved (in flight)", mode="lines", line={"dash": "dot"})
     top = max(float(p.get("spentUSD", 0)) + float(p.get("reservedUSD", 0)) for p in pts)
     if d.budget is not None and top >= float(d.budget) * ON_SCALE:
-        f.add_scatter(x=[x[0], x[-1]], y=[float(d.budget)] * 2, name=f"budget ${d.budget}", mode="lines",
+        f.add_scatter(x=[x[0], x[-1]], y=[float(d.budget)] * 2, name=f"budget {dollars(d.budget)}", mode="lines",
                       line={"color": "crimson"})
     elif d.budget:  # a line far above would flatten the spend into the axis
-        f.update_layout(title=f"spend over time: {100 * float(d.spent / d.budget):.1f}% of the ${d.budget} budget")
+        f.update_layout(
+            title=f"spend over time: {100 * float(d.spent / d.budget):.1f}% of the {dollars(d.budget)} budget")
     forecast = (d.progress or {}).get("forecastUSD")
     if forecast is not None:
-        f.add_scatter(x=[x[0], x[-1]], y=[float(forecast)] * 2, name=f"forecast ${forecast}", mode="lines",
+        f.add_scatter(x=[x[0], x[-1]], y=[float(forecast)] * 2, name=f"forecast {dollars(forecast)}", mode="lines",
                       line={"dash": "dash", "color": "orange"})
     return f
 
@@ -82,12 +84,16 @@ def _per_minute(pts: list[dict[str, Any]], key: Any) -> tuple[list[datetime], li
     return xs, ys
 
 
+def _persisted(p: dict) -> int:
+    return sum(p.get(k, 0) for k in ("done", "rejected", "discarded", "failed"))
+
+
 def throughput_figure(d: ReportData) -> go.Figure | None:
     pts = d.series
     if len(pts) < 2:
         return None
     f = _fig("throughput and retries over time", yaxis_title="per minute")
-    for name, key in (("answers persisted", lambda p: p.get("done", 0) + p.get("dropped", 0) + p.get("failed", 0)),
+    for name, key in (("answers persisted", _persisted),
                       ("requests", lambda p: p.get("requests", 0)),
                       ("retries", lambda p: p.get("retries", 0)), ("errors", lambda p: p.get("errors", 0))):
         x, y = _per_minute(pts, key)
@@ -263,7 +269,7 @@ def render(d: ReportData) -> str:
     body = "".join(f"<h2>{html.escape(s)}</h2><div class='grid'>{''.join(divs)}</div>"
                    for s, divs in sections.items())
     p = d.progress or {}
-    subtitle = f"{d.uri} - outcome {p.get('outcome', '?')}, stage {p.get('stage', '?')}, spent ${d.spent}"
+    subtitle = f"{d.uri} - outcome {p.get('outcome', '?')}, stage {p.get('stage', '?')}, spent {dollars(d.spent)}"
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>eyrie report - {html.escape(d.uri)}</title><style>{CSS}</style>"

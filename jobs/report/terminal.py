@@ -4,6 +4,7 @@ answers). Sections without data are left out, so the same code reads a run at an
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from rich.console import Console, Group
@@ -12,6 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.tools.audit_stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.tools.gate import Tally
@@ -46,26 +48,38 @@ def _forecast(p: dict[str, Any]) -> str | None:
         return None
     fc = p.get("forecast") or {}
     at = fc.get("atCanary") or {}
-    p90 = f" (p90 ${fc['p90USD']})" if fc.get("p90USD") else ""
-    canary = f"; at the canary ({at['answers']} answers) ${at['meanUSD']}" if at else ""
-    return f"${p['forecastUSD']}{p90}{canary}"
+    p90 = f" (p90 {dollars(fc['p90USD'])})" if fc.get("p90USD") else ""
+    canary = f"; at the canary ({at['answers']} answers) {dollars(at['meanUSD'])}" if at else ""
+    return f"{dollars(p['forecastUSD'])}{p90}{canary}"
+
+
+def _resumed(p: dict[str, Any]) -> str | None:
+    r = p.get("resume") or {}
+    if int(r.get("attempt") or 1) <= 1:
+        return None
+    return (f"attempt {r['attempt']}: reused {r.get('reusedAnswers', 0)} answers ({dollars(r.get('reusedUSD', 0))}); "
+            f"this attempt paid {dollars(r.get('paidUSD', 0))} for {r.get('requests', 0)} requests")
 
 
 def run_table(d: ReportData) -> Table:
     p = d.progress or {}
     budget = d.budget
     spent = d.spent
-    share = f" ({pct(float(spent / budget))} of ${budget})" if budget else ""
+    share = f" ({pct(float(spent / budget))} of {dollars(budget)})" if budget else ""
     tokens = p.get("tokens") or (d.manifest or {}).get("tokens") or {}
+    unrecorded = Decimal(str(p.get("unrecordedUSD") or 0))
     rows: list[tuple[str, Any]] = [
         ("output", d.uri), ("outcome", p.get("outcome")), ("stage", p.get("stage")), ("attempt", p.get("attempt")),
-        ("spent", f"${spent}{share}"),
-        ("audit spend", f"${d.audit_spent}" if d.audit_spent else None),
+        ("spent", f"{dollars(spent)}{share}"),
+        ("paid (records)", f"{dollars(p['paidUSD'])}; {dollars(unrecorded)} of the spend held for requests "
+         "abandoned at a stop or kill (the persisted budget bound)" if unrecorded else None),
+        ("audit spend", dollars(d.audit_spent) if d.audit_spent else None),
         ("forecast", _forecast(p)),
+        ("resumed", _resumed(p)),
         ("requests (this attempt)", p.get("requests")), ("retries", p.get("retries")),
         ("errors", ", ".join(f"{k} {v}" for k, v in (p.get("errors") or {}).items()) or None),
         ("tokens in / out", f"{tokens.get('input', 0):,} / {tokens.get('output', 0):,}" if tokens else None),
-        ("paid per provider", ", ".join(f"{k} ${v.usd}" for k, v in sorted(d.answers.cost_by_provider.items()))
+        ("paid per provider", ", ".join(f"{k} {dollars(v.usd)}" for k, v in sorted(d.answers.cost_by_provider.items()))
          or None),
     ]
     if p.get("message"):
@@ -74,19 +88,26 @@ def run_table(d: ReportData) -> Table:
 
 
 def samples_table(d: ReportData) -> Table:
-    s = (d.progress or {}).get("samples") or (d.manifest or {}).get("samples") or {}
-    failures = (d.progress or {}).get("failures") or (d.manifest or {}).get("failures") or {}
+    p = d.progress or {}
+    s = p.get("samples") or (d.manifest or {}).get("samples") or {}
+    failures = p.get("failures") or (d.manifest or {}).get("failures") or {}
     why = ", ".join(f"{k} {v}" for k, v in sorted(failures.items()) if v)
     resend = (d.progress or {}).get("resendOnResume") or (d.manifest or {}).get("resendOnResume")
     if why and resend:
         why += f" ({resend} of them only on transient errors: a resume sends them again)"
-    t = Table(title="samples by outcome", title_justify="left", caption=f"failed: {why}" if why else None,
-              caption_justify="left")
-    for col in ("total", "done", "dropped", "failed", "not yet sent"):
+    discarded_usd = p.get("discardedUSD") or (d.manifest or {}).get("discardedUSD")
+    notes = [f"failed: {why}" if why else "",
+             "rejected: never sent, not paid (bad rows)" if s.get("rejected") else "",
+             f"discarded: paid {dollars(discarded_usd or 0)}, then excluded by the tool policy" if s.get("discarded")
+             else ""]
+    caption = "; ".join(n for n in notes if n) or None
+    t = Table(title="samples by outcome", title_justify="left", caption=caption, caption_justify="left")
+    cols = ("total", "done", "rejected", "discarded", "failed")
+    for col in (*cols, "not yet sent"):
         t.add_column(col, justify="right")
     total = s.get("total", 0)
-    finished = s.get("done", 0) + s.get("dropped", 0) + s.get("failed", 0)
-    t.add_row(*(str(s.get(k, 0)) for k in ("total", "done", "dropped", "failed")), str(max(0, total - finished)))
+    finished = sum(s.get(k, 0) for k in cols[1:])
+    t.add_row(*(str(s.get(k, 0)) for k in cols), str(max(0, total - finished)))
     return t
 
 

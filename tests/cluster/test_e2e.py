@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.money import brief, dollars
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import S3Credentials, open_store
 
@@ -83,8 +84,10 @@ def test_apply_runs_generation_to_succeeded_with_a_manifest(cluster, operator, p
         billed = Decimal(sim.stats()["billedUSD"])
     st = status_of(cluster, "run1")
     assert st["outputManifest"] == f"{s3_bucket}/run/manifest.json"
-    assert st["samples"] == {"total": 12, "done": 12, "dropped": 0, "failed": 0}
-    assert Decimal(st["spentUSD"]) == billed > 0
+    assert st["samples"] == {"total": 12, "done": 12, "rejected": 0, "discarded": 0, "failed": 0}
+    # the status is rounded for `kubectl get` (up, at most 6 decimals); progress.json keeps every digit
+    assert Decimal(st["spentUSD"]) == Decimal(brief(billed)) and billed > 0
+    assert Decimal(json.loads(store_of(s3_env, s3_bucket).get(layout.PROGRESS))["spentUSD"]) == billed
     cond = condition(cluster, "run1", "Succeeded")
     assert cond is not None and cond["status"] == "True" and cond["observedGeneration"] == 1
     manifest = json.loads(store_of(s3_env, s3_bucket).get(layout.MANIFEST))
@@ -110,7 +113,7 @@ def test_budget_exhaustion_suspends_then_raised_budget_resumes_paying_nothing_tw
         cond = condition(cluster, "budget", "Suspended")
         spent1 = Decimal(status_of(cluster, "budget")["spentUSD"])
         assert cond["status"] == "True" and cond["reason"] == "BudgetExceeded"
-        assert cond["message"].startswith(f"spent {spent1} USD of the 0.01 USD budget")
+        assert cond["message"].startswith(f"spent {dollars(spent1)} of the $0.01 budget")
         warnings = [e for e in cluster.events(NS, "budget") if e["type"] == "Warning"]
         assert [(e["reason"], e["message"]) for e in warnings] == [("BudgetExceeded", cond["message"])]
         wait_for("attempt 1 RayJob deleted", lambda: cluster.get(RAYJOBS, NS, "budget-gen-1") is None)
@@ -128,7 +131,7 @@ def test_budget_exhaustion_suspends_then_raised_budget_resumes_paying_nothing_tw
     assert st["attempt"] == "2"
     assert st["samples"]["done"] == 40
     assert stats["completed"] == 40  # every prompt paid once over both attempts
-    assert Decimal(st["spentUSD"]) == Decimal(stats["billedUSD"])
+    assert Decimal(st["spentUSD"]) == Decimal(brief(Decimal(stats["billedUSD"])))
     resumed = condition(cluster, "budget", "Suspended")
     assert (resumed["status"], resumed["reason"]) == ("False", "Resumed")
     ids = [r["sample_id"] for r in records.iter_records(store_of(s3_env, s3_bucket))]
@@ -194,7 +197,7 @@ def write_progress(out: Path, attempt: str, outcome: str, done: int, spent: str,
     """What the generation job writes (DESIGN §3), for scenarios the simulator cannot stage quickly."""
     open_store(f"file://{out}").put(layout.PROGRESS, json.dumps({
         "attempt": attempt, "outcome": outcome, "message": message, "spentUSD": spent, "reservedUSD": "0",
-        "maxUSD": "5", "samples": {"total": 100, "done": done, "dropped": 0, "failed": 0},
+        "maxUSD": "5", "samples": {"total": 100, "done": done, "rejected": 0, "discarded": 0, "failed": 0},
         "tokens": {"input": 10 * done, "output": 20 * done}, "stage": stage,
         "tools": {"declaredPrompts": done, "callRate": 0.5, "invalidCalls": 0, "leaks": 0},
         "updatedAt": "2026-01-01T00:00:00Z"}).encode())
@@ -275,11 +278,11 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     wait_for("Suspended", phase_is(cluster, "kc", "Suspended"), timeout=10)
     cond = condition(cluster, "kc", "Suspended")
     assert cond["reason"] == "BudgetExceeded"
-    assert cond["message"].startswith("spent 0.42 USD of the 0.40 USD budget")
+    assert cond["message"].startswith("spent $0.42 of the $0.40 budget")
     assert cluster.get(DSG, NS, "kc")["spec"]["suspend"] is True
     described = kubectl(cluster, "describe", "dsg", "kc")
     events = described.split("\nEvents:", 1)[1]
-    assert "Warning  BudgetExceeded" in events and "spent 0.42 USD of the 0.40 USD budget" in events
+    assert "Warning  BudgetExceeded" in events and "spent $0.42 of the $0.40 budget" in events
     assert "Reason:                BudgetExceeded" in described  # the Suspended condition
     assert re.search(rf"Output Report:\s+file://{re.escape(str(out))}/report.html", described), described
     wait_for("attempt 1 stopped and deleted", lambda: cluster.get(RAYJOBS, NS, "kc-gen-1") is None)

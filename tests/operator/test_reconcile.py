@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, fingerprint
 from eyrie.jobs.contract.progress import ProgressError, parse_progress
 from eyrie.jobs.spec import DatasetGenerationStatus, parse_spec
 from eyrie.operator import children, conditions
@@ -89,7 +90,7 @@ def prog(
             "reservedUSD": "0.5",
             "maxUSD": "10",
             "stage": stage,
-            "samples": {"total": 1000, "done": done, "dropped": 1, "failed": 2},
+            "samples": {"total": 1000, "done": done, "rejected": 1, "discarded": 3, "failed": 2},
             "tokens": {"input": 10, "output": 20},
             "tools": {"declaredPrompts": 7, "callRate": 0.5, "invalidCalls": 1, "leaks": 0},
         }
@@ -110,6 +111,15 @@ SUSPENDED_BUDGET = {
     "conditions": [cond("Suspended", "True", "BudgetExceeded")],
 }
 DONE_STATUS = {"attempt": "1", "phase": "Extracting"}
+
+
+def bound_to(sp) -> dict[str, Any]:
+    """<output>/fingerprint.json as a run of `sp` leaves it."""
+    fp = fingerprint(sp)
+    return {"version": 1, "current": fp.id, "fingerprints": {fp.id: {"fields": dict(fp.fields), "since": "1"}}}
+
+
+OTHER_MODEL = bound_to(spec(target={"model": "deepseek/deepseek-v4", "tokenizer": "t"}))
 
 
 def obs(sp=None, status: dict[str, Any] | None = None, **kw: Any) -> Observation:
@@ -563,6 +573,51 @@ CASES = [
         "Succeeded",
     ),
     Case(
+        "the output's answers were bought under the same spec: the first attempt starts",
+        obs(fingerprint_doc=bound_to(spec()), progress=prog("Stopped")),
+        ["CreateGeneration"],
+        "Pending",
+        conds={"OutputMatchesSpec": ("True", "FingerprintMatches")},
+    ),
+    Case(
+        "a resume after a spec edit of target.model starts nothing and says why",
+        obs(status=SUSPENDED_BUDGET, fingerprint_doc=OTHER_MODEL, progress=prog("BudgetExhausted", spent="9")),
+        ["Event:Normal:Resumed", "Event:Warning:SpecChanged"],
+        "Pending",
+        attempt="2",
+        conds={"OutputMatchesSpec": ("False", "SpecChanged"), "Suspended": ("False", "Resumed")},
+    ),
+    Case(
+        "the edited spec's fingerprint accepted by annotation: the attempt starts, told so",
+        obs(status=SUSPENDED_BUDGET, fingerprint_doc=OTHER_MODEL, progress=prog("BudgetExhausted", spent="9"),
+            accept_fingerprint=fingerprint(spec()).id),
+        ["Event:Normal:Resumed", "CreateGeneration"],
+        "Pending",
+        attempt="2",
+        conds={"OutputMatchesSpec": ("True", "ChangeAccepted")},
+    ),
+    Case(
+        "an annotation naming another fingerprint accepts nothing",
+        obs(fingerprint_doc=OTHER_MODEL, progress=prog("Stopped"), accept_fingerprint="0123456789ab"),
+        ["Event:Warning:SpecChanged"],
+        "Pending",
+        conds={"OutputMatchesSpec": ("False", "SpecChanged")},
+    ),
+    Case(
+        "a spec edit while an attempt runs: it goes on, the condition warns of the next one",
+        obs(generation_children=(gen(),), fingerprint_doc=OTHER_MODEL, progress=prog(done=500)),
+        ["Event:Warning:SpecChanged"],
+        "Generating",
+        conds={"OutputMatchesSpec": ("False", "SpecChanged")},
+    ),
+    Case(
+        "a fingerprint recorded before any answer was persisted binds nothing",
+        obs(fingerprint_doc=OTHER_MODEL, progress=replace(prog("Stopped"), samples={"total": 10})),
+        ["CreateGeneration"],
+        "Pending",
+        conds={"OutputMatchesSpec": ("True", "FingerprintMatches")},
+    ),
+    Case(
         "Submit mode submits without a RayJob body",
         obs(spec(generation__ray={"mode": "Submit", "address": "http://ray:8265"})),
         ["CreateGeneration"],
@@ -589,7 +644,7 @@ def test_status_figures_come_from_progress() -> None:
     d = reconcile(obs(generation_children=(gen(),), progress=prog(spent="3.25")))
     s = d.status
     assert (s["spentUSD"], s["reservedUSD"]) == ("3.25", "0.5")
-    assert s["samples"] == {"total": 1000, "done": 500, "dropped": 1, "failed": 2}
+    assert s["samples"] == {"total": 1000, "done": 500, "rejected": 1, "discarded": 3, "failed": 2}
     assert s["tokens"] == {"input": 10, "output": 20}
     assert s["tools"] == {"declaredPrompts": 7, "callRate": 0.5, "invalidCalls": 1, "leaks": 0}
     assert s["observedGeneration"] == 3
@@ -629,7 +684,7 @@ def test_a_queued_child_names_the_queue_that_holds_it() -> None:
 def test_budget_message_names_spend_and_budget() -> None:
     d = reconcile(obs(progress=prog("BudgetExhausted", spent="9.97")))
     ev = next(a for a in d.actions if isinstance(a, Event))
-    assert ev.message.startswith("spent 9.97 USD of the 10 USD budget (spec.budget.maxUSD)")
+    assert ev.message.startswith("spent $9.97 of the $10.00 budget (spec.budget.maxUSD)")
     c = conditions.find(d.status["conditions"], "Suspended")
     assert c is not None and c["message"] == ev.message
     assert d.suspended_reason == "BudgetExceeded"
@@ -830,3 +885,37 @@ def test_pod_problems_say_which_and_what_to_do() -> None:
 ])
 def test_pod_advice_names_the_field(problem: PodProblem, says: str) -> None:
     assert says in pod_advice(problem)
+
+
+def test_a_refused_spec_edit_names_each_field_and_both_ways_on_once() -> None:
+    edited = spec(target={"model": "moonshotai/kimi-k2.5", "tokenizer": "t"},
+                  api={"baseUrl": "https://openrouter.ai/api/v1", "sampling": {"temperature": 0.2},
+                       "apiKeySecretRef": {"name": "openrouter", "key": "api-key"}})
+    o = obs(edited, fingerprint_doc=bound_to(spec(target={"model": "deepseek/deepseek-v4", "tokenizer": "t"})),
+            progress=prog("Stopped"))
+    d = reconcile(o)
+    c = conditions.find(d.status["conditions"], "OutputMatchesSpec")
+    assert c is not None and c["status"] == "False"
+    msg = c["message"]
+    assert 'spec.target.model: "deepseek/deepseek-v4" -> "moonshotai/kimi-k2.5"' in msg
+    assert "spec.api.sampling.temperature: unset -> 0.2" in msg
+    assert "another spec.output.uri" in msg and f"{ACCEPT_ANNOTATION}={fingerprint(edited).id}" in msg
+    assert not any(isinstance(a, CreateGeneration) for a in d.actions)  # no job that would only refuse
+    # the next poll keeps the condition and posts no second event: a refusal is not a crash loop
+    again = reconcile(replace(o, status=d.status))
+    assert names(again.actions) == [] and conditions.find(again.status["conditions"], "OutputMatchesSpec") == c
+
+
+def test_an_accepted_fingerprint_reaches_the_job() -> None:
+    accepted = fingerprint(spec()).id
+    d = reconcile(obs(fingerprint_doc=OTHER_MODEL, progress=prog("Stopped"), accept_fingerprint=accepted))
+    create = next(a for a in d.actions if isinstance(a, CreateGeneration))
+    assert create.accept_fingerprint == accepted
+    env = create.body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "EYRIE_ACCEPT_FINGERPRINT", "value": accepted} in env
+
+
+def test_status_money_is_rounded_for_kubectl_get_never_below_the_spend() -> None:
+    d = reconcile(obs(generation_children=(gen(),), progress=prog(spent="1.010928723076923076923076923")))
+    assert d.status["spentUSD"] == "1.010929"
+    assert reconcile(obs(generation_children=(gen(),), progress=prog(spent="0.42"))).status["spentUSD"] == "0.42"
