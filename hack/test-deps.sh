@@ -2,15 +2,17 @@
 # What the test suite needs beside Python packages, once per machine: the real Kubernetes control plane and node
 # binaries built from Go modules (tests/cluster/build.sh, cached outside the repository: seconds when warm),
 # Debian's headless chromium for the report page, and for the real node (tests/cluster/node.py) Debian's containerd,
-# runc, CNI plugins, iptables, conntrack and a static busybox (the node's test image). Packages are installed only
-# when missing (needs root or sudo).
+# runc, CNI plugins, iptables, conntrack and a static busybox (the node's test image); buildah, mmdebstrap and a
+# static libc for hack/images.sh, which then builds the images under images/. Packages are installed only when
+# missing (needs root or sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests/cluster/build.sh
 # command or file -> the Debian package that provides it
 declare -A packages=([chromium]=chromium [containerd]=containerd [runc]=runc
   [/usr/lib/cni/bridge]=containernetworking-plugins [iptables]=iptables [conntrack]=conntrack
-  [/bin/busybox]=busybox-static)
+  [/bin/busybox]=busybox-static [buildah]=buildah [mmdebstrap]=mmdebstrap [zstd]=zstd [gcc]=gcc
+  [/usr/include/stdio.h]=libc6-dev)
 missing=()
 for need in "${!packages[@]}"; do
   if [[ "$need" == /* ]]; then [[ -e "$need" ]] || missing+=("${packages[$need]}")
@@ -20,3 +22,5 @@ if ((${#missing[@]})); then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# the images the chart and the specs name, built with buildah from images/ (hack/images.sh: seconds when current)
+hack/images.sh

@@ -130,13 +130,25 @@ def test_generation_never_imports_the_simulator():
     assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulated_text") == []
 
 
+def _eyrie_requires() -> list[str]:
+    """eyrie's own requirements as pyproject.toml declares them (an installed copy of its metadata may be stale: an
+    old eyrie.egg-info in a working tree shadows the venv's)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *(f"{r}; extra == {extra!r}" if ";" not in r else
+                                        f"{r.split(';')[0]}; ({r.split(';', 1)[1].strip()}) and extra == {extra!r}"
+                                        for extra, reqs in project["optional-dependencies"].items() for r in reqs)]
+
+
 def _closure(extras: set[str]) -> set[str]:
-    """Every distribution `eyrie[extras]` requires, transitively, from the installed metadata."""
+    """Every distribution `eyrie[extras]` requires, transitively: eyrie's from pyproject.toml, the rest from the
+    installed metadata."""
     seen: set[str] = set()
     todo = [("eyrie", frozenset(extras))]
     while todo:
         dist, want = todo.pop()
-        for line in md.requires(dist) or ():
+        for line in (_eyrie_requires() if dist == "eyrie" else md.requires(dist)) or ():
             req = Requirement(line)
             if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (want or {""})):
                 continue
