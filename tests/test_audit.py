@@ -123,7 +123,8 @@ def test_a_repeated_audit_pays_nothing_and_samples_extend(tmp_path):
         path.write_text(yaml.safe_dump(doc))
         changed = run_audit(load_spec(path), 5, RunContext("t"), fake.base_url)
         assert changed["sent"] == 10 and fake.requests == billed_before_change + 10
-        assert changed["fingerprint"] != first["fingerprint"]
+        assert changed["fingerprint"]["id"] != first["fingerprint"]["id"]
+        assert changed["changedSince"] == ["api.sampling.temperature: 0.6 -> 1.0"]  # named, old -> new
     store = open_store(f"file://{tmp_path}/out")
     history = stored.read_audit(store)["history"]
     assert [h["sent"] for h in history] == [10, 6, other["sent"], 10]  # the repeat added nothing

@@ -270,6 +270,9 @@ def audit_main(argv: list[str]) -> int:
         print(f"eyrie audit: {e}", file=sys.stderr)
         return 2
     print_audit(doc)
+    if doc.get("changedSince"):
+        print(f"settings changed since the last audit ({'; '.join(doc['changedSince'])}): its answers are kept, "
+              "not reused", file=sys.stderr)
     where = f"; written to {open_output(dg.spec).url(layout.AUDIT)}" if dg is not None else ""
     print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
           file=sys.stderr)

@@ -73,8 +73,8 @@ def history_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """What audit.json remembers of an audit once a newer one is the latest: its overall figures and
     verdict, not its per-source/per-tool tables, examples or sample ids."""
     figures = entry.get("figures") or {}
-    keep = ("kind", "at", "samples", "seed", "model", "fingerprint", "from", "outcome", "spentUSD", "sent",
-            "reused", "verdict", "legacyModes")
+    keep = ("kind", "at", "samples", "seed", "model", "fingerprint", "changedSince", "from", "outcome", "spentUSD",
+            "sent", "reused", "verdict", "legacyModes")
     out = {k: entry[k] for k in keep if k in entry}
     if figures:
         out["figures"] = {k: figures[k] for k in ("modes", "paired", "projection") if k in figures}

@@ -33,8 +33,8 @@ FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parque
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
 _JOURNAL_RE = re.compile(r"^generations/shard-(\d{5})/journal/([0-9a-f]{8})-(\d{8})\.jsonl\.gz$")
-_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
-_AUDIT_RE = re.compile(r"^audit/answers/([0-9a-f]{16})/")
+_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{12,16}$")  # contract/fingerprint ids (12 hex digits)
+_AUDIT_RE = re.compile(r"^audit/answers/([0-9a-f]{12,16})/")
 _SAMPLES_RE = re.compile(r"^samples/shard-(\d{5})\.parquet$")
 
 
@@ -59,7 +59,7 @@ def journal_key(shard: int, writer: str, seq: int) -> str:
 def audit_answers_prefix(fingerprint: str) -> str:
     """The folder of one audit answer set: a store of its own (`store.PrefixedStore`) laid out like a
     run's output (`generations/shard-NNNNN/...`, one shard per tools mode, `AUDIT_SHARDS`), plus
-    `settings.json`, the settings the fingerprint hashes (model, sampling, provider)."""
+    `settings.json`, the fingerprint's fields (model, routing, sampling, ...)."""
     if not _FINGERPRINT_RE.match(fingerprint):
         raise ValueError(f"not an audit fingerprint: {fingerprint!r}")
     return f"{AUDIT_ANSWERS}/{fingerprint}"

@@ -40,6 +40,7 @@ from eyrie.jobs import sources
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.fingerprint import audit_fingerprint, diff
 from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.budget import usd
@@ -47,9 +48,8 @@ from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
 from eyrie.jobs.generate.coordinator import Counts, Outcome, RunCoordinator
 from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
 from eyrie.jobs.generate.preflight import preflight
-from eyrie.jobs.generate.requests import build_body
 from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
-from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
+from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
 from eyrie.jobs.tools import audit_stats, declarations
 
@@ -210,28 +210,14 @@ def _references(dg: DatasetGeneration, picked: list[tuple[str, sources.Prompt]])
 # ------------------------------------------------------------------------ the answer set
 
 
-def audit_settings(spec: DatasetGenerationSpec) -> dict[str, Any]:
-    """What makes two audits' answers interchangeable: where they were sent and the request's
-    settings (model, sampling, reasoning, provider routing), not the prompt."""
-    body = build_body(spec, [], None)
-    body.pop("messages")
-    settings: dict[str, Any] = {"baseUrl": spec.api.base_url, "request": body}
-    if spec.api.base_url == SIMULATED:
-        settings["simulator"] = spec.api.simulator.dump() if spec.api.simulator else None
-    return settings
-
-
-def fingerprint(settings: dict[str, Any]) -> str:
-    return hashlib.sha256(orjson.dumps(settings, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
 class AnswerSet:
-    """The answers bought with one set of settings: shard `AUDIT_SHARDS[mode]` of a store of its own."""
+    """The answers bought under one audit fingerprint (`contract/fingerprint.audit_fingerprint`: the
+    model, routing, sampling, reasoning, simulator, ... that shape an answer): shard
+    `AUDIT_SHARDS[mode]` of a store of its own."""
 
-    def __init__(self, store: Store, settings: dict[str, Any]):
-        self.settings = settings
-        self.fingerprint = fingerprint(settings)
-        self.store = stored.answer_store(store, self.fingerprint)
+    def __init__(self, store: Store, spec: DatasetGenerationSpec):
+        self.fingerprint = audit_fingerprint(spec)
+        self.store = stored.answer_store(store, self.fingerprint.id)
         self.states: dict[str, ShardState] = {m: scan_shard(self.store, layout.AUDIT_SHARDS[m]) for m in MODES}
 
     def have(self, mode: str) -> set[str]:
@@ -239,7 +225,14 @@ class AnswerSet:
 
     def write_settings(self) -> None:
         if not self.store.exists(layout.AUDIT_SETTINGS):
-            self.store.put(layout.AUDIT_SETTINGS, orjson.dumps(self.settings, option=orjson.OPT_INDENT_2))
+            self.store.put(layout.AUDIT_SETTINGS, orjson.dumps(self.fingerprint.to_json(), option=orjson.OPT_INDENT_2))
+
+    def changed_since(self, previous: dict[str, Any] | None) -> list[str]:
+        """What differs from the fingerprint of the audit before (its answers are kept, not reused)."""
+        old = (previous or {}).get("fingerprint")
+        if not isinstance(old, dict) or old.get("id") == self.fingerprint.id or "fields" not in old:
+            return []
+        return [c.describe() for c in diff(old["fields"], self.fingerprint.fields)]
 
     def compact(self, part_records: int) -> None:
         """Journal objects left by this audit (or a killed one) become parts."""
@@ -407,7 +400,7 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
     picked = pick_prompts(dg, samples, seed)
     if not picked.prompts:
         raise AuditError("no prompt in the sources declares tools: nothing to compare")
-    answers = AnswerSet(store, audit_settings(spec))
+    answers = AnswerSet(store, spec)
     todo = {m: [(sid, p) for sid, p in picked.prompts if sid not in answers.have(m)] for m in MODES}
     wanted = sum(len(v) for v in todo.values())
     sent, spent, outcome, message = buy(dg, ctx, base_url, answers, todo)
@@ -417,7 +410,8 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
     figures = audit_stats.summarize([f for m in MODES for f in facts[m].values()], picked.population)
     entry = {
         "kind": "prompts", "at": now_iso(), "samples": len(picked.prompts), "seed": seed,
-        "model": spec.target.model, "fingerprint": answers.fingerprint, "settings": answers.settings,
+        "model": spec.target.model, "fingerprint": answers.fingerprint.to_json(),
+        "changedSince": answers.changed_since(stored.read_audit(store)),
         "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
         "reused": 2 * len(picked.prompts) - wanted, "population": picked.population,
         "figures": figures, "verdict": audit_stats.verdict(figures),

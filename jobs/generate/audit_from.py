@@ -29,6 +29,7 @@ from typing import Any
 from eyrie.jobs import sources
 from eyrie.jobs.api import reported_cost
 from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.generate.audit import (
@@ -38,7 +39,6 @@ from eyrie.jobs.generate.audit import (
     AnswerSet,
     AuditError,
     Lowest,
-    audit_settings,
     buy,
     declarations_of,
     examples,
@@ -227,13 +227,14 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
     picked = tally.picked()
     facts = list(tally.facts)
     sent, spent, outcome, message = 0, Decimal(0), Outcome.DONE, ""
-    fp = settings = None
+    fp: dict[str, Any] | None = None
+    changed: list[str] = []
     examples_doc: list[dict[str, Any]] = []
     store = open_output(dg.spec) if dg is not None else None
     if dg is not None and store is not None and picked:
         other = {"text": "structured", "structured": "text"}
-        answers = AnswerSet(store, audit_settings(dg.spec))
-        fp, settings = answers.fingerprint, answers.settings
+        answers = AnswerSet(store, dg.spec)
+        fp, changed = answers.fingerprint.to_json(), answers.changed_since(stored.read_audit(store))
         todo: dict[str, list[tuple[str, sources.Prompt]]] = {m: [] for m in MODES}
         for c in picked:
             if c.sample_id not in answers.have(other[c.mode]):
@@ -257,7 +258,7 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
     figures = audit_stats.summarize(facts, population)
     entry = {
         "kind": "from", "at": now_iso(), "samples": len(picked), "seed": seed,
-        "model": dg.spec.target.model if dg is not None else None, "fingerprint": fp, "settings": settings,
+        "model": dg.spec.target.model if dg is not None else None, "fingerprint": fp, "changedSince": changed,
         "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
         "reused": len(picked) - sent if picked else 0, "population": population,
         "from": {"file": str(path), "rows": tally.rows, "badRows": tally.bad_rows, "problems": tally.problems,

@@ -190,7 +190,7 @@ def _audit_main(doc: dict[str, Any]) -> Table:
     where = f"recorded in {escape(doc['from']['file'])}" if doc.get("kind") == "from" else f"seed {doc.get('seed')}"
     t = Table(title=f"tools as text vs structured: {doc.get('samples')} prompts ({where}), model {doc.get('model')}; "
                     f"sent {doc.get('sent', 0)} requests, reused {doc.get('reused', 0)} answers, "
-                    f"spent ${doc.get('spentUSD')}",
+                    f"spent {dollars(doc.get('spentUSD'))}",
               title_justify="left", caption="95% intervals: Wilson for rates, seeded bootstrap for means and "
               "differences (over prompts answered in both modes); n: answers, calls or prompts counted",
               caption_justify="left")
@@ -207,7 +207,7 @@ def _audit_main(doc: dict[str, Any]) -> Table:
             continue
         diff = [_cell(paired["difference"].get(dkey), _DIFF_KIND[dkey]) if dkey else ""] if paired else []
         t.add_row(label, *(_cell(c, kind) for c in cells), *diff)
-    t.add_row("USD, these answers", *(f"${figs['modes'][m]['costUSD']}" for m in modes), *([""] if paired else []))
+    t.add_row("USD, these answers", *(dollars(figs["modes"][m]["costUSD"]) for m in modes), *([""] if paired else []))
     t.add_row("failed requests", *(str(figs["modes"][m]["failed"]) for m in modes), *([""] if paired else []))
     if any(figs["modes"][m]["unparsable"] for m in modes):
         t.add_row("functions not parsable", *(str(figs["modes"][m]["unparsable"]) for m in modes),
@@ -314,8 +314,9 @@ def _audit_recorded(doc: dict[str, Any]) -> Table | None:
         ("malformed rows", f"{f['badRows']:,}" + (f": {shown}{more}" if shown else "")),
         ("rows without declared functions", f"{f['noTools']:,}"),
         ("rows whose functions do not parse", f"{f['unparsableRows']:,}" + (f": {unp}" if unp else "")),
-        ("what these answers cost", f"${f['costUSD']} (from usage.cost {f['priced']['usage']:,}, at the spec's prices "
-                                     f"{f['priced']['pricing']:,}, unpriced {f['priced']['unpriced']:,})"),
+        ("what these answers cost", f"{dollars(f['costUSD'])} (from usage.cost {f['priced']['usage']:,}, at the "
+                                     f"spec's prices {f['priced']['pricing']:,}, "
+                                     f"unpriced {f['priced']['unpriced']:,})"),
     ]
     return _kv("recorded answers (--from)", [(k, Text(str(v))) for k, v in rows])  # rows' text is not markup
 
