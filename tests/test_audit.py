@@ -252,8 +252,10 @@ def test_run_in_audit_mode_prints_the_audit_without_a_terminal(tmp_path):
     err = " ".join(r.stderr.split())
     assert "audit verdict" in err and "As text, the model called a tool on" in err and "n=6" in err
     report = (tmp_path / "out" / layout.REPORT).read_text()
-    first = report.index("<h2>")
-    assert report[first:].startswith("<h2>Audit: tools as text vs structured</h2><p class='verdict'>As text")
+    # the first screen: the run's verdict, then the audit's, before the sample and the plots
+    sections = [report.index(m) for m in ("<h2>Verdict</h2>", "<h2>Audit: tools as text vs structured</h2>"
+                                          "<p class='verdict'>As text", 'id="plot-0"')]
+    assert sections == sorted(sections) and report.index("<h2>") == sections[0]
 
 
 def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_path):

@@ -25,6 +25,7 @@ from eyrie.jobs.report import collect, publish
 from eyrie.jobs.report.data import MAX_KEYS, OTHER, Answers, Reservoir
 from eyrie.jobs.report.html import figures, render
 from eyrie.jobs.report.terminal import print_report
+from eyrie.jobs.report.verdict import verdict
 from eyrie.jobs.store import FileStore
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -151,18 +152,21 @@ def _full_store(root: Path) -> FileStore:
         calls = [("get_weather", i % 7 != 0)] if declared and i % 4 else []
         recs.append(_record(i, source, provider, declared=declared, calls=calls, leaked=(i == 5),
                             prompt=80 + 7 * i, completion=40 + (i * 37) % 400))
+        if i % 10 == 3:  # paid, then dropped by the tool policy
+            recs[-1]["policy"] = "drop"
     recs.append(_record(99, "chat", "moonshotai", declared=[], calls=[], status="failed"))
     store.put(layout.part_key(0, 0), records.encode_part(recs[:30]))
     store.put(layout.part_key(1, 0), records.encode_part(recs[30:]))
     t0 = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
     pts = []
-    for k in range(12):
-        pts.append({"t": (t0 + timedelta(seconds=10 * k)).isoformat().replace("+00:00", "Z"), "attempt": "a1",
-                    "spentUSD": str(round(0.04 * k, 4)), "reservedUSD": "0.02", "requests": 6 * k,
+    for k in range(12):  # two attempts, an hour of nothing between them
+        attempt, at = ("a1", 10 * k) if k < 6 else ("a2", 3600 + 10 * k)
+        pts.append({"t": (t0 + timedelta(seconds=at)).isoformat().replace("+00:00", "Z"), "attempt": attempt,
+                    "spentUSD": str(round(0.04 * k, 4)), "reservedUSD": "0.02", "requests": 6 * (k % 6),
                     "retries": k // 3, "errors": k // 4, "done": 5 * k, "rejected": 0, "discarded": 0, "failed": 0,
                     "total": 60})
     store.put(layout.TIMESERIES, timeseries.encode(pts))
-    progress = {"attempt": "a1", "stage": "done", "outcome": "Done", "spentUSD": "0.44", "reservedUSD": "0",
+    progress = {"attempt": "a2", "stage": "done", "outcome": "Done", "spentUSD": "0.44", "reservedUSD": "0",
                 "maxUSD": "1", "auditUSD": "0.02", "forecastUSD": "0.47", "requests": 66, "retries": 3,
                 "errors": {"429": 2}, "samples": {"total": 61, "done": 55, "rejected": 3, "discarded": 2, "failed": 1},
                 "discardedUSD": "0.0123456789",
@@ -170,7 +174,7 @@ def _full_store(root: Path) -> FileStore:
                 "tokens": {"input": 9000, "output": 12000}, "tools": {"callRate": 0.7}}
     store.put(layout.PROGRESS, orjson.dumps(progress))
     store.put(layout.AUDIT, orjson.dumps(_audit_doc()))
-    summary = {"chatTemplate": {"format": "kimi-k2.5"}, "samples": {
+    summary = {"tokenizer": {"name": "bundled:deepseek-v4"}, "chatTemplate": {"format": "kimi-k2.5"}, "samples": {
         "records": 61, "kept": 55, "tokens": 30000, "responseTokens": 12000,
         "excluded": {"policy_drop": 5, "status_failed": 1}, "flags": {"token_count_gap": 3},
         "completionTokenGap": {"count": 55, "exact": 50, "mean": 0.1, "min": -2, "p50": 0, "p90": 0, "p99": 3,
@@ -178,22 +182,48 @@ def _full_store(root: Path) -> FileStore:
         "promptTokenGap": {"count": 55, "exact": 55, "mean": 0, "min": 0, "p50": 0, "p90": 0, "p99": 0, "max": 0,
                            "histogram": {"0": 55}}}}
     store.put(layout.SAMPLES_SUMMARY, orjson.dumps(summary))
-    fidelity = {"overall": {"samples": 55, "top1Agreement": 0.83, "meanNLL": 0.61},
+    fidelity = {"minTop1Agreement": 0.8, "onLow": "flag", "belowFloor": ["fireworks"],
+                "overall": {"samples": 55, "tokens": 12000, "top1Agreement": 0.83, "meanNLL": 0.61, "lowSamples": 9},
                 "byProvider": {"moonshotai": {"samples": 28, "top1Agreement": 0.91, "meanNLL": 0.4},
                                "fireworks": {"samples": 27, "top1Agreement": 0.74, "meanNLL": 0.9}},
                 "bySource": {"glaive": {"samples": 20, "top1Agreement": 0.8, "meanNLL": 0.7}}}
     manifest = {"spentUSD": "0.44", "samples": progress["samples"], "reconstruction": summary,
-                "extraction": {"engine": "sglang", "dtype": "bfloat16", "auxLayers": [2, 30, 58], "samples": 55,
+                "extraction": {"engine": "sglang", "model": "/models/kimi", "modelName": "moonshotai/Kimi-K2.5",
+                               "dtype": "bfloat16", "auxLayers": [2, 30, 58], "samples": 55,
                                "tokens": 30000, "bytes": 3 * 2**30, "bytesPerToken": 57344, "shardsDone": 2,
                                "skipped": {}},
-                "fidelity": fidelity, "agentic": {"conversations": 20, "turnsRegenerated": 64, "diverged": 3}}
+                "fidelity": fidelity, "agentic": AGENTIC}
     store.put(layout.MANIFEST, orjson.dumps(manifest))
     buf = io.BytesIO()
     pq.write_table(pa.table({"sample_id": [f"s{i}" for i in range(55)],
                              "top1_agreement": [0.5 + (i % 10) / 20 for i in range(55)],
                              "mean_nll": [0.2 + (i % 7) / 5 for i in range(55)]}), buf)
     store.put(f"{layout.FIDELITY}/shard-00000.parquet", buf.getvalue())
+    store.put(f"{layout.SAMPLES}/shard-00000.parquet", _samples_parquet())
     return store
+
+
+AGENTIC = {"conversations": 20, "turnsRegenerated": 64, "turnsFailed": 1, "splicedToolResults": 30,
+           "diverged": {"otherTool": 1, "otherArguments": 2, "missingCall": 0, "extraCall": 0},
+           "ended": {"diverged": 3, "done": 15, "failed": 1, "maxTurns": 1}, "droppedTurns": 9}
+PROMPT = "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris? Grüße<｜Assistant｜><think>"
+ANSWER = ("Check it.", "</think>Sunny in café land.", "<｜end▁of▁sentence｜>")  # reasoning, content, the end
+
+
+def _samples_parquet() -> bytes:
+    """One DeepSeek-V4 sample: a masked prompt, then reasoning and content in the loss."""
+    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+    from eyrie.jobs.spec import TargetSpec
+
+    tok = load_tokenizer(TargetSpec(model="m", tokenizer="bundled:deepseek-v4"))
+    prompt, reasoning, content = tok.encode(PROMPT), tok.encode(ANSWER[0]), tok.encode(ANSWER[1] + ANSWER[2])
+    ids = prompt + reasoning + content
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"sample_id": ["s7"], "turn": pa.array([0], pa.int32()), "source": ["chat"],
+                             "input_ids": [ids], "loss_mask": [[0] * len(prompt) + [1] * (len(ids) - len(prompt))],
+                             "n_tokens": pa.array([len(ids)], pa.int32()), "flags": [[]], "provider": ["moonshotai"],
+                             "segments": [[len(prompt), len(prompt) + len(reasoning), len(ids)]]}), buf)
+    return buf.getvalue()
 
 
 def test_terminal_report_shows_every_section_with_data(tmp_path):
@@ -203,10 +233,17 @@ def test_terminal_report_shows_every_section_with_data(tmp_path):
     text = console.export_text()
     for expected in ("$0.44 (44.0% of $1.00)", "forecast", "$0.47", "glaive", "fireworks", "get_weather",
                      "tools as text vs structured", "policy_drop 5", "exact 50/55", "3.0 GiB",
-                     "the answers scored by the target model", "provider moonshotai", "0.910",
-                     "turnsRegenerated", "failed: moderation 1",
-                     "fireworks $0.03", "moonshotai $0.03", "discarded: paid $0.012346"):
+                     "the answers scored by moonshotai/Kimi-K2.5 (floor 80.0%, on low: flag)",
+                     "provider fireworks (below floor)", "91.0%", "failed: moderation 1",
+                     "fireworks $0.03", "moonshotai $0.03", "discarded: paid $0.012346",
+                     "divergences by kind", "otherTool 1, otherArguments 2, missingCall 0, extraCall 0 (3 in all)",
+                     "how conversations ended", "diverged 3, done 15, failed 1, maxTurns 1"):
         assert expected in text, expected
+    assert re.search(r"dataset tool results spliced +│ 30 ", text)
+    # the verdict first, each of its questions answered
+    assert text.index("verdict") < text.index("samples by outcome")
+    for line in ("Tool semantics", "Reconstruction", "Fidelity", "What the money bought"):
+        assert line in text[:text.index("samples by outcome")], line
 
 
 def test_sections_without_data_are_left_out(tmp_path):
@@ -221,6 +258,76 @@ def test_sections_without_data_are_left_out(tmp_path):
     text = console.export_text()
     assert "$0.00 (0.0% of $5.00)" in text and "reconstruction" not in text and "fidelity" not in text
     assert "<script" in render(data)  # still a page
+
+
+def test_a_run_without_extraction_has_no_fidelity_section(tmp_path):
+    """`--until samples`: reconstruction writes the manifest's per-provider tool and gap figures, but
+    nothing scored them: no fidelity table, chart or verdict line."""
+    store = _full_store(tmp_path / "out")
+    manifest = orjson.loads(store.get(layout.MANIFEST))
+    manifest.pop("extraction")
+    manifest["fidelity"] = {"minTop1Agreement": None, "onLow": "flag",
+                            "overall": {"samples": 0, "tokens": 0, "top1Agreement": None, "toolCallRate": 0.7},
+                            "byProvider": {"moonshotai": {"samples": 0, "top1Agreement": None, "toolCallRate": 0.7}}}
+    store.put(layout.MANIFEST, orjson.dumps(manifest))
+    store.delete(f"{layout.FIDELITY}/shard-00000.parquet")
+    data = collect(store)
+    assert data.fidelity is None
+    assert not any(section == "Fidelity" for section, _t, _f in figures(data))
+    console = Console(record=True, width=200, file=io.StringIO())
+    print_report(data, console)
+    text = console.export_text()
+    assert "scored by" not in text and "top-1" not in text
+    assert [v.key for v in verdict(data)] == ["tools", "reconstruction", "money"]
+
+
+def test_the_verdict_answers_four_questions_with_the_runs_own_figures(tmp_path):
+    data = collect(_full_store(tmp_path / "out"))
+    lines = {v.key: v for v in verdict(data)}
+    assert list(lines) == ["tools", "reconstruction", "fidelity", "money"]
+    tools = lines["tools"]
+    total = data.answers.total
+    assert tools.figures["callRate"] == f"{100 * total.called / total.declared:.1f}%"
+    assert tools.status == "warn"  # invalid calls and one leak
+    rec = lines["reconstruction"]
+    assert rec.figures == {"kept": "55", "records": "61", "excluded": "6", "promptExact": "55/55",
+                           "completionExact": "50/55"} and rec.status == "warn"
+    assert "(6 excluded: policy_drop 5, status_failed 1)" in rec.text
+    fid = lines["fidelity"]
+    assert fid.status == "bad" and "Scored by moonshotai/Kimi-K2.5: top-1 agreement 83.0%" in fid.text
+    assert "lowest provider fireworks at 74.0%" in fid.text and "under it: fireworks" in fid.text
+    money = lines["money"].figures
+    assert money == {"spent": "$0.44", "budget": "$1.00", "perSample": "$0.008", "kept": "55",
+                     "perMillionTokens": "$36.666667", "trained": "12,000", "discarded": "$0.012346",
+                     "projected": "$0.47"}
+    for v in lines.values():  # every figure is in the sentence, as printed
+        assert all(f in v.text for f in v.figures.values()), v
+
+
+def test_time_axes_mark_attempts_and_draw_nothing_across_the_gap(tmp_path):
+    data = collect(_full_store(tmp_path / "out"))
+    spend, throughput = (f for _s, _t, f in figures(data)[:2])
+    for fig in (spend, throughput):
+        for trace in fig.data[:2]:
+            ys = list(trace.y)
+            assert ys.count(None) == 1, trace.name  # one break: between the two attempts
+            assert list(trace.x)[ys.index(None)] is None
+        assert [a.text for a in fig.layout.annotations] == ["attempt 1", "attempt 2"]
+        assert len(fig.layout.shapes) == 1
+    # no rate is computed across the gap: requests restart at 0 in the second attempt
+    y = list(throughput.data[1].y)
+    assert y[:5] == [36.0] * 5 and y[6:] == [36.0] * 5
+
+
+def test_report_to_a_file_or_pipe_is_not_squeezed_to_80_columns(tmp_path):
+    _full_store(tmp_path / "out")
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": ""})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) > 120
+    assert "…" not in r.stdout  # nothing cut with an ellipsis
+    assert any("provider fireworks (below floor)" in line and "74.0%" in line for line in lines)
 
 
 def test_report_cli_refuses_a_folder_that_is_no_run(tmp_path):
@@ -262,13 +369,101 @@ def check_page(page: Path, expected_titles: list[str], shot: str) -> list[dict]:
     return plots
 
 
+FIRST_SCREEN = """JSON.stringify({
+  lines: Array.from(document.querySelectorAll('#verdict dl.verdict > div')).map(d => ({
+    key: d.dataset.line, status: d.className, text: d.querySelector('dd').textContent,
+    figures: JSON.parse(d.dataset.figures)})),
+  verdictTop: document.querySelector('#verdict').getBoundingClientRect().top,
+  verdictBottom: document.querySelector('#verdict').getBoundingClientRect().bottom,
+  sampleTop: (document.querySelector('#sample') || {getBoundingClientRect: () => ({top: -1})})
+    .getBoundingClientRect().top,
+  firstPlotTop: document.querySelector('.plotly-graph-div').getBoundingClientRect().top,
+  prompt: Array.from(document.querySelectorAll('pre.sample span.p')).map(s => s.textContent).join(''),
+  trained: Array.from(document.querySelectorAll('pre.sample span.t')).map(s => s.textContent).join(''),
+  trainedColour: Array.from(new Set(Array.from(document.querySelectorAll('pre.sample span.t'))
+    .map(s => getComputedStyle(s).backgroundColor))),
+  promptColour: Array.from(new Set(Array.from(document.querySelectorAll('pre.sample span.p'))
+    .map(s => getComputedStyle(s).backgroundColor))),
+  plots: Object.fromEntries(Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => [
+    (d.querySelector('.gtitle') || {}).textContent || d.id, {
+      y2ticks: Array.from(d.querySelectorAll('.y2tick text')).map(t => t.textContent),
+      yrange: d._fullLayout.yaxis.range, xrange: d._fullLayout.xaxis.range,
+      spentGap: Array.from(d.data[0].y || []).indexOf(null),
+      annotations: (d._fullLayout.annotations || []).map(a => a.text)}])),
+})"""
+
+
+def _usd(text: str) -> Decimal:
+    return Decimal(text.removeprefix("$").replace(",", ""))
+
+
+def check_verdict(page: Path, output: Path, shot: str) -> dict:
+    """Open the page in Chromium; the verdict is the first screen, its figures as printed in its
+    sentences, and its money figures are those progress.json (and the samples summary) give."""
+    if find_browser() is None:
+        pytest.fail("headless chromium is needed for this test (hack/test-deps.sh installs Debian's `chromium`)")
+    result = open_page(page, FIRST_SCREEN, READY)
+    assert result.errors == [], result.errors
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / shot).write_bytes(result.screenshot)
+    got = json.loads(result.value)
+    assert 0 <= got["verdictTop"] < got["verdictBottom"] <= 900  # on the first screen (1400x900)
+    assert got["verdictBottom"] <= got["sampleTop"] < got["firstPlotTop"]  # then the sample, then the plots
+    lines = {x["key"]: x for x in got["lines"]}
+    for x in lines.values():
+        assert all(f in x["text"] for f in x["figures"].values()), x
+    progress = json.loads((output / layout.PROGRESS).read_text())
+    summary = json.loads((output / layout.SAMPLES_SUMMARY).read_text())["samples"]
+    money = lines["money"]["figures"]
+    spent = Decimal(progress["spentUSD"])
+    half = Decimal("0.0000005")  # dollars() rounds to 6 decimals
+    assert abs(_usd(money["spent"]) - spent) <= half
+    assert int(money["kept"].replace(",", "")) == summary["kept"]
+    assert abs(_usd(money["perSample"]) - spent / summary["kept"]) <= half
+    assert int(money["trained"].replace(",", "")) == summary["responseTokens"]
+    assert abs(_usd(money["perMillionTokens"]) - spent * 1_000_000 / summary["responseTokens"]) <= half
+    assert abs(_usd(money["projected"]) - Decimal(progress["forecastUSD"])) <= half
+    if "discardedUSD" in progress:
+        assert abs(_usd(money["discarded"]) - Decimal(progress["discardedUSD"])) <= half
+    if "budget" in money:
+        assert _usd(money["budget"]) == Decimal(progress["maxUSD"])
+    rec = lines["reconstruction"]["figures"]
+    assert rec["kept"] == f"{summary['kept']:,}" and rec["records"] == f"{summary['records']:,}"
+    for key, gap in (("promptExact", "promptTokenGap"), ("completionExact", "completionTokenGap")):
+        assert rec[key] == f"{summary[gap]['exact']:,}/{summary[gap]['count']:,}"
+    tools = progress.get("tools") or {}
+    if tools.get("declaredPrompts"):
+        assert lines["tools"]["figures"]["declared"] == f"{tools['declaredPrompts']:,}"
+        assert lines["tools"]["figures"]["callRate"] == f"{100 * tools['callRate']:.1f}%"
+    # the sample: its loss tokens highlighted, the prompt not
+    assert got["trained"] and got["prompt"]
+    assert not set(got["trainedColour"]) & set(got["promptColour"]), (got["trainedColour"], got["promptColour"])
+    return got
+
+
+def test_the_page_opens_with_the_verdict_then_the_sample_then_the_plots(tmp_path):
+    store = _full_store(tmp_path / "out")
+    page = Path(publish(store).removeprefix("file://"))
+    got = check_verdict(page, tmp_path / "out", "report-verdict.png")
+    assert got["prompt"] == PROMPT and got["trained"] == "".join(ANSWER)  # every token, in its place
+    assert [x["status"] for x in got["lines"]] == ["warn", "warn", "bad", "info"]
+    plots = got["plots"]
+    ticks = plots["per tool"]["y2ticks"]
+    assert ticks and all(t.isdigit() for t in ticks) and len(set(ticks)) == len(ticks), ticks  # whole, distinct
+    assert plots["fidelity per provider (scored by moonshotai/Kimi-K2.5)"]["yrange"] == [0, 1]  # never auto-scaled
+    assert plots["fidelity: top-1 agreement per sample"]["xrange"] == [0, 1]
+    spend = next(v for k, v in plots.items() if k.startswith("spend over time"))
+    assert spend["spentGap"] == 6 and spend["annotations"] == ["attempt 1", "attempt 2"]
+
+
 def test_html_page_renders_every_plot_in_chromium(tmp_path):
     store = _full_store(tmp_path / "out")
     data = collect(store)
     expected = [title for _s, title, _f in figures(data)]
     assert len(expected) == 14  # spend, throughput, 3 tool plots, 2 audit, 2 tokens, 2 gaps, 3 fidelity
     spend = figures(data)[0][2]
-    assert [t.name for t in spend.data] == ["spent", "spent + reserved (in flight)", "budget $1.00", "forecast $0.47"]
+    assert [t.name for t in spend.data] == ["spent", "spent + reserved (in flight)", "budget $1.00",
+                                            "forecast $0.47"]
     url = publish(store, data)
     page = Path(url.removeprefix("file://"))
     assert page == tmp_path / "out" / layout.REPORT
@@ -280,7 +475,9 @@ def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tm
 
     data = collect(_full_store(tmp_path / "out"))
     page = render(data)
-    assert page.index("<p class='verdict'>") < page.index("<h2>Summary</h2>") < page.index("plot-0")
+    order = [page.index(m) for m in ("<section id='verdict'>", "<p class='verdict'>", "<section id='sample'>",
+                                     "plot-0", "<section id='audit'>", "<section id='tables'>")]
+    assert order == sorted(order)
     assert html.escape(data.audit["verdict"]) in page and "As text, the model called a tool on" in page
     assert page.count("side by side: the same prompt in both modes") == 1  # the audit's tables once
     console = Console(record=True, width=160, file=io.StringIO())

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from eyrie.jobs.errors import InputError
 from eyrie.jobs.report import collect
-from eyrie.jobs.report.terminal import print_report
+from eyrie.jobs.report.terminal import console_for, print_report
 from eyrie.jobs.store import open_store
 
 
@@ -24,7 +24,7 @@ def report_main(argv: list[str]) -> int:
     data = collect(store)
     if data.progress is None and data.manifest is None and data.audit is None:
         raise InputError(f"{store.uri}: no progress.json, manifest.json or audit.json there; is this a run's output?")
-    print_report(data, Console())
+    print_report(data, console_for())
     if args.html:
         from eyrie.jobs.report.html import render
 

@@ -157,11 +157,11 @@ def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
 def _report(store: Store) -> None:
     """The one-screen summary, and the full report written beside the manifest."""
     from eyrie.jobs.report import collect, publish
-    from eyrie.jobs.report.terminal import print_report
+    from eyrie.jobs.report.terminal import console_for, print_report
 
     data = collect(store)
     # a log file gets whole tables, not ones squeezed into 80 columns
-    print_report(data, err if err.is_terminal else Console(stderr=True, width=160), full=False)
+    print_report(data, console_for(stderr=True), full=False)
     # plain print: a wrapped URL cannot be clicked or copied
     print(f"report: {publish(store, data)}  (tables again: eyrie report {store.uri})", file=sys.stderr)
 

@@ -56,6 +56,7 @@ class ExtractionSummary:
     model_config_sha256: str
     bytes_per_token: int
     shards: list[ShardResult] = field(default_factory=list)
+    model_name: str | None = None  # `extraction.model` as the spec names it (`model` is where it was loaded from)
 
     @property
     def samples(self) -> int:
@@ -89,7 +90,8 @@ class ExtractionSummary:
 
     def to_manifest(self) -> dict[str, Any]:
         return {
-            "engine": self.engine, "model": self.model, "auxLayers": self.aux_layers,
+            "engine": self.engine, "model": self.model, **({"modelName": self.model_name} if self.model_name else {}),
+            "auxLayers": self.aux_layers,
             "layerConvention": self.layer_convention, "hiddenSize": self.hidden_size,
             "numLayers": self.num_layers, "dtype": self.dtype, "modelConfigSha256": self.model_config_sha256,
             "bytesPerToken": self.bytes_per_token, "shardsDone": len(self.shards),
@@ -107,7 +109,7 @@ class ExtractionSummary:
                               fidelity=load_groups(s["fidelity"]) if "fidelity" in s else None)
                   for s in d["shards"]]
         return cls(d["engine"], d["model"], list(d["auxLayers"]), d["layerConvention"], d["hiddenSize"],
-                   d["numLayers"], d["dtype"], d["modelConfigSha256"], d["bytesPerToken"], shards)
+                   d["numLayers"], d["dtype"], d["modelConfigSha256"], d["bytesPerToken"], shards, d.get("modelName"))
 
 
 def summarize(store: Store) -> ExtractionSummary | None:

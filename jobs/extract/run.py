@@ -453,7 +453,8 @@ def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, back
             engine=be.name, model=plan.meta["model"], aux_layers=list(plan.layers.ids),
             layer_convention=plan.layers.convention, hidden_size=plan.layout.hidden,
             num_layers=be.facts.num_layers, dtype=plan.layout.dtype,
-            model_config_sha256=be.facts.config_sha256, bytes_per_token=plan.layout.bytes_per_token)
+            model_config_sha256=be.facts.config_sha256, bytes_per_token=plan.layout.bytes_per_token,
+            model_name=spec.extraction.model or spec.target.tokenizer)
         ex = spec.extraction
         for shard in mine:
             summary.shards.append(extract_shard(store, shard, be, plan, ex.shard_bytes,

@@ -61,6 +61,13 @@ class Money:
     usd: Decimal = Decimal(0)
 
 
+def _cost(r: records.Record) -> Decimal:
+    try:
+        return Decimal(str(r.get("costUSD", "0")))
+    except InvalidOperation:
+        return Decimal(0)
+
+
 @dataclass
 class ToolCounts:
     """One tool name: answers to prompts that declared it, those that called it, its calls."""
@@ -90,17 +97,24 @@ class Answers:
     by_provider: dict[str, Tally] = field(default_factory=dict)
     by_tool: dict[str, ToolCounts] = field(default_factory=dict)
     cost_by_provider: dict[str, Money] = field(default_factory=dict)
+    discarded_usd: Decimal = Decimal(0)  # paid answers the tool policy dropped (`policy: drop`)
+    modes: dict[str, int] = field(default_factory=dict)  # answers by tools mode (structured / text)
     prompt_tokens: Reservoir = field(default_factory=Reservoir)
     completion_tokens: Reservoir = field(default_factory=Reservoir)
+
+    @property
+    def total(self) -> Tally:
+        """Every answer's tool figures together (the sources' tallies summed)."""
+        out = Tally()
+        for t in self.by_source.values():
+            for k in ("answers", "declared", "called", "calls", "invalid", "leaked"):
+                setattr(out, k, getattr(out, k) + getattr(t, k))
+        return out
 
     def add_paid(self, r: records.Record) -> str:
         """Count what an answer cost against its provider (also the audit's answers); its provider."""
         provider = str((r.get("response") or {}).get("provider") or "(unknown)")
-        try:
-            cost = Decimal(str(r.get("costUSD", "0")))
-        except InvalidOperation:
-            cost = Decimal(0)
-        _bounded(self.cost_by_provider, provider, Money).usd += cost
+        _bounded(self.cost_by_provider, provider, Money).usd += _cost(r)
         return provider
 
     def add(self, r: records.Record) -> None:
@@ -111,6 +125,10 @@ class Answers:
         provider = self.add_paid(r)
         pol = str(r.get("policy", "keep"))
         self.policy[pol] = self.policy.get(pol, 0) + 1
+        if pol == "drop":
+            self.discarded_usd += _cost(r)
+        mode = str(r.get("toolsMode") or "structured")
+        self.modes[mode] = self.modes.get(mode, 0) + 1
         usage = r.get("usage") or {}
         for name, res in (("prompt_tokens", self.prompt_tokens), ("completion_tokens", self.completion_tokens)):
             v = usage.get(name)
@@ -140,6 +158,37 @@ class Answers:
                 t.called += name in called
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A run of the shown sample's tokens that decodes to whole characters."""
+
+    text: str
+    trained: bool  # in the loss mask
+    segment: str  # prompt | reasoning | content | tool_calls
+    special: bool  # an added/special token (a template marker)
+    tokens: int
+
+
+@dataclass(frozen=True)
+class ShownSample:
+    """One sample as the model reads it, token runs marked with the loss mask (the page's sample)."""
+
+    sample_id: str
+    source: str
+    provider: str | None
+    turn: int
+    tokens: int
+    trained: int  # tokens in the loss
+    pieces: tuple[Piece, ...]
+    hidden: int = 0  # prompt tokens left out of `pieces` (a long prompt shows its head and tail)
+    gap_at: int = 0  # where in `pieces` they are left out
+
+
+PROMPT_HEAD, PROMPT_TAIL = 48, 144  # prompt tokens shown of a long prompt: its start, and what leads to the answer
+SHOWN_TRAINED = 2048  # answer tokens shown at most
+SAMPLE_SHARDS = 4  # samples shards read for one that calls a tool
+
+
 @dataclass
 class ReportData:
     """Everything one report shows; a section whose data is None is left out."""
@@ -157,6 +206,7 @@ class ReportData:
     agentic: dict[str, Any] | None
     audit_spent: Decimal = Decimal(0)  # what every audit paid, as its kept answers say (contract/audit.py)
     providers: dict[str, Any] | None = None  # providers.json: the provider probe's verdict
+    sample: ShownSample | None = None  # one sample rendered with its loss mask (needs the tokenizer)
 
     @property
     def budget(self) -> Decimal | None:
@@ -195,6 +245,101 @@ def _fidelity_scores(store: Store) -> dict[str, Reservoir] | None:
     return {c: r for c, r in out.items() if r.seen} or None
 
 
+def _segment_of(i: int, starts: list[int | None], n_prompt: int) -> str:
+    if i < n_prompt:
+        return "prompt"
+    seg = "reasoning"
+    for name, start in zip(("reasoning", "content", "tool_calls"), starts, strict=False):
+        if start is not None and i >= start:
+            seg = name
+    return seg
+
+
+def _complete(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def shown_sample(row: dict[str, Any], tok: Any) -> ShownSample:
+    """Decode one samples-Parquet row into pieces, one per token (a token that ends inside a
+    character joins the next ones until the character is whole), each marked trained or not, its
+    segment and whether it is a template marker. Pure, given the tokenizer."""
+    ids, mask = list(row["input_ids"]), list(row["loss_mask"])
+    n_prompt = next((i for i, m in enumerate(mask) if m), len(ids))
+    starts = list(row.get("segments") or [])
+    special = {t.id for t in getattr(tok, "added", {}).values()}
+    keep = list(range(len(ids)))
+    hidden = 0
+    if n_prompt > PROMPT_HEAD + PROMPT_TAIL:  # a long prompt: its head and its tail
+        hidden = n_prompt - PROMPT_HEAD - PROMPT_TAIL
+        keep = [i for i in keep if i < PROMPT_HEAD or i >= n_prompt - PROMPT_TAIL]
+    keep = [i for i in keep if i < n_prompt + SHOWN_TRAINED]
+    pieces: list[Piece] = []
+    run: list[int] = []
+    buf = b""
+    gap_at = 0
+    for i in [*keep, None]:
+        if run and (i is None or i != run[-1] + 1 or _complete(buf) or ids[i] in special
+                    or bool(mask[i]) != bool(mask[run[0]])):
+            f = run[0]
+            pieces.append(Piece(buf.decode("utf-8", errors="replace"), bool(mask[f]), _segment_of(f, starts, n_prompt),
+                                ids[f] in special, len(run)))
+            if i is not None and i != run[-1] + 1:
+                gap_at = len(pieces)
+            run, buf = [], b""
+        if i is not None:
+            run.append(i)
+            buf += tok.token_bytes(ids[i])
+    return ShownSample(str(row.get("sample_id", "")), str(row.get("source", "")), row.get("provider"),
+                       int(row.get("turn") or 0), len(ids), sum(1 for m in mask if m), tuple(pieces), hidden,
+                       gap_at)
+
+
+def _pick_sample(store: Store, manifest: dict[str, Any] | None, summary: dict[str, Any] | None) -> ShownSample | None:
+    """One sample of the first samples shard, one that calls a tool when there is one, decoded with
+    the run's tokenizer; None when there is no sample or the tokenizer cannot be loaded here."""
+    tokenizer = ((summary or {}).get("tokenizer") or ((manifest or {}).get("reconstruction") or {}).get(
+        "tokenizer") or {}).get("name")
+    keys = sorted(k for k in store.list(layout.SAMPLES) if k.endswith(".parquet"))
+    if not tokenizer or not keys:
+        return None
+    import io
+
+    import pyarrow.parquet as pq
+
+    from eyrie.jobs.errors import EyrieError
+    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+    from eyrie.jobs.spec import TargetSpec
+
+    def calls(r: dict[str, Any]) -> bool:  # the tool-call segment starts before the end
+        seg = r.get("segments") or []
+        return len(seg) == 3 and seg[2] is not None and seg[2] < len(r["input_ids"])
+
+    row = None
+    for key in keys[:SAMPLE_SHARDS]:
+        rows = pq.read_table(io.BytesIO(store.get(key))).to_pylist()
+        row = row or (rows[0] if rows else None)
+        if found := next((r for r in rows if calls(r) and len(r["input_ids"]) <= 4096), None):
+            row = found
+            break
+    if row is None:
+        return None
+    try:
+        tok = load_tokenizer(TargetSpec(model="report", tokenizer=tokenizer))
+    except (EyrieError, OSError, ValueError):
+        return None  # e.g. a hub id this machine cannot reach: the page goes without its sample
+    return shown_sample(row, tok)
+
+
+def _scored(fidelity: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest's fidelity, when extraction scored any answer (else reconstruction's tool and gap
+    figures alone: not a fidelity section)."""
+    return fidelity if fidelity and ((fidelity.get("overall") or {}).get("samples") or 0) > 0 else None
+
+
 def collect(store: Store) -> ReportData:
     """Read what the run left in `store`; documents a run has not written yet are None."""
     progress = read_progress(store)
@@ -204,16 +349,18 @@ def collect(store: Store) -> ReportData:
         answers.add(r)
     for r in audit.iter_audit_records(store):  # paid like the run's own answers
         answers.add_paid(r)
+    summary = read_json(store, layout.SAMPLES_SUMMARY)
     extraction = (manifest or {}).get("extraction")
     if extraction is None:
-        summary = summarize_extraction(store)
-        extraction = summary.to_manifest() if summary else None
+        pods = summarize_extraction(store)
+        extraction = pods.to_manifest() if pods else None
     return ReportData(
         uri=store.uri, progress=progress, manifest=manifest, audit=audit.read_audit(store),
-        reconstruction=read_json(store, layout.SAMPLES_SUMMARY), extraction=extraction,
+        reconstruction=summary, extraction=extraction,
         series=timeseries.read_timeseries(store), answers=answers,
-        fidelity=(manifest or {}).get("fidelity"), fidelity_scores=_fidelity_scores(store),
+        fidelity=_scored((manifest or {}).get("fidelity")), fidelity_scores=_fidelity_scores(store),
         agentic=(manifest or {}).get("agentic") or (progress or {}).get("agentic"),
         audit_spent=audit.audit_spend(store),
         providers=read_json(store, layout.PROVIDERS),
+        sample=_pick_sample(store, manifest, summary),
     )

@@ -1,4 +1,10 @@
-"""The report as one self-contained HTML page: the terminal tables, then plots.
+"""The report as one self-contained HTML page, assembled from sections.
+
+The first screen answers before any table: the verdict (tool semantics, reconstruction, fidelity,
+what the money bought; `verdict.py`) and the audit's verdict when there is one; then one sample
+rendered as the drafter trains on it, its loss mask coloured; then the plots; then every table.
+Each section is a function of the ReportData returning its HTML or None (nothing to show); `SECTIONS`
+is the page's order, and a new section is one more function in it.
 
 Plotting library: plotly. Its wheel ships plotly.js, so the page inlines the script once and works
 offline, from disk or from an S3 console download, with hover, zoom and per-trace toggles; it is
@@ -7,6 +13,7 @@ other candidate, needs vl-convert's native wheel to inline its three JS bundles.
 
 Every figure comes from `figures(data)`, which leaves out a plot whose data the run has not
 produced (no audit, no extraction, no fidelity yet): the page of a run at any stage is complete.
+Time axes mark each attempt and draw no line across the idle time between two attempts.
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ from __future__ import annotations
 import html
 import io
 import itertools
+import json
 import math
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import plotly.graph_objects as go
@@ -23,9 +32,10 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 from rich.console import Console, Group
 
-from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.terminal import audit_renderables, print_report
+from eyrie.jobs.report.text import dollars
+from eyrie.jobs.report.verdict import scoring_model, verdict
 from eyrie.jobs.tools.gate import Tally
 
 TEMPLATE = "plotly_white"
@@ -47,32 +57,80 @@ def _time(p: dict[str, Any]) -> datetime:
     return datetime.fromisoformat(str(p["t"]).replace("Z", "+00:00"))
 
 
+def attempts(pts: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The time series cut where the attempt changes: each run of points of one attempt."""
+    return [list(g) for _k, g in itertools.groupby(pts, key=lambda p: p.get("attempt"))]
+
+
+def _gapped(runs: list[list[Any]]) -> list[Any]:
+    """Runs joined with a None between them: plotly draws no line across a None."""
+    out: list[Any] = []
+    for i, r in enumerate(runs):
+        out += ([None] if i else []) + r
+    return out
+
+
+def _series(runs: list[list[dict[str, Any]]], y: Callable[[dict[str, Any]], float]) -> dict[str, list[Any]]:
+    """x and y of a trace over the attempts, with no line between two of them."""
+    return {"x": _gapped([[_time(p) for p in r] for r in runs]), "y": _gapped([[y(p) for p in r] for r in runs])}
+
+
+def _mark_attempts(f: go.Figure, runs: list[list[dict[str, Any]]]) -> None:
+    """A dotted line and a label where each attempt after the first starts; an idle time between
+    two attempts longer than the attempts themselves is cut out of the axis (a break, not a line)."""
+    if len(runs) < 2:
+        return
+    busy = sum((_time(r[-1]) - _time(r[0])).total_seconds() for r in runs)
+    pad = max(busy / 50, 1.0)
+    breaks = []
+    for a, b in itertools.pairwise(runs):
+        idle = (_time(b[0]) - _time(a[-1])).total_seconds()
+        if idle > max(busy, 4 * pad):
+            breaks.append({"bounds": [_time(a[-1]) + timedelta(seconds=pad), _time(b[0]) - timedelta(seconds=pad)]})
+    if breaks:
+        f.update_xaxes(rangebreaks=breaks)
+    for n, r in enumerate(runs, start=1):
+        x = _time(r[0])
+        if n > 1:
+            f.add_shape(type="line", x0=x, x1=x, xref="x", y0=0, y1=1, yref="paper",
+                        line={"dash": "dot", "color": "#6b7280", "width": 1})
+        f.add_annotation(x=x, y=1, xref="x", yref="paper", yanchor="bottom", showarrow=False,
+                         text=f"attempt {n}", font={"size": 10, "color": "#6b7280"},
+                         hovertext=str(r[0].get("attempt", "")))
+
+
+def _usd(p: dict[str, Any], key: str) -> float:
+    return float(p.get(key) or 0)
+
+
 def spend_figure(d: ReportData) -> go.Figure | None:
     pts = d.series
     if not pts:
         return None
+    runs = attempts(pts)
     f = _fig("spend over time against the budget", yaxis_title="USD")
-    x = [_time(p) for p in pts]
-    f.add_scatter(x=x, y=[float(p.get("spentUSD", 0)) for p in pts], name="spent", mode="lines+markers")
-    f.add_scatter(x=x, y=[float(p.get("spentUSD", 0)) + float(p.get("reservedUSD", 0)) for p in pts],
+    f.add_scatter(**_series(runs, lambda p: _usd(p, "spentUSD")), name="spent", mode="lines+markers")
+    f.add_scatter(**_series(runs, lambda p: _usd(p, "spentUSD") + _usd(p, "reservedUSD")),
                   name="spent + reserved (in flight)", mode="lines", line={"dash": "dot"})
-    top = max(float(p.get("spentUSD", 0)) + float(p.get("reservedUSD", 0)) for p in pts)
+    x = [_time(pts[0]), _time(pts[-1])]
+    top = max(_usd(p, "spentUSD") + _usd(p, "reservedUSD") for p in pts)
     if d.budget is not None and top >= float(d.budget) * ON_SCALE:
-        f.add_scatter(x=[x[0], x[-1]], y=[float(d.budget)] * 2, name=f"budget {dollars(d.budget)}", mode="lines",
+        f.add_scatter(x=x, y=[float(d.budget)] * 2, name=f"budget {dollars(d.budget)}", mode="lines",
                       line={"color": "crimson"})
     elif d.budget:  # a line far above would flatten the spend into the axis
-        f.update_layout(
-            title=f"spend over time: {100 * float(d.spent / d.budget):.1f}% of the {dollars(d.budget)} budget")
+        f.update_layout(title=f"spend over time: {100 * float(d.spent / d.budget):.1f}% of the "
+                              f"{dollars(d.budget)} budget")
     forecast = (d.progress or {}).get("forecastUSD")
     if forecast is not None:
-        f.add_scatter(x=[x[0], x[-1]], y=[float(forecast)] * 2, name=f"forecast {dollars(forecast)}", mode="lines",
+        f.add_scatter(x=x, y=[float(forecast)] * 2, name=f"forecast {dollars(forecast)}", mode="lines",
                       line={"dash": "dash", "color": "orange"})
+    _mark_attempts(f, runs)
     return f
 
 
 def _per_minute(pts: list[dict[str, Any]], key: Any) -> tuple[list[datetime], list[float]]:
-    """Rate per minute between consecutive points; a counter that went down (a new attempt
-    restarts its request counters) counts from zero."""
+    """Rate per minute between consecutive points of one attempt (a new attempt restarts its
+    request counters; a counter that went down counts from zero)."""
     xs, ys = [], []
     for a, b in itertools.pairwise(pts):
         dt = (_time(b) - _time(a)).total_seconds()
@@ -84,32 +142,42 @@ def _per_minute(pts: list[dict[str, Any]], key: Any) -> tuple[list[datetime], li
     return xs, ys
 
 
-def _persisted(p: dict) -> int:
-    return sum(p.get(k, 0) for k in ("done", "rejected", "discarded", "failed"))
+def _persisted(p: dict[str, Any]) -> int:
+    return sum(p.get(k, 0) for k in ("done", "rejected", "discarded", "dropped", "failed"))
 
 
 def throughput_figure(d: ReportData) -> go.Figure | None:
-    pts = d.series
-    if len(pts) < 2:
+    runs = [r for r in attempts(d.series) if len(r) >= 2]
+    if not runs:
         return None
     f = _fig("throughput and retries over time", yaxis_title="per minute")
-    for name, key in (("answers persisted", _persisted),
-                      ("requests", lambda p: p.get("requests", 0)),
+    for name, key in (("answers persisted", _persisted), ("requests", lambda p: p.get("requests", 0)),
                       ("retries", lambda p: p.get("retries", 0)), ("errors", lambda p: p.get("errors", 0))):
-        x, y = _per_minute(pts, key)
-        f.add_scatter(x=x, y=y, name=name, mode="lines+markers")
+        per = [_per_minute(r, key) for r in runs]
+        f.add_scatter(x=_gapped([x for x, _ in per]), y=_gapped([y for _, y in per]), name=name, mode="lines+markers")
+    _mark_attempts(f, attempts(d.series))
     return f
+
+
+RATE_AXIS = {"title": "rate", "tickformat": ".0%", "range": [0, 1.02]}  # a rate's whole range, never auto-scaled
 
 
 def _rates_figure(title: str, groups: dict[str, Tally]) -> go.Figure | None:
     if not groups:
         return None
     names = sorted(groups)
-    f = _fig(title, yaxis={"title": "rate", "tickformat": ".0%", "rangemode": "tozero"}, barmode="group")
+    f = _fig(title, yaxis=RATE_AXIS, barmode="group")
     f.add_bar(x=names, y=[groups[n].call_rate for n in names], name="tool-call rate")
     f.add_bar(x=names, y=[groups[n].invalid_rate for n in names], name="invalid-call rate")
     f.add_bar(x=names, y=[groups[n].leak_rate for n in names], name="leak rate")
     return f
+
+
+def count_step(top: float, ticks: int = 5) -> int:
+    """A whole step for a count axis (1, 2, 5, 10, 20, 50, ...) giving at most `ticks` ticks up to
+    `top`: plotly's own step can be 0.5, which a whole-number format prints as 0, 1, 1, 2."""
+    steps = (m * 10**e for e in itertools.count() for m in (1, 2, 5))
+    return next(step for step in steps if top / step <= ticks)
 
 
 def tool_figure(d: ReportData) -> go.Figure | None:
@@ -117,13 +185,15 @@ def tool_figure(d: ReportData) -> go.Figure | None:
     if not tools:
         return None
     names = sorted(tools)
-    f = _fig("per tool", yaxis={"title": "rate", "tickformat": ".0%"}, barmode="group",
+    calls = [tools[n].calls for n in names]
+    f = _fig("per tool", yaxis=RATE_AXIS, barmode="group",
              yaxis2={"title": "calls", "overlaying": "y", "side": "right", "showgrid": False,
-                     "rangemode": "tozero", "tickformat": ",d"})
+                     "range": [0, max(calls, default=0) * 1.1 + 0.5], "tick0": 0,
+                     "dtick": count_step(max(calls, default=1))})
     f.add_bar(x=names, y=[tools[n].call_rate or 0.0 for n in names], name="call rate where declared",
               offsetgroup=0)
     f.add_bar(x=names, y=[tools[n].invalid_rate for n in names], name="invalid-call rate", offsetgroup=1)
-    f.add_scatter(x=names, y=[tools[n].calls for n in names], name="calls", mode="markers", yaxis="y2",
+    f.add_scatter(x=names, y=calls, name="calls", mode="markers", yaxis="y2",
                   marker={"size": 10, "symbol": "diamond"})
     return f
 
@@ -142,7 +212,7 @@ def audit_figures(d: ReportData) -> list[go.Figure]:
         return []
     modes = [m for m in ("text", "structured") if m in figs["modes"]]
     rates = _fig(f"audit: tools as text vs structured ({d.audit.get('samples')} prompts, 95% intervals)",
-                 yaxis={"title": "rate", "tickformat": ".0%"}, barmode="group")
+                 yaxis=RATE_AXIS, barmode="group")
     labels = {"callRate": "tool-call rate", "validRate": "valid-call rate", "hallucinatedRate": "hallucinated",
               "leakRate": "leak rate"}
     for mode in modes:
@@ -182,22 +252,28 @@ def gap_figures(d: ReportData) -> list[go.Figure]:
 
 
 def fidelity_figures(d: ReportData) -> list[go.Figure]:
+    if not d.fidelity:
+        return []
+    by_model = f" (scored by {scoring_model(d)})" if scoring_model(d) else ""
     out = []
-    for col, title in (("top1_agreement", "top-1 agreement per sample"), ("mean_nll", "mean NLL per sample")):
+    for col, title, axis in (("top1_agreement", "top-1 agreement per sample", {"range": [0, 1], "tickformat": ".0%"}),
+                             ("mean_nll", "mean NLL per sample", {"rangemode": "tozero"})):
         res = (d.fidelity_scores or {}).get(col)
         if res is not None and res.values:
-            f = _fig(f"fidelity: {title}", yaxis_title="samples", showlegend=False)
-            f.add_histogram(x=res.values, nbinsx=40)
+            f = _fig(f"fidelity: {title}", yaxis_title="samples", showlegend=False, xaxis=axis)
+            f.add_histogram(x=res.values, nbinsx=40, **({"xbins": {"start": 0, "end": 1.0001, "size": 0.025}}
+                                                        if col == "top1_agreement" else {}))
             out.append(f)
-    by = (d.fidelity or {}).get("byProvider") or {}
+    by = {n: g for n, g in ((d.fidelity or {}).get("byProvider") or {}).items() if g.get("top1Agreement") is not None}
     if by:
         names = sorted(by)
         fig = make_subplots(rows=1, cols=2, subplot_titles=("top-1 agreement", "mean NLL"))
         fig.add_bar(x=names, y=[by[n].get("top1Agreement") for n in names], row=1, col=1, name="top-1")
         fig.add_bar(x=names, y=[by[n].get("meanNLL") for n in names], row=1, col=2, name="mean NLL")
-        fig.update_layout(title="fidelity per provider", template=TEMPLATE, height=HEIGHT, width=WIDTH,
-                          autosize=False, showlegend=False,
-                          margin={"l": 50, "r": 20, "t": 70, "b": 40})
+        fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
+        fig.update_yaxes(rangemode="tozero", row=1, col=2)
+        fig.update_layout(title=f"fidelity per provider{by_model}", template=TEMPLATE, height=HEIGHT, width=WIDTH,
+                          autosize=False, showlegend=False, margin={"l": 50, "r": 20, "t": 70, "b": 40})
         out.append(fig)
     return out
 
@@ -235,15 +311,31 @@ h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:4px;width:640px;height:340px}
 p.verdict{background:#fff;border-left:4px solid #2563eb;padding:10px 14px;font-size:15px;line-height:1.45;
 max-width:1100px}
+dl.verdict{margin:0;max-width:1100px}dl.verdict div{background:#fff;border-left:6px solid #9ca3af;padding:8px 14px;
+margin:6px 0;font-size:15px;line-height:1.45}dl.verdict dt{font-weight:600;font-size:13px;text-transform:uppercase;
+letter-spacing:.04em;color:#374151}dl.verdict dd{margin:2px 0 0}
+dl.verdict .ok{border-color:#16a34a}dl.verdict .warn{border-color:#d97706}dl.verdict .bad{border-color:#dc2626}
 pre.tables{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:12px;font-size:12px;overflow-x:auto}
+pre.sample{background:#fff;border:1px solid #e5e7eb;border-radius:6px;padding:12px;font-size:13px;line-height:1.6;
+white-space:pre-wrap;word-break:break-word;max-width:1300px}
+.sample span,.legend span{border-radius:2px}.sample .p,.legend .p{color:#6b7280}
+.sample .p.b,.legend .p.b{background:#f3f4f6}
+.sample .t{color:#111}.sample .t.a,.legend .t.a{background:#bbf7d0}.sample .t.b{background:#86efac}
+.sample .t.k.a,.legend .t.k.a{background:#bfdbfe}.sample .t.k.b{background:#93c5fd}
+.sample .t.r.a,.legend .t.r.a{background:#fde68a}.sample .t.r.b{background:#fcd34d}
+.sample .s{font-weight:700}.sample .gap{color:#9ca3af;font-style:italic}
+p.legend{font-size:13px;color:#374151;margin:4px 0 8px}p.legend span{padding:1px 6px;border-radius:2px;margin-right:6px}
 """
+
+
+Section = Callable[[ReportData], "str | None"]  # a part of the page: its HTML, or None when it has nothing
 
 
 def terminal_html(d: ReportData, audit: bool = False) -> str:
     """The terminal tables, recorded and exported with inline styles (the same text as `eyrie report`);
-    the audit's own tables only with `audit` (they have a section of their own)."""
-    # the audit's tables are wide (a figure, its interval and its n per cell): the page scrolls them
-    console = Console(record=True, width=170 if audit else 120, file=io.StringIO(), color_system="truecolor")
+    the audit's own tables only with `audit` (they have a section of their own). Wide enough that
+    no table is squeezed: the page scrolls them."""
+    console = Console(record=True, width=170 if audit else 200, file=io.StringIO(), color_system="truecolor")
     if audit:
         console.print(Group(*audit_renderables(d.audit or {})[1:]))
     else:
@@ -251,29 +343,86 @@ def terminal_html(d: ReportData, audit: bool = False) -> str:
     return console.export_html(inline_styles=True, code_format="<pre class='tables'>{code}</pre>")
 
 
-def audit_html(d: ReportData) -> str:
-    """The audit on the page's first screen: its verdict in words, then its tables."""
+def verdict_html(d: ReportData) -> str | None:
+    """The first screen: one line per question, its figures kept in `data-figures` as printed."""
+    lines = verdict(d)
+    items = "".join(
+        f"<div class='{v.status}' data-line='{v.key}' data-figures='{html.escape(json.dumps(v.figures))}'>"
+        f"<dt>{html.escape(v.title)}</dt><dd>{html.escape(v.text)}</dd></div>" for v in lines)
+    return f"<section id='verdict'><h2>Verdict</h2><dl class='verdict'>{items}</dl></section>"
+
+
+def audit_verdict_html(d: ReportData) -> str | None:
+    """The audit's verdict in words, on the first screen beside the run's (its tables come later)."""
     if not d.audit or not d.audit.get("figures"):
-        return ""
-    return (f"<h2>Audit: tools as text vs structured</h2><p class='verdict'>{html.escape(d.audit['verdict'])}</p>"
-            f"{terminal_html(d, audit=True)}")
+        return None
+    return (f"<section id='audit-verdict'><h2>Audit: tools as text vs structured</h2>"
+            f"<p class='verdict'>{html.escape(d.audit['verdict'])}</p></section>")
 
 
-def render(d: ReportData) -> str:
-    """The page: one document, plotly.js inlined once, no request to any network."""
+def audit_html(d: ReportData) -> str | None:
+    """The audit's tables (its verdict is on the first screen)."""
+    if not d.audit or not d.audit.get("figures"):
+        return None
+    return f"<section id='audit'><h2>Audit: the figures</h2>{terminal_html(d, audit=True)}</section>"
+
+
+_SEGMENT_CLASS = {"reasoning": "r", "content": "c", "tool_calls": "k", "prompt": ""}
+
+
+def sample_html(d: ReportData) -> str | None:
+    """One sample as the drafter trains on it: the tokens its loss is on highlighted (by segment),
+    the prompt grey; neighbouring tokens alternate in shade so their boundaries show."""
+    s = d.sample
+    if s is None:
+        return None
+    spans = []
+    for i, p in enumerate(s.pieces):
+        if s.hidden and i == s.gap_at:
+            spans.append(f"<span class='gap'>[... {s.hidden:,} prompt tokens not shown ...]</span>")
+        cls = " ".join(c for c in ("t" if p.trained else "p", "ab"[i % 2], _SEGMENT_CLASS[p.segment],
+                                   "s" if p.special else "") if c)
+        where = f"{p.segment}, {'in the loss' if p.trained else 'not trained'}, {p.tokens} token{'s' * (p.tokens > 1)}"
+        spans.append(f"<span class='{cls}' title='{where}'>{html.escape(p.text)}</span>")
+    turn = f", turn {s.turn}" if s.turn else ""
+    shown = sum(p.tokens for p in s.pieces if p.trained)
+    cut = f" (the first {shown:,} shown)" if shown < s.trained else ""
+    return (
+        "<section id='sample'><h2>One sample, as the drafter trains on it</h2>"
+        f"<p class='legend'>sample {html.escape(s.sample_id)} ({html.escape(s.source)}{turn}, provider "
+        f"{html.escape(s.provider or '(unknown)')}): {s.tokens:,} tokens, {s.trained:,} of them in the loss{cut}. "
+        "<span class='p b'>prompt (masked)</span><span class='t a r'>reasoning</span>"
+        "<span class='t a'>content</span><span class='t a k'>tool calls</span>"
+        "<b>bold</b>: a template marker (one token)</p>"
+        f"<pre class='sample' data-tokens='{s.tokens}' data-trained='{s.trained}'>{''.join(spans)}</pre></section>")
+
+
+def plots_html(d: ReportData) -> str | None:
     sections: dict[str, list[str]] = {}
     for i, (section, _title, fig) in enumerate(figures(d)):
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{i}",
                           config={"displaylogo": False, "responsive": False, "displayModeBar": "hover"})
         sections.setdefault(section, []).append(f"<div class='card'>{div}</div>")
-    body = "".join(f"<h2>{html.escape(s)}</h2><div class='grid'>{''.join(divs)}</div>"
-                   for s, divs in sections.items())
+    return "".join(f"<h2>{html.escape(s)}</h2><div class='grid'>{''.join(divs)}</div>"
+                   for s, divs in sections.items()) or None
+
+
+def tables_html(d: ReportData) -> str | None:
+    return f"<section id='tables'><h2>Every table</h2>{terminal_html(d)}</section>"
+
+
+# The page, top to bottom; the first three are its first screen.
+SECTIONS: tuple[Section, ...] = (verdict_html, audit_verdict_html, sample_html, plots_html, audit_html, tables_html)
+
+
+def render(d: ReportData, sections: tuple[Section, ...] = SECTIONS) -> str:
+    """The page: one document, plotly.js inlined once, no request to any network."""
+    body = "".join(part for section in sections if (part := section(d)))
     p = d.progress or {}
     subtitle = f"{d.uri} - outcome {p.get('outcome', '?')}, stage {p.get('stage', '?')}, spent {dollars(d.spent)}"
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>eyrie report - {html.escape(d.uri)}</title><style>{CSS}</style>"
         f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
-        f"<header><h1>eyrie report</h1><p>{html.escape(subtitle)}</p></header><main>"
-        f"{audit_html(d)}<h2>Summary</h2>{terminal_html(d)}{body}</main></body></html>"
+        f"<header><h1>eyrie report</h1><p>{html.escape(subtitle)}</p></header><main>{body}</main></body></html>"
     )

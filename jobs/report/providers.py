@@ -9,11 +9,9 @@ from typing import Any
 import yaml
 from rich.table import Table
 
+from eyrie.jobs.report.text import rate as _pct
+
 NOTABLE = ("tools", "reasoning", "temperature", "top_p", "seed")  # what a drafter run sends
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def _num(x: float | None, digits: int = 2) -> str:

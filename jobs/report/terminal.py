@@ -15,20 +15,34 @@ from rich.text import Text
 
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.report.data import ReportData
+from eyrie.jobs.report.text import human_bytes, num, rate
+from eyrie.jobs.report.verdict import scoring_model, verdict
 from eyrie.jobs.tools.audit_stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.tools.gate import Tally
 
+pct = rate  # every rate the report prints, in one format
+WIDE = 1000  # columns when not on a terminal: a file or a pipe gets tables at their own width, never cut
 
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+def console_for(stderr: bool = False) -> Console:
+    """The terminal's own width on a terminal; off one (a file, a pipe, a CI log) wide enough that
+    no table is squeezed or cut to 80 columns."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=WIDE)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover - the loop always returns
+_MARK = {"ok": "[green]ok[/]", "warn": "[yellow]check[/]", "bad": "[red]problem[/]", "info": "[dim]-[/]"}
+
+
+def verdict_table(d: ReportData) -> Table:
+    """The verdict (verdict.py) as the summary's first table: one line per question."""
+    t = Table(title="verdict", show_header=False, title_justify="left")
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(no_wrap=True)
+    t.add_column(max_width=110)
+    for v in verdict(d):
+        t.add_row(v.title, _MARK[v.status], Text(v.text))
+    return t
 
 
 def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
@@ -123,19 +137,16 @@ def tools_table(d: ReportData) -> Table | None:
     t = Table(title="tool semantics of the persisted answers", title_justify="left",
               caption="call rate: answers that called a tool, of those whose prompt declared tools; invalid: "
                       "of the calls; leaks: answers with leaked tool-call markers", caption_justify="left")
-    t.add_column("source / provider", no_wrap=True, max_width=28, overflow="ellipsis")
+    t.add_column("source / provider", no_wrap=True)
     for col in ("answers", "declared", "call rate", "calls", "invalid", "leaks"):
         t.add_column(col, justify="right", no_wrap=True)
-    total = Tally()
     for name, tally in sorted(a.by_source.items()):
         t.add_row(name, *_tally_row(tally))
-        for k in ("answers", "declared", "called", "calls", "invalid", "leaked"):
-            setattr(total, k, getattr(total, k) + getattr(tally, k))
     t.add_section()
     for name, tally in sorted(a.by_provider.items()):
         t.add_row(f"@{name}", *_tally_row(tally))
     t.add_section()
-    t.add_row("all", *_tally_row(total), style="bold")
+    t.add_row("all", *_tally_row(a.total), style="bold")
     return t
 
 
@@ -400,29 +411,30 @@ def extraction_table(d: ReportData) -> Table | None:
     return _kv("extraction", rows)
 
 
-def _num(x: Any, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
 def fidelity_table(d: ReportData) -> Table | None:
-    """The manifest's fidelity per provider and source: target-model scores beside the tool and gap
-    figures of the same answers."""
+    """The manifest's fidelity per provider and source: the answers scored by the model that scored
+    them, beside the tool and gap figures of the same answers."""
     fid = d.fidelity
     if not fid:
         return None
     floor = fid.get("minTop1Agreement")
-    t = Table(title="fidelity: the answers scored by the target model"
-                    + (f" (floor {floor}, on low: {fid.get('onLow')})" if floor is not None else ""),
-              title_justify="left")
-    for col in ("answers of", "samples", "top-1", "mean NLL", "low", "tool calls", "invalid", "leaks",
-                "prompt gap", "completion gap"):
-        t.add_column(col, justify="left" if col == "answers of" else "right")
+    t = Table(title=f"fidelity: the answers scored by {scoring_model(d) or 'the target model'}"
+                    + (f" (floor {rate(float(floor))}, on low: {fid.get('onLow')})" if floor is not None
+                       else " (no floor set)"),
+              title_justify="left",
+              caption="top-1: answer tokens that are the scoring model's own argmax; mean NLL: per answer token; "
+                      "below floor: samples under extraction.fidelity.minTop1Agreement (- without one); "
+                      "gaps: mean of ours - the provider's usage, in tokens", caption_justify="left")
+    for col in ("answers of", "samples", "top-1", "mean NLL", "below floor", "tool-call rate", "invalid calls",
+                "leaks", "prompt gap", "completion gap"):
+        t.add_column(col, justify="left" if col == "answers of" else "right", no_wrap=True)
 
     def row(label: str, g: dict[str, Any]) -> None:
-        t.add_row(label, str(g.get("samples", 0)), _num(g.get("top1Agreement")), _num(g.get("meanNLL")),
-                  str(g.get("lowSamples", 0)), _num(g.get("toolCallRate")), _num(g.get("invalidCallRate")),
-                  _num(g.get("leakRate")), _num((g.get("promptTokenGap") or {}).get("mean"), 1),
-                  _num((g.get("completionTokenGap") or {}).get("mean"), 1))
+        t.add_row(label, str(g.get("samples", 0)), rate(g.get("top1Agreement")), num(g.get("meanNLL")),
+                  "-" if floor is None else str(g.get("lowSamples", 0)), rate(g.get("toolCallRate")),
+                  rate(g.get("invalidCallRate")), rate(g.get("leakRate")),
+                  num((g.get("promptTokenGap") or {}).get("mean"), 1),
+                  num((g.get("completionTokenGap") or {}).get("mean"), 1))
 
     row("all", fid.get("overall") or {})
     for name, g in sorted((fid.get("byProvider") or {}).items()):
@@ -432,11 +444,25 @@ def fidelity_table(d: ReportData) -> Table | None:
     return t
 
 
+_AGENTIC_ROWS = (("conversations", "conversations"), ("turnsRegenerated", "turns regenerated"),
+                 ("turnsFailed", "turns failed"), ("splicedToolResults", "dataset tool results spliced"),
+                 ("droppedTurns", "dataset turns not regenerated"))
+
+
 def agentic_table(d: ReportData) -> Table | None:
+    """generation.turns: all: the conversations, their divergences by kind and how each ended."""
     a = d.agentic
     if not a:
         return None
-    return _kv("agentic", [(k, v) for k, v in a.items() if not isinstance(v, dict | list)])
+    rows: list[tuple[str, Any]] = [(label, f"{a[k]:,}") for k, label in _AGENTIC_ROWS if k in a]
+    diverged = a.get("diverged") or {}
+    kinds = ", ".join(f"{k} {v}" for k, v in diverged.items())
+    rows.append(("divergences by kind", f"{kinds} ({sum(diverged.values())} in all)" if diverged else "none"))
+    ended = a.get("ended") or {}
+    rows.append(("how conversations ended", ", ".join(f"{k} {v}" for k, v in sorted(ended.items())) or "none yet"))
+    known = {k for k, _ in _AGENTIC_ROWS} | {"diverged", "ended"}
+    rows += [(k, v) for k, v in a.items() if k not in known and not isinstance(v, dict | list)]
+    return _kv("agentic conversations", rows)
 
 
 def providers_tables(d: ReportData) -> list[Table]:
@@ -450,7 +476,8 @@ def tables(d: ReportData, full: bool = True, audit: bool = True) -> list[Any]:
     """Every table with data; `full=False` is the one-screen summary `eyrie run` ends with;
     `audit=False` leaves the audit out (the page shows it in a section of its own)."""
     shown = audit_renderables(d.audit, full) if d.audit and audit else []
-    out: list[Any] = [run_table(d), *shown[:1], samples_table(d), *providers_tables(d), tools_table(d)]
+    out: list[Any] = [verdict_table(d), run_table(d), *shown[:1], samples_table(d), *providers_tables(d),
+                      tools_table(d)]
     if full:
         out += [per_tool_table(d), *shown[1:]]
     out += [reconstruction_table(d), extraction_table(d), fidelity_table(d), agentic_table(d)]
