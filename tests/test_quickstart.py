@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,11 @@ def test_quickstart_runs_end_to_end(tmp_path):
     assert fid["byProvider"]["eyrie-simulator"]["answers"] >= done
     scored = [r for f in sorted((out / "fidelity").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert {r["sample_id"] for r in scored} == {r["sample_id"] for r in rows}
-    assert "fidelity: the answers scored by the target model" in r.stderr and "eyrie-simulator" in r.stderr
+    assert "fidelity: the answers scored by builtin:tiny-llama (no floor set)" in r.stderr
+    assert "provider eyrie-simulator" in r.stderr
+    # the simulator counts with the target's tokenizer: every completion is what reconstruction rebuilt
+    summary = manifest["reconstruction"]["samples"]
+    assert summary["completionTokenGap"]["exact"] == done and "token_count_gap" not in summary["flags"]
     # the run ends with where its report is, and the report is a page every browser opens offline
     report = out / "report.html"
     assert f"report: file://{report}" in r.stderr and "tool semantics" in r.stderr
@@ -63,7 +68,7 @@ def test_quickstart_runs_end_to_end(tmp_path):
     assert len(series) >= 2 and series[-1]["spentUSD"] == progress["spentUSD"]
     assert series[-1]["done"] == done and [p["t"] for p in series] == sorted(p["t"] for p in series)
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_report import check_page
+    from test_report import check_page, check_verdict
 
     from eyrie.jobs.report import collect
     from eyrie.jobs.report.html import figures
@@ -71,6 +76,13 @@ def test_quickstart_runs_end_to_end(tmp_path):
     titles = [t for _s, t, _f in figures(collect(open_store(f"file://{out}")))]
     assert titles[0].startswith("spend over time") and {"per source", "per tool"} <= set(titles)
     check_page(report, titles, "report-quickstart.png")
+    got = check_verdict(report, out, "report-quickstart-verdict.png")  # the verdict's figures are progress.json's
+    assert [x["key"] for x in got["lines"]] == ["tools", "reconstruction", "fidelity", "money"]
+    # a teammate can read it: files as the umask lets new files be (0644 under 022), not 0600
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (report, out / "manifest.json", out / "progress.json", *(out / "samples").glob("*.parquet")):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f
 
 
 def test_agentic_quickstart_regenerates_every_turn_and_builds_one_sample_per_turn(tmp_path):

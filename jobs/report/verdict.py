@@ -104,7 +104,7 @@ def reconstruction_line(d: ReportData) -> Line | None:
     n_excl = sum(excluded.values())
     why = ", ".join(f"{k} {v}" for k, v in sorted(excluded.items(), key=lambda kv: -kv[1])[:3])
     prompt, completion = _exact(s.get("promptTokenGap")), _exact(s.get("completionTokenGap"))
-    figures = {"kept": f"{kept:,}", "records": f"{records:,}", "excluded": f"{n_excl:,}"}
+    figures = {"kept": f"{kept:,}", "records": f"{records:,}", **({"excluded": f"{n_excl:,}"} if n_excl else {})}
     parts = [f"{figures['kept']} of {figures['records']} answers rebuilt into training samples"
              + (f" ({figures['excluded']} excluded: {why})" if n_excl else "")]
     counts = []
