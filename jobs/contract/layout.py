@@ -28,6 +28,7 @@ BAD_ROWS = "samples/bad_rows.jsonl"  # every row never sent: source, row (1-base
 TIMESERIES = "timeseries.jsonl"  # spend, requests and retries over time, rewritten with progress.json
 REPORT = "report.html"  # `eyrie report --html`, written by `eyrie run` when it ends
 PROVIDERS = "providers.json"  # the provider probe's measures and verdict per endpoint (generate/probe.py)
+SPECFORGE_ONLINE = "exports/specforge-online.json"  # `eyrie export specforge-online`'s summary, for the report
 PROBE_ANSWERS = "providers/answers"  # the probe's records, one object per group commit
 FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parquet), when scored
 

@@ -1,4 +1,5 @@
-"""`eyrie extract SPEC [--index I --count N]` and `eyrie export specforge OUTPUT_URI DIR`."""
+"""`eyrie extract SPEC [--index I --count N]`, `eyrie export specforge OUTPUT_URI DIR` and
+`eyrie export specforge-online OUTPUT_URI DIR`."""
 
 from __future__ import annotations
 
@@ -59,8 +60,14 @@ def extract_main(argv: list[str]) -> int:
 
 
 def export_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="eyrie export", description="Export extracted hidden states.")
-    p.add_argument("format", choices=["specforge"], help="target layout (SpecForge's offline EAGLE-3 data)")
+    if argv and argv[0] == "specforge-online":
+        return export_online_main(argv[1:])
+    p = argparse.ArgumentParser(prog="eyrie export", description="Export extracted hidden states (specforge), or "
+                                "the samples for SpecForge's online training (specforge-online: see "
+                                "`eyrie export specforge-online --help`).")
+    p.add_argument("format", choices=["specforge", "specforge-online"],
+                   help="specforge: SpecForge's offline EAGLE-3 data (hidden states); specforge-online: its online "
+                        "input (no hidden states)")
     p.add_argument("output_uri", help="the run's output (file://, path or s3://; S3 via EYRIE_S3_* env)")
     p.add_argument("dir", help="local folder to write into (empty, or an earlier export with --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="remove an earlier export in DIR first")
@@ -84,3 +91,66 @@ def export_main(argv: list[str]) -> int:
               + ("" if args.truncate or not r.over_max_length else
                  " (SpecForge will cut them at max_len; --truncate cuts them here, loss mask alike)"))
     return 0
+
+
+def export_online_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="eyrie export specforge-online",
+        description="Write the run's samples as SpecForge's online training reads them (preformatted text, and the "
+                    "token ids as they are), each row checked by SpecForge's own parser: no hidden states stored.")
+    p.add_argument("output_uri", help="the run's output (file://, path or s3://; S3 via EYRIE_S3_* env)")
+    p.add_argument("dir", help="local folder to write into (empty, or an earlier export with --overwrite)")
+    p.add_argument("--chat-template", metavar="NAME",
+                   help="SpecForge's data.chat_template (default: chosen among SpecForge's templates for the "
+                        "samples' chat format, by what rebuilds the first rows exactly)")
+    verify = p.add_mutually_exclusive_group()
+    verify.add_argument("--verify", dest="verify", action="store_true", default=None,
+                        help="run every row through SpecForge's parser (the default when specforge imports)")
+    verify.add_argument("--no-verify", dest="verify", action="store_false", help="write the rows unchecked")
+    p.add_argument("--keep-mismatched", action="store_true",
+                   help="keep rows SpecForge rebuilds differently in data.jsonl (counted all the same)")
+    p.add_argument("--max-length", type=int, metavar="N",
+                   help="SpecForge's data.max_length (default: the longest sample); longer rows are left out")
+    p.add_argument("--truncate", action="store_true", help="cut rows longer than --max-length instead")
+    p.add_argument("--tokenizer", metavar="REF",
+                   help="load the tokenizer from here instead of the run's target.tokenizer (its files must match)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="the tokenizer needs its own code (SpecForge's model.trust_remote_code: true)")
+    p.add_argument("--workers", type=int, metavar="N", help="processes running SpecForge's parser (default: by size)")
+    p.add_argument("--overwrite", action="store_true", help="remove an earlier export in DIR first")
+    args = p.parse_args(argv)
+    for name in ("max_length", "workers"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+
+    from eyrie.jobs.extract.specforge_online import OnlineOptions, export_specforge_online
+    from eyrie.jobs.store import open_store
+
+    opts = OnlineOptions(chat_template=args.chat_template, verify=args.verify, keep_mismatched=args.keep_mismatched,
+                         max_length=args.max_length, truncate=args.truncate, overwrite=args.overwrite,
+                         tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code, workers=args.workers)
+    r = export_specforge_online(open_store(args.output_uri), args.dir, opts)
+    print(online_summary(r.summary))
+    return 0
+
+
+def online_summary(s: dict) -> str:
+    """What the online export wrote and how SpecForge reads it, in a few lines."""
+    lines = [f"wrote {s['written']} of {s['samples']} samples to {s['dir']}/data.jsonl (chat template "
+             f"{s['chatTemplate']}, {s['chosenBy']}; max_length {s['maxLength']}) and all {s['samples']} as token "
+             "ids to tokens.jsonl"]
+    if not s["verified"]:
+        lines.append("not verified: SpecForge's parser was not run (--no-verify, or specforge is not installed)")
+    else:
+        lines.append(f"SpecForge {s['specforgeVersion']} will train on {s['exact']} of {s['samples']} rows exactly as "
+                     f"eyrie rebuilt them" + (f" ({s['truncated']} of them cut at max_length)" if s["truncated"]
+                                              else ""))
+    for cause, n in s["mismatched"].items():
+        lines.append(f"  {n} {cause}: {s['causes'][cause]}")
+    first = next((e for e in s["examples"] if "eyrie" in e), None)
+    if first:
+        lines += [f"first difference: sample {first['id']} at token {first['position']} ({first['cause']}); "
+                  "loss marked ⟦ ⟧:", f"  eyrie:     {first['eyrie']!r}", f"  SpecForge: {first['specforge']!r}"]
+    lines.append("train: data-config.yaml (text) or data-config-tokens.yaml (the ids as they are) is the data section "
+                 "of a `specforge train -c CONFIG` run config (docs/operating.md, Train a drafter)")
+    return "\n".join(lines)

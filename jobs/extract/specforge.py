@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,16 +77,18 @@ def _save_atomic(obj: dict[str, torch.Tensor], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def prepare_dir(out: Path, overwrite: bool) -> None:
-    """An empty folder to export into; `overwrite` removes an earlier export's files first."""
+def prepare_dir(out: Path, overwrite: bool, ours: Collection[str] | None = None) -> None:
+    """An empty folder to export into; `overwrite` removes an earlier export's files first (`ours`:
+    the names that export writes; default the offline export's)."""
     out.mkdir(parents=True, exist_ok=True)
     present = sorted(p.name for p in out.iterdir())
     if not present:
         return
     if not overwrite:
-        raise ExportError(f"{out} is not empty ({len(present)} entries, e.g. {present[0]}): SpecForge trains on "
-                          "every .ckpt under it; choose an empty folder or pass --overwrite")
-    foreign = [n for n in present if not _OURS.match(n)]
+        raise ExportError(f"{out} is not empty ({len(present)} entries, e.g. {present[0]}): an export writes into "
+                          "a folder of its own (SpecForge trains on every .ckpt under it); choose an empty folder "
+                          "or pass --overwrite")
+    foreign = [n for n in present if not (n in ours if ours is not None else _OURS.match(n))]
     if foreign:
         raise ExportError(f"{out} holds files an eyrie export did not write ({', '.join(foreign[:5])}); "
                           "--overwrite removes only an earlier export: choose another folder")

@@ -1,0 +1,278 @@
+"""`eyrie export specforge-online`: the samples as SpecForge's online training reads them, each row
+checked by SpecForge's own parser (specforge==0.2.0, installed --no-deps), and read back by SpecForge's
+own online entry point (`specforge.data.prompt_builder.prepare_prompt_tasks`, what `specforge train`
+runs on `data.train_data_path` / `data.prompts_path`) and its run-config schema.
+
+Formats: Kimi K2.5 (the synthetic Kimi vocabulary as a Hugging Face tokenizer, Kimi's special ids),
+Qwen3 (Qwen's BPE) thinking and not, DeepSeek-V3.1 (on DeepSeek-V4's tokenizer.json), single- and
+multi-turn with tool calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from eyrie.jobs.contract import layout
+from eyrie.jobs.extract.specforge import ExportError
+from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
+from eyrie.jobs.spec import TargetSpec
+from tests.specforge_helpers import conversations, need_specforge, samples_store
+from tests.tokenizer_helpers import kimi_hf_folder, qwen3_folder
+
+
+@pytest.fixture(autouse=True)
+def _specforge(monkeypatch, tmp_path_factory):
+    need_specforge()
+    # SpecForge's dataset path (datasets.load_dataset / map) caches under HF_DATASETS_CACHE: keep it in tmp
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("hf-datasets")))
+
+
+@pytest.fixture(scope="module")
+def kimi(tmp_path_factory) -> LoadedTokenizer:
+    return load_tokenizer(TargetSpec(model="m", tokenizer=str(kimi_hf_folder(tmp_path_factory.mktemp("kimi")))))
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory) -> LoadedTokenizer:
+    return load_tokenizer(TargetSpec(model="m", tokenizer=str(qwen3_folder(tmp_path_factory.mktemp("qwen")))))
+
+
+@pytest.fixture(scope="module")
+def deepseek() -> LoadedTokenizer:
+    return load_tokenizer(TargetSpec(model="m", tokenizer="bundled:deepseek-v4"))
+
+
+def export(store, out: Path, **kw):
+    from eyrie.jobs.extract.specforge_online import OnlineOptions, export_specforge_online
+
+    return export_specforge_online(store, out, OnlineOptions(**kw))
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def specforge_reads(out: Path, tok: LoadedTokenizer, config: str) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """What SpecForge's online trainer gets from a data-config snippet of the export: its run-config
+    schema validates the section, then `prepare_prompt_tasks` (its one entry for train_data_path and
+    prompts_path) reads the file; (ids, mask) per row, sorted (it shuffles raw text rows)."""
+    from specforge.config.schema import DataConfig
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+    from transformers import AutoTokenizer
+
+    data = DataConfig(**yaml.safe_load((out / config).read_text())["data"])
+    path = data.prompts_path or data.train_data_path
+    tasks = prepare_prompt_tasks(path, AutoTokenizer.from_pretrained(str(tok.folder)), chat_template=data.chat_template,
+                                 max_length=data.max_length, is_preformatted=data.is_preformatted,
+                                 train_only_last_turn=data.train_only_last_turn, cache_dir=None, cache_key=None,
+                                 num_proc=1, min_loss_tokens=1)
+    return sorted((tuple(t["payload"]["input_ids"]), tuple(t["payload"]["loss_mask"])) for t in tasks)
+
+
+def eyrie_rows(samples) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    return sorted((tuple(s.input_ids), tuple(s.loss_mask)) for s in samples)
+
+
+# --------------------------------------------------------------------------- exact hand-offs
+
+
+@pytest.mark.parametrize(("thinking", "template"), [(True, "qwen3-thinking"), (False, "qwen3-instruct")])
+def test_qwen3_rows_are_rebuilt_by_specforge_exactly_and_its_trainer_reads_them_so(tmp_path, qwen, thinking,
+                                                                                    template):
+    store, samples = samples_store(tmp_path / "run", qwen, "qwen3", conversations(thinking))
+    r = export(store, tmp_path / "sf")
+    out = tmp_path / "sf"
+    assert (r.chat_template, r.chosen_by) == (template, "probe")  # the template that fits, not a guess
+    assert (r.samples, r.exact, r.written, dict(r.mismatched)) == (5, 5, 5, {})
+    assert [row["text"] for row in lines(out / "data.jsonl")] == [qwen.decode(s.input_ids) for s in samples]
+    # SpecForge's own online entry point, on the files as written: the same ids and loss masks as eyrie's
+    assert specforge_reads(out, qwen, "data-config.yaml") == eyrie_rows(samples)
+    assert specforge_reads(out, qwen, "data-config-tokens.yaml") == eyrie_rows(samples)
+    cfg = yaml.safe_load((out / "data-config.yaml").read_text())["data"]
+    assert cfg == {"train_data_path": str((out / "data.jsonl").resolve()), "is_preformatted": True,
+                   "chat_template": template, "train_only_last_turn": True, "max_length": max(len(s.input_ids)
+                                                                                             for s in samples)}
+    stored = json.loads(store.get(layout.SPECFORGE_ONLINE))  # the run's report reads it from there
+    assert stored == json.loads((out / "eyrie_export.json").read_text())
+    assert (stored["exact"], stored["samples"], stored["chatTemplate"], stored["tokenizer"]["sha256"]) == (
+        5, 5, template, qwen.sha256)
+
+
+def test_tokens_jsonl_is_every_sample_as_specforge_reads_pre_tokenized_records(tmp_path, kimi):
+    store, samples = samples_store(tmp_path / "run", kimi, "kimi-k2.5", conversations(True))
+    export(store, tmp_path / "sf")
+    rows = lines(tmp_path / "sf" / "tokens.jsonl")
+    assert [(r["input_ids"], r["loss_mask"]) for r in rows] == [(s.input_ids, s.loss_mask) for s in samples]
+    assert specforge_reads(tmp_path / "sf", kimi, "data-config-tokens.yaml") == eyrie_rows(samples)
+
+
+# ------------------------------------------------------------------ what SpecForge rebuilds otherwise
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_kimi_k25_rows_differ_at_the_boundary_token_and_are_excluded_saying_so(tmp_path, kimi, thinking):
+    """SpecForge's kimi-k2-thinking/-instruct headers end at `<|im_middle|>`: its loss takes the `<think>`
+    (thinking) or `<think></think>` (not) that K2.5's generation prompt ends with, which the model never
+    generated. Every row is left out of data.jsonl, counted as mask_boundary, the difference decoded."""
+    store, samples = samples_store(tmp_path / "run", kimi, "kimi-k2.5", conversations(thinking))
+    r = export(store, tmp_path / "sf")
+    assert r.chat_template == "kimi-k2-thinking"
+    assert (r.exact, r.written, dict(r.mismatched)) == (0, 0, {"mask_boundary": 5})
+    assert lines(tmp_path / "sf" / "data.jsonl") == []
+    first = lines(tmp_path / "sf" / "mismatched.jsonl")[0]
+    gen = "<think>" if thinking else "<think></think>"
+    assert f"<|im_middle|>{gen}⟦" in first["eyrie"] and f"<|im_middle|>⟦{gen}" in first["specforge"]
+    s0 = samples[0]
+    assert first["position"] == s0.loss_mask.index(1) - (1 if thinking else 2)  # the prompt's last tokens
+    assert r.summary["causes"]["mask_boundary"].startswith("mask differs at the answer's edge")
+    # kept on request, counted all the same
+    r2 = export(store, tmp_path / "kept", keep_mismatched=True)
+    assert (r2.exact, r2.written, r2.mismatched["mask_boundary"]) == (0, 5, 5)
+
+
+def test_a_template_whose_header_ends_where_the_answer_starts_rebuilds_kimi_exactly(tmp_path, kimi):
+    """The cause is the header, and only it: registered with the generation prompt's `<think>` in its
+    assistant header (what docs/operating.md gives for SpecForge's Python API), every row matches."""
+    from specforge.data.template import TEMPLATE_REGISTRY, ChatTemplate
+
+    TEMPLATE_REGISTRY.register("eyrie-kimi-k2.5-thinking", ChatTemplate(
+        assistant_header="<|im_assistant|>assistant<|im_middle|><think>", user_header="<|im_user|>user<|im_middle|>",
+        system_prompt=None, end_of_turn_token="<|im_end|>", parser_type="thinking", enable_thinking=True),
+        override=True)
+    store, _ = samples_store(tmp_path / "run", kimi, "kimi-k2.5", conversations(True))
+    r = export(store, tmp_path / "sf", chat_template="eyrie-kimi-k2.5-thinking", workers=1)
+    assert (r.exact, dict(r.mismatched), r.chosen_by) == (5, {}, "given")
+
+
+def test_deepseek_v31_boundary_and_the_answer_after_a_tool_result(tmp_path, deepseek):
+    """V3.1 answers after `<｜Assistant｜></think>` (non-thinking: what tool use takes), and an answer to a
+    tool result follows `<｜tool▁output▁end｜>` with no header at all: SpecForge's loss then covers the
+    earlier tool-call turn instead (train_only_last_turn keeps its last header)."""
+    store, _ = samples_store(tmp_path / "run", deepseek, "deepseek-v3", conversations(False))
+    r = export(store, tmp_path / "sf")
+    assert r.chat_template == "deepseek-v3"
+    assert dict(r.mismatched) == {"mask_boundary": 4, "mask_tool_turn": 1}
+    tool = next(e for e in lines(tmp_path / "sf" / "mismatched.jsonl") if e["cause"] == "mask_tool_turn")
+    assert tool["id"].startswith("after-tool")
+    assert "<｜tool▁calls▁begin｜>" in tool["specforge"].split("⟦", 1)[1]  # its loss is on the tool call
+    assert "⟦" not in tool["eyrie"]  # eyrie's loss is not there: it starts after the tool result
+
+
+def test_a_wrong_template_name_excludes_every_row_and_says_why(tmp_path, qwen):
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    r = export(store, tmp_path / "sf", chat_template="llama3")
+    assert (r.exact, r.written, dict(r.mismatched)) == (0, 0, {"no_answer_span": 5})
+    assert "assistant header is not in the text" in r.summary["causes"]["no_answer_span"]
+
+
+def test_an_unknown_template_and_a_format_specforge_has_none_for_are_refused_with_its_list(tmp_path, qwen):
+    from eyrie.jobs.extract.specforge_online import specforge_templates
+
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    with pytest.raises(ExportError, match=r"no such template; it has: .*kimi-k2-thinking"):
+        export(store, tmp_path / "sf", chat_template="kimi-k2.5")
+    assert not (tmp_path / "sf").exists()  # refused before anything was written
+    # chatFormat auto with a template none of SpecForge's headers appear in
+    tpl = "{%- for m in messages -%}[{{ m.role }}]{{ m.content }}[/]{%- endfor -%}{%- if add_generation_prompt -%}" \
+          "[assistant]{%- endif -%}"
+    (tmp_path / "odd").mkdir()
+    folder = qwen3_folder(tmp_path / "odd", tpl)
+    odd = load_tokenizer(TargetSpec(model="m", tokenizer=str(folder)))
+    recs = [conversations(False)[0]]
+    recs[0]["request"].pop("reasoning")
+    store2, _ = samples_store(tmp_path / "run2", odd, "auto", recs)
+    with pytest.raises(ExportError, match="no chat template for chat format 'auto'") as e:
+        export(store2, tmp_path / "sf2")
+    assert all(n in str(e.value) for n in specforge_templates())
+
+
+def test_longer_rows_are_counted_and_left_out_or_cut_and_compared_cut(tmp_path, qwen):
+    store, samples = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    lengths = sorted(len(s.input_ids) for s in samples)
+    n = lengths[2]
+    r = export(store, tmp_path / "a", max_length=n)
+    longer = sum(x > n for x in lengths)
+    assert (r.over_max_length, r.mismatched["over_max_length"], r.exact) == (longer, longer, 5 - longer)
+    r = export(store, tmp_path / "b", max_length=n, truncate=True)
+    assert (r.exact, r.truncated, dict(r.mismatched)) == (5, longer, {})  # SpecForge cuts as eyrie compared
+    with pytest.raises(ExportError, match="--truncate needs --max-length"):
+        export(store, tmp_path / "c", truncate=True)
+
+
+def test_worker_processes_give_the_same_rows(tmp_path, deepseek):
+    store, _ = samples_store(tmp_path / "run", deepseek, "deepseek-v3", conversations(False))
+    one = export(store, tmp_path / "one", workers=1)
+    two = export(store, tmp_path / "two", workers=2)
+    assert (two.exact, dict(two.mismatched)) == (one.exact, dict(one.mismatched))
+    for name in ("data.jsonl", "tokens.jsonl", "mismatched.jsonl"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+# ------------------------------------------------------------------------- refusals and the CLI
+
+
+def test_without_specforge_the_rows_are_written_unchecked_and_verify_is_refused(tmp_path, qwen, monkeypatch):
+    from eyrie.jobs.extract import specforge_online
+
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    monkeypatch.setattr(specforge_online, "specforge_importable", lambda: "ModuleNotFoundError: specforge")
+    with pytest.raises(specforge_online.SpecForgeUnavailable, match=r"pip install --no-deps specforge==0\.2\.0"):
+        export(store, tmp_path / "sf", verify=True)
+    r = export(store, tmp_path / "sf")
+    assert (r.verified, r.written, r.summary["exact"], r.chat_template, r.chosen_by) == (
+        False, 5, None, "qwen3-thinking", "format")
+
+
+def test_the_tokenizer_must_be_the_one_the_samples_were_rebuilt_with(tmp_path, qwen, kimi):
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    with pytest.raises(ExportError, match="but the samples were rebuilt with"):
+        export(store, tmp_path / "sf", tokenizer=str(kimi.folder))
+    tik = load_tokenizer(TargetSpec(model="m", tokenizer=str(Path(__file__).parent / "data" / "kimi_synthetic")))
+    store2, _ = samples_store(tmp_path / "run2", tik, "kimi-k2.5", conversations(True)[:1])
+    with pytest.raises(ExportError, match="--trust-remote-code"):
+        export(store2, tmp_path / "sf2")
+
+
+def test_cli_prints_what_specforge_will_train_on_and_refuses_a_used_folder(tmp_path, kimi, capsys):
+    from eyrie.jobs.extract.cli import export_main
+
+    store, _ = samples_store(tmp_path / "run", kimi, "kimi-k2.5", conversations(True))
+    out = str(tmp_path / "sf")
+    assert export_main(["specforge-online", store.uri, out]) == 0
+    text = capsys.readouterr().out
+    assert "SpecForge 0.2.0 will train on 0 of 5 rows exactly as eyrie rebuilt them" in text
+    assert "5 mask_boundary" in text and "first difference: sample" in text
+    with pytest.raises(ExportError, match="not empty"):
+        export_main(["specforge-online", store.uri, out])
+    (tmp_path / "sf" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="did not write"):
+        export_main(["specforge-online", store.uri, out, "--overwrite"])
+    (tmp_path / "sf" / "notes.txt").unlink()
+    assert export_main(["specforge-online", store.uri, out, "--overwrite", "--keep-mismatched"]) == 0
+    assert len(lines(tmp_path / "sf" / "data.jsonl")) == 5
+
+
+def test_first_difference_is_shown_decoded_with_the_loss_marked():
+    from eyrie.jobs.extract.specforge_check import compare
+
+    def decode(ids):
+        return "".join(chr(i) for i in ids)
+
+    ids = np.array([ord(c) for c in "<a>xyz"])
+    ours, theirs = np.array([0, 0, 0, 1, 1, 1]), np.array([0, 0, 1, 1, 1, 1])
+    d = compare(ids, ours, ids, theirs, decode)
+    assert (d.cause, d.position, d.ours, d.theirs) == ("mask_boundary", 2, "<a>⟦xyz⟧", "<a⟦>xyz⟧")
+    assert compare(ids, ours, ids, ours, decode) is None
+    other = np.array([ord(c) for c in "<a>xyq"])
+    assert compare(ids, ours, other, ours, decode).cause == "retokenized"
+    hist = np.array([1, 1, 0, 0, 0, 0, 0, 0, 1, 1])
+    assert compare(np.arange(10), np.array([0] * 8 + [1, 1]), np.arange(10), hist, decode).cause == "mask_history"
+    turn = np.array([0, 1, 1, 0, 0, 0, 0, 0, 0, 0])
+    assert compare(np.arange(10), np.array([0] * 7 + [1] * 3), np.arange(10), turn, decode).cause == "mask_tool_turn"
+    inside = np.array([0] * 3 + [1, 1, 0, 0, 1, 1, 1])
+    assert compare(np.arange(10), np.array([0] * 3 + [1] * 7), np.arange(10), inside, decode).cause == "mask_inside"
+    assert compare(np.arange(4), np.array([0, 0, 1, 1]), np.arange(4), np.zeros(4), decode).cause == "no_answer_span"
