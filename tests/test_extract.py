@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
 from extract_helpers import make_spec, put_samples, random_rows, reference
+from specforge_helpers import need_specforge
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.extract import HiddenReader, SampleNotFound, ShardError, read_sample
@@ -403,24 +404,26 @@ def test_read_sample_from_s3(s3_bucket, tiny, ref_model, backend):
         read_sample(out, "missing-id")
 
 
+def specforge_dataset(folder: Path, max_len: int = 2048):
+    """SpecForge's own offline dataset over the export (specforge==0.2.0, installed --no-deps):
+    `build_offline_eagle3_dataset` lists every `.ckpt` under the folder and `OfflineEagle3Dataset`
+    loads each as its trainer does; skipped (and named) only where specforge cannot be imported."""
+    need_specforge()
+    from specforge.data.preprocessing import OfflineEagle3Dataset, build_offline_eagle3_dataset
+
+    ds = build_offline_eagle3_dataset(str(folder), max_len=max_len)
+    assert isinstance(ds, OfflineEagle3Dataset)
+    return ds
+
+
 def specforge_load(folder: Path) -> list[dict[str, torch.Tensor]]:
-    """What SpecForge's offline reader does: every `.ckpt` under the folder (os.walk, sorted), each
-    `torch.load(path, weights_only=False, mmap=True)` (specforge/data/preprocessing.py)."""
-    paths = sorted(os.path.join(root, f) for root, _d, files in os.walk(folder) for f in files if f.endswith(".ckpt"))
-    return [torch.load(p, weights_only=False, mmap=True) for p in paths]
-
-
-def specforge_process(data: dict[str, torch.Tensor], max_len: int) -> dict[str, torch.Tensor]:
-    """`OfflineEagle3Dataset.process_data`: what a training step receives."""
-    loss_mask = data["loss_mask"][:max_len][None, :]
-    loss_mask[0, -1] = 0
-    return {"hidden_state": data["aux_hidden_state"].squeeze(0)[:max_len][None, :],
-            "target": data["hidden_state"].squeeze(0)[:max_len][None, :],
-            "input_ids": data["input_ids"][:max_len][None, :], "loss_mask": loss_mask}
+    """The raw files of the export as SpecForge's dataset opens them (`OfflineEagle3Dataset._open_file`)."""
+    ds = specforge_dataset(folder)
+    return [ds._open_file(i) for i in range(len(ds))]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8"])
-def test_specforge_export_loads_as_specforge_reads_it_for_every_stored_dtype(tmp_path, tiny, backend, dtype):
+def test_specforge_export_loads_in_specforges_own_dataset_for_every_stored_dtype(tmp_path, tiny, backend, dtype):
     import torch.nn.functional as F
 
     from eyrie.jobs.extract.specforge import METADATA, export_specforge
@@ -430,30 +433,93 @@ def test_specforge_export_loads_as_specforge_reads_it_for_every_stored_dtype(tmp
     assert (r.samples, r.stored_dtype, r.over_max_length) == (11, dtype, 0)
     ids = [json.loads(line) for line in (tmp_path / "sf" / "sample_ids.jsonl").read_text().splitlines()]
     assert [i["index"] for i in ids] == list(range(11))
-    loaded = specforge_load(tmp_path / "sf")
-    assert len(loaded) == 11
-    by_index = {int(Path(p).stem.split("_")[1]): p for p in (tmp_path / "sf").rglob("*.ckpt")}
-    for entry in ids:
-        d = torch.load(by_index[entry["index"]], weights_only=False, mmap=True)
-        s = read_sample(out, entry["sampleId"])
+    by_file = {str((tmp_path / "sf" / i["file"]).resolve()): i["sampleId"] for i in ids}
+    ds = specforge_dataset(tmp_path / "sf")
+    assert len(ds) == 11 and set(map(str, map(Path, ds.datapaths))) == set(by_file)
+    for i, path in enumerate(ds.datapaths):  # item by item, as SpecForge's trainer receives them
+        s = read_sample(out, by_file[str(Path(path).resolve())])
         t = len(s["input_ids"])
-        assert set(d) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
-        assert d["input_ids"].dtype == torch.int64 and d["loss_mask"].dtype == torch.int64
-        assert d["hidden_state"].dtype == torch.bfloat16 and d["aux_hidden_state"].dtype == torch.bfloat16
-        assert d["input_ids"].tolist() == s["input_ids"].tolist() and d["loss_mask"].tolist() == s["loss_mask"].tolist()
-        assert d["hidden_state"].shape == (1, t, HIDDEN) and d["aux_hidden_state"].shape == (1, t, 3 * HIDDEN)
-        assert torch.equal(d["aux_hidden_state"][0], s["aux_hidden"].to(torch.bfloat16))
-        assert torch.equal(d["hidden_state"][0], s["last_hidden"].to(torch.bfloat16))
+        raw = ds._open_file(i)
+        assert set(raw) == {"input_ids", "loss_mask", "hidden_state", "aux_hidden_state"}
+        assert raw["input_ids"].dtype == torch.int64 and raw["loss_mask"].dtype == torch.int64
+        item = ds[i]
+        assert item["input_ids"].tolist() == [s["input_ids"].tolist()]
+        want_mask = s["loss_mask"].tolist()
+        want_mask[-1] = 0  # SpecForge never trains on the last position (no next token)
+        assert item["loss_mask"].tolist() == [want_mask] and raw["loss_mask"].tolist() == s["loss_mask"].tolist()
+        # hidden_state is what the draft takes (the 3 aux layers), target what it is trained towards
+        assert item["hidden_state"].dtype == torch.bfloat16 and item["target"].dtype == torch.bfloat16
+        assert item["hidden_state"].shape == (1, t, 3 * HIDDEN) and item["target"].shape == (1, t, HIDDEN)
+        assert torch.equal(item["hidden_state"][0], s["aux_hidden"].to(torch.bfloat16))
+        assert torch.equal(item["target"][0], s["last_hidden"].to(torch.bfloat16))
+        assert item["attention_mask"].shape == (1, t)
         # what SpecForge's bfloat16 draft does first: project 3H -> H; a float32 input raised
         # "expected m1 and m2 to have the same dtype" before
-        step = specforge_process(d, max_len=2048)
         proj = torch.zeros(HIDDEN, 3 * HIDDEN, dtype=torch.bfloat16)
-        assert F.linear(step["hidden_state"], proj).shape == (1, t, HIDDEN)
+        assert F.linear(item["hidden_state"], proj).shape == (1, t, HIDDEN)
         # each file holds its own tensors only (no view of a larger storage)
-        assert by_index[entry["index"]].stat().st_size < 2 * (t * 4 * HIDDEN * 2 + t * 16) + 4096
+        assert Path(path).stat().st_size < 2 * (t * 4 * HIDDEN * 2 + t * 16) + 4096
     meta = json.loads((tmp_path / "sf" / METADATA).read_text())
     assert meta["auxLayers"] == list(LAYERS) and meta["specforgeAuxLayerIds"] == [i - 1 for i in LAYERS]
     assert meta["storedDtype"] == dtype and meta["dtype"] == "bfloat16" and meta["samples"] == 11
+
+
+def test_the_offline_export_is_what_specforge_train_takes_draft_run_config_and_vocab_mapping(tmp_path, tiny,
+                                                                                             backend):
+    """Beside the features: a draft config of the target's shape, read through SpecForge's own
+    resolver (and equal to the one it would derive from the target), a run config its schema accepts,
+    and the vocab mapping its code builds from what the export holds."""
+    need_specforge()
+    import yaml
+    from datasets import Dataset
+    from specforge.algorithms.eagle3.providers import algorithm_providers
+    from specforge.config.schema import Config
+    from specforge.data.preprocessing import generate_vocab_mapping_file, process_token_dict_to_mappings
+    from specforge.training.model_loading import resolve_draft_config
+    from specforge.training.vocab_mapping import count_effective_feature_tokens
+
+    from eyrie.jobs.extract.specforge import DRAFT_CONFIG, RUN_CONFIG, export_specforge
+
+    out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend)
+    sf = tmp_path / "sf"
+    r = export_specforge(store, sf)
+    assert r.draft_config == str((sf / DRAFT_CONFIG).resolve()) and r.draft_error is None
+    cfg = Config.model_validate(yaml.safe_load((sf / RUN_CONFIG).read_text()))
+    assert (cfg.mode, cfg.data.hidden_states_path, cfg.model.target_model_path) == ("offline", str(sf.resolve()),
+                                                                                    str(tiny))
+    provider = algorithm_providers().model.draft_config
+    ours = resolve_draft_config(cfg, provider=provider).to_dict()
+    theirs = resolve_draft_config(Config.model_validate({**cfg.model_dump(), "model": {
+        "target_model_path": str(tiny)}}), provider=provider).to_dict()
+    drop = {"draft_vocab_size", "eagle_config", "_name_or_path", "transformers_version"}
+    assert {k: v for k, v in ours.items() if k not in drop} == {k: v for k, v in theirs.items() if k not in drop}
+    assert ours["architectures"] == ["LlamaForCausalLMEagle3"] and ours["num_hidden_layers"] == 1
+    assert ours["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in LAYERS]}
+    assert ours["draft_vocab_size"] == VOCAB  # a draft vocabulary no larger than the target's
+    # the tokens the loss covers, as SpecForge 0.2.0's offline trainer counts them from the features...
+    ids = [json.loads(x) for x in (sf / "sample_ids.jsonl").read_text().splitlines()]
+    samples = [read_sample(out, i["sampleId"]) for i in ids]
+    counts = count_effective_feature_tokens(str(sf), max_length=cfg.data.max_length, target_vocab_size=VOCAB)
+    want: dict[int, int] = {}
+    for s in samples:
+        for t, m in zip(s["input_ids"].tolist(), s["loss_mask"].tolist(), strict=True):
+            if m:
+                want[t] = want.get(t, 0) + 1
+    assert dict(counts) == want
+    # ...and SpecForge's generate_vocab_mapping_file over the export's ids and masks: a 16-token draft
+    # vocabulary holds the 16 most frequent loss tokens
+    data = Dataset.from_dict({"input_ids": [s["input_ids"].tolist() for s in samples],
+                              "loss_mask": [s["loss_mask"].tolist() for s in samples]}).with_format("torch")
+    path = generate_vocab_mapping_file(data, VOCAB, 16, cache_dir=str(tmp_path / "vm"), cache_key="vm")
+    mapping = torch.load(path)
+    d2t, t2d = mapping["d2t"], mapping["t2d"]
+    assert t2d.shape == (VOCAB,) and int(t2d.sum()) == 16 and d2t.shape == (16,)
+    chosen = sorted((torch.arange(16) + d2t).tolist())
+    assert chosen == sorted(torch.nonzero(t2d).flatten().tolist())
+    top = sorted(want.values(), reverse=True)[15]
+    assert all(want.get(t, 0) >= top for t in chosen) and all(n <= top for t, n in want.items() if t not in chosen)
+    d2t2, t2d2 = process_token_dict_to_mappings(counts, 16, VOCAB)  # what the trainer installs from the counts
+    assert torch.equal(t2d2, t2d) and torch.equal(d2t2, d2t)
 
 
 def test_specforge_export_refuses_other_than_three_aux_layers_before_writing(tmp_path, tiny, backend):

@@ -74,14 +74,18 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--max-length", type=int, metavar="N",
                    help="the trainer's max_len: report how many samples are longer (SpecForge cuts them silently)")
     p.add_argument("--truncate", action="store_true", help="cut samples longer than --max-length (loss mask alike)")
+    p.add_argument("--model", metavar="REF", help="the target model (folder or HF id) whose config.json shapes "
+                                                  "draft-config.json (default: the model the run extracted with)")
+    p.add_argument("--trust-remote-code", action="store_true", help="the model's config needs its own code")
     args = p.parse_args(argv)
     if args.max_length is not None and args.max_length < 1:
         p.error("--max-length must be at least 1")
 
-    from eyrie.jobs.extract.specforge import ExportOptions, export_specforge
+    from eyrie.jobs.extract.specforge import DRAFT_CONFIG, RUN_CONFIG, ExportOptions, export_specforge
     from eyrie.jobs.store import open_store
 
-    opts = ExportOptions(overwrite=args.overwrite, max_length=args.max_length, truncate=args.truncate)
+    opts = ExportOptions(overwrite=args.overwrite, max_length=args.max_length, truncate=args.truncate,
+                         model=args.model, trust_remote_code=args.trust_remote_code)
     r = export_specforge(open_store(args.output_uri), args.dir, opts)
     print(f"wrote {r.samples} samples to {args.dir} (bfloat16 from stored {r.stored_dtype}; aux layers "
           f"{r.aux_layers} = SpecForge eagle_aux_hidden_state_layer_ids {[i - 1 for i in r.aux_layers]})")
@@ -90,6 +94,12 @@ def export_main(argv: list[str]) -> int:
         print(f"{r.over_max_length} of {r.samples} samples {verb} {args.max_length} tokens"
               + ("" if args.truncate or not r.over_max_length else
                  " (SpecForge will cut them at max_len; --truncate cuts them here, loss mask alike)"))
+    if r.draft_config:
+        print(f"wrote {DRAFT_CONFIG} (an EAGLE-3 draft of the target's shape) and {RUN_CONFIG}: "
+              f"specforge train -c {args.dir}/{RUN_CONFIG}")
+    else:
+        print(f"no {DRAFT_CONFIG}: the target's config could not be read ({r.draft_error}); pass --model, or let "
+              f"SpecForge derive the draft from model.target_model_path in {RUN_CONFIG}")
     return 0
 
 

@@ -14,9 +14,17 @@ What SpecForge does not check and would fail on later, or train wrongly with, is
   `overwrite`, which first removes what an earlier export wrote (and refuses files eyrie did not write);
 - it cuts samples to its `max_len` silently: `max_length` counts them, and `truncate` cuts them here,
   the loss mask alike, so the cut is a decision the user saw.
-`sample_ids.jsonl` maps each data_{i} back to its eyrie sample id; `eyrie_export.json` records the
-layers in both conventions (HF `output_hidden_states` indices, and SpecForge's = HF - 1). Only samples
-in the shard index are exported: one excluded for low fidelity stays in its part, unread.
+`sample_ids.jsonl` maps each data_{i} (and its file) back to its eyrie sample id; `eyrie_export.json`
+records the layers in both conventions (HF `output_hidden_states` indices, and SpecForge's = HF - 1).
+Only samples in the shard index are exported: one excluded for low fidelity stays in its part, unread.
+
+Beside the features, what SpecForge 0.2.0's offline trainer (`specforge train -c CONFIG` with
+`data.hidden_states_path`) asks for: `draft-config.json`, an EAGLE-3 draft of the target's shape (the
+config SpecForge generates from the target when `model.draft_model_config` is unset: the target's
+architecture fields, one `LlamaForCausalLMEagle3` layer, a draft vocabulary of at most 32,000, plus
+`eagle_config.eagle_aux_hidden_state_layer_ids`: the layers these features hold, for serving), and
+`specforge-offline.yaml`, the run config naming the folder, the target and that draft. Its vocabulary
+mapping needs no data file: SpecForge 0.2.0 counts the loss tokens of the features themselves.
 """
 
 from __future__ import annotations
@@ -42,8 +50,19 @@ from eyrie.jobs.store import NotFound, Store
 ROWS_PER_FOLDER = 5000
 METADATA = "eyrie_export.json"
 SAMPLE_IDS = "sample_ids.jsonl"
+DRAFT_CONFIG = "draft-config.json"
+RUN_CONFIG = "specforge-offline.yaml"
 EXPORT_DTYPE = torch.bfloat16
-_OURS = re.compile(r"^(rows_\d+-\d+|sample_ids\.jsonl|eyrie_export\.json|\.sample_ids\.jsonl\.tmp)$")
+_OURS = re.compile(r"^(rows_\d+-\d+|sample_ids\.jsonl|eyrie_export\.json|\.sample_ids\.jsonl\.tmp|"
+                   r"draft-config\.json|specforge-offline\.yaml)$")
+# What SpecForge copies from the target's (text) config into the EAGLE-3 draft it generates
+# (specforge/training/model_loading.py `_TARGET_ARCHITECTURE_FIELDS`), and its EAGLE-3 defaults.
+DRAFT_FIELDS = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "max_position_embeddings", "rms_norm_eps", "hidden_act", "initializer_range", "attention_bias",
+                "attention_dropout", "head_dim", "rope_theta", "rope_scaling", "bos_token_id", "eos_token_id",
+                "pad_token_id", "sliding_window", "use_sliding_window", "max_window_layers")
+DRAFT_ARCHITECTURE = "LlamaForCausalLMEagle3"
+DRAFT_VOCAB = 32000
 
 
 class ExportError(EyrieError, RuntimeError):
@@ -55,6 +74,8 @@ class ExportOptions:
     overwrite: bool = False
     max_length: int | None = None  # the trainer's max_len: samples longer are counted (and cut with truncate)
     truncate: bool = False
+    model: str | None = None  # the target model (its config.json) for the draft config; None: the extracted one
+    trust_remote_code: bool = False
 
 
 @dataclass
@@ -63,6 +84,9 @@ class ExportResult:
     over_max_length: int  # samples longer than max_length (cut when truncate)
     stored_dtype: str
     aux_layers: list[int]
+    longest: int = 0
+    draft_config: str | None = None  # draft-config.json when the target's config could be read
+    draft_error: str | None = None  # else why not
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -125,6 +149,9 @@ def _metadata(store: Store, index: dict[str, Any], result: ExportResult, opts: E
         "maxLength": opts.max_length,
         "overMaxLength": result.over_max_length,
         "truncated": result.over_max_length if opts.truncate else 0,
+        "draftConfig": DRAFT_CONFIG if result.draft_config else None,
+        "draftConfigError": result.draft_error,
+        "runConfig": RUN_CONFIG,
     }
 
 
@@ -175,17 +202,67 @@ def export_specforge(store: Store, out_dir: str | Path, opts: ExportOptions = Ex
                     start = (n // ROWS_PER_FOLDER) * ROWS_PER_FOLDER
                     folder = out / f"rows_{start}-{start + ROWS_PER_FOLDER}"
                     folder.mkdir(exist_ok=True)
+                    path = folder / f"data_{n}.ckpt"
                     _save_atomic({
                         "input_ids": _compact(ids.to(torch.long)),
                         "loss_mask": _compact(mask.to(torch.long)),
                         "hidden_state": _compact(last.to(EXPORT_DTYPE).unsqueeze(0)),
                         "aux_hidden_state": _compact(aux.to(EXPORT_DTYPE).unsqueeze(0)),
-                    }, folder / f"data_{n}.ckpt")
-                    ids_file.write(json.dumps({"index": n, "sampleId": sid}) + "\n")
+                    }, path)
+                    ids_file.write(json.dumps({"index": n, "file": str(path.relative_to(out)), "sampleId": sid})
+                                   + "\n")
                     result.samples += 1
+                    result.longest = max(result.longest, len(ids))
                 left_out = {s["sampleId"] for s in idx["skipped"]}
                 if not listed <= set(sids) or not set(sids) - listed <= left_out:
                     raise ShardError(f"{store.url(part)}: its samples differ from {store.url(key)}")
     os.replace(out / ".sample_ids.jsonl.tmp", out / SAMPLE_IDS)
+    _training_files(out, loaded[0][1], result, opts)
     (out / METADATA).write_text(json.dumps(_metadata(store, loaded[0][1], result, opts), indent=1) + "\n")
     return result
+
+
+def draft_config(model_config: Any, aux_layers: list[int]) -> dict[str, Any]:
+    """The EAGLE-3 draft config SpecForge generates for a target (`model.draft_model_config` unset), with
+    `eagle_config` naming the aux layers the features hold (SpecForge's ids: HF indices - 1), so a
+    server capturing with this draft takes the same layers; the draft vocabulary never exceeds the target's."""
+    get = getattr(model_config, "get_text_config", None)
+    text = get() if callable(get) else model_config
+    doc: dict[str, Any] = {}
+    for name in DRAFT_FIELDS:
+        v = getattr(text, name, None)
+        if v is not None:
+            doc[name] = str(v).replace("torch.", "") if type(v).__module__ == "torch" else v
+    if "vocab_size" not in doc or "hidden_size" not in doc:
+        raise ExportError("the target's config has no vocab_size/hidden_size: no draft config can be derived")
+    doc.update({"architectures": [DRAFT_ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
+                "tie_word_embeddings": False, "use_cache": True,
+                "draft_vocab_size": min(DRAFT_VOCAB, int(doc["vocab_size"])),
+                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layers]}})
+    doc.setdefault("pad_token_id", 0)
+    return doc
+
+
+def _training_files(out: Path, index: dict[str, Any], result: ExportResult, opts: ExportOptions) -> None:
+    """draft-config.json (when the target's config can be read) and specforge-offline.yaml."""
+    import yaml
+    from transformers import AutoConfig
+
+    model = opts.model or index.get("model")
+    try:
+        if not model:
+            raise ExportError("the shard index names no model: pass --model")
+        config = AutoConfig.from_pretrained(str(model), trust_remote_code=opts.trust_remote_code)
+        doc = draft_config(config, result.aux_layers)
+        (out / DRAFT_CONFIG).write_text(json.dumps(doc, indent=1) + "\n")
+        result.draft_config = str((out / DRAFT_CONFIG).resolve())
+    except Exception as e:  # the features are written and valid; only the convenience is missing
+        result.draft_error = f"{type(e).__name__}: {e}"
+    run = {"model": {"target_model_path": str(model) if model else "<the target model>",
+                     **({"draft_model_config": result.draft_config} if result.draft_config else {})},
+           "data": {"hidden_states_path": str(out.resolve()), "max_length": opts.max_length or result.longest},
+           "training": {"strategy": "eagle3"}}
+    head = ("SpecForge 0.2.0 run config for offline EAGLE-3 training on this export: specforge train -c "
+            f"{RUN_CONFIG}\n(add training.* settings, output_dir; the vocab mapping is counted from the features' "
+            "loss tokens).\n")
+    (out / RUN_CONFIG).write_text("".join(f"# {x}\n" for x in head.splitlines()) + yaml.safe_dump(run, sort_keys=False))
