@@ -31,7 +31,7 @@ def test_projection_is_spent_plus_prompts_left_times_mean_and_p90():
     assert (f.answers, f.prompts_left) == (10, 90)
     assert f.over(Decimal("2.70")) and not f.over(Decimal("2.71"))
     assert f.to_progress() == {"meanUSD": "2.71", "p90USD": "9.19", "perAnswerMeanUSD": "0.028",
-                               "perAnswerP90USD": "0.1", "answers": 10, "promptsLeft": 90}
+                               "perAnswerP90USD": "0.1", "answers": 10, "promptsLeft": 90, "tokens": 0}
 
 
 def test_turns_per_prompt_multiply_the_answers_left():
@@ -75,6 +75,63 @@ def test_the_forecaster_judges_once_when_the_canary_is_measured():
     doc = f.to_progress(Decimal("0.6"), 96)  # keeps following the answers
     assert doc["forecastUSD"] == "15" and doc["forecast"]["atCanary"] == {"meanUSD": "10", "p90USD": "10",
                                                                            "answers": 3}
+
+
+def test_the_whole_runs_hidden_states_are_projected_beside_the_dollars():
+    """Tokens so far and as many per answer for the answers left, x what extraction stores per token
+    (Kimi K2.5 in bf16: (3 + 1) x 7168 x 2 = 57,344 bytes)."""
+    f = project(Decimal(0), stats(["0.1"] * 4), prompts_left=6, tokens=400, bytes_per_token=57_344)
+    assert (f.tokens, f.hidden_bytes) == (1000, 1000 * 57_344)
+    assert f.to_progress()["hiddenStateBytes"] == 57_344_000 and f.to_progress()["tokens"] == 1000
+    fc = Forecaster(canary=2, suspend=False, bytes_per_token=512)
+    fc.add(Decimal("0.1"), 100)
+    fc.add(Decimal("0.1"), 300)
+    assert fc.judge(Decimal("0.2"), 8, Decimal(10)) is None
+    doc = fc.to_progress(Decimal("0.2"), 8)["forecast"]
+    assert (doc["tokens"], doc["hiddenStateBytes"]) == (2000, 2000 * 512)
+    assert doc["atCanary"]["hiddenStateBytes"] == 2000 * 512
+    unknown = Forecaster(canary=1, suspend=False)
+    unknown.add(Decimal("0.1"), 100)
+    assert "hiddenStateBytes" not in unknown.to_progress(Decimal("0.1"), 1)["forecast"]  # left out, not 0
+
+
+def test_stored_bytes_per_token_comes_from_the_models_config(tmp_path):
+    from eyrie.jobs.extract.codec import Layout
+    from eyrie.jobs.extract.hf_backend import build_tiny_model
+    from eyrie.jobs.extract.layers import stored_bytes_per_token
+    from eyrie.jobs.spec import parse_spec
+
+    model = build_tiny_model(tmp_path / "m", 256, hidden_size=96, layers=8, context=64)
+
+    def spec(**ex):
+        return parse_spec({"sources": [{"name": "p", "uri": "p.jsonl"}],
+                           "target": {"model": "m", "tokenizer": "bundled:deepseek-v4", "chatFormat": "deepseek-v4"},
+                           "api": {"baseUrl": "simulated"},
+                           "budget": {"maxUSD": "1", "pricing": {"inputPerMillion": "1", "outputPerMillion": "1"}},
+                           "extraction": {"enabled": True, "model": str(model), **ex}, "output": {"uri": "file:///x"}}).spec
+
+    assert stored_bytes_per_token(spec()) == Layout(3, 96, "bfloat16").bytes_per_token == 4 * 96 * 2
+    assert stored_bytes_per_token(spec(dtype="float8")) == Layout(3, 96, "float8").bytes_per_token
+    assert stored_bytes_per_token(spec(layers=[1, 2, 3, 4, 5])) == 6 * 96 * 2
+    assert stored_bytes_per_token(spec(enabled=False)) is None
+    assert stored_bytes_per_token(spec(model=str(tmp_path / "missing"))) is None  # unknown: no projection
+
+
+def test_eyrie_run_projects_the_hidden_state_bytes_at_the_canary(tmp_path):
+    """The figure a user reads before extraction starts: progress.json's forecast and `eyrie run`'s
+    summary (builtin:tiny-llama: hidden 64, 4 layers: 4 x 64 x 2 = 512 bytes per token)."""
+    _out, run = _sim_run(tmp_path, 60, 20, **{"extraction.enabled": True, "extraction.model": "builtin:tiny-llama",
+                                              "extraction.engine": "transformers",
+                                              "target.tokenizer": "bundled:deepseek-v4",
+                                              "target.chatFormat": "deepseek-v4"})
+    r, prog = run()
+    assert r.returncode == 0, r.stderr[-2000:]
+    fc = prog["forecast"]
+    tokens = prog["tokens"]["input"] + prog["tokens"]["output"]
+    assert fc["tokens"] == tokens and fc["hiddenStateBytes"] == tokens * 512  # nothing left: what was bought
+    assert fc["atCanary"]["hiddenStateBytes"] > 0
+    said = r.stdout + r.stderr
+    assert "hidden states (projected)" in said and "eyrie export specforge-online" in said
 
 
 def test_warn_never_stops_and_a_budget_over_the_forecast_goes_on():

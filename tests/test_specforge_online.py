@@ -276,3 +276,24 @@ def test_first_difference_is_shown_decoded_with_the_loss_marked():
     inside = np.array([0] * 3 + [1, 1, 0, 0, 1, 1, 1])
     assert compare(np.arange(10), np.array([0] * 3 + [1] * 7), np.arange(10), inside, decode).cause == "mask_inside"
     assert compare(np.arange(4), np.array([0, 0, 1, 1]), np.arange(4), np.zeros(4), decode).cause == "no_answer_span"
+
+
+def test_the_report_shows_how_many_rows_specforge_trains_on_exactly(tmp_path, qwen):
+    import io
+
+    from rich.console import Console
+
+    from eyrie.jobs.report.data import collect
+    from eyrie.jobs.report.html import render
+    from eyrie.jobs.report.terminal import print_report
+
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    export(store, tmp_path / "sf", max_length=200)
+    d = collect(store)
+    buf = io.StringIO()
+    print_report(d, Console(file=buf, width=200))
+    text = buf.getvalue()
+    over = d.specforge_online["mismatched"]["over_max_length"]
+    assert "SpecForge online hand-off" in text
+    assert f"{5 - over} of 5 rows exactly as eyrie rebuilt them" in text and f"over_max_length {over}" in text
+    assert f"{5 - over} of 5 rows exactly as eyrie rebuilt them" in render(d)

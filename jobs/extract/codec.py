@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from eyrie.jobs.extract.layers import hidden_bytes_per_token
+
 StorageDtype = Literal["bfloat16", "float16", "float32", "float8"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -42,10 +44,7 @@ class Layout:
     @property
     def bytes_per_token(self) -> int:
         """(aux + 1) x H x bytes per element, plus one float32 scale per layer for float8."""
-        n = (self.aux_layers + 1) * self.hidden * self.element_bytes
-        if self.quantized:
-            n += (self.aux_layers + 1) * SCALE_DTYPE.itemsize
-        return n
+        return hidden_bytes_per_token(self.aux_layers, self.hidden, self.dtype)
 
     def columns(self) -> dict[str, tuple[torch.dtype, int]]:
         """Per-sample tensors in the shard: name -> (dtype, values per token)."""

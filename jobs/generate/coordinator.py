@@ -247,7 +247,7 @@ class RunCoordinator:
             if mismatch is not None:
                 self._stop(Outcome.TEMPLATE_MISMATCH, mismatch.message)
         if self.forecast is not None:
-            self.forecast.add(obs.cost or Decimal(0))
+            self.forecast.add(obs.cost or Decimal(0), obs.input_tokens + obs.output_tokens)
         return self.outcome != Outcome.RUNNING
 
     async def stop(self, outcome: str, message: str) -> None:

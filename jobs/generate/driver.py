@@ -27,6 +27,7 @@ from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
 from eyrie.jobs.contract.money import usd
 from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress, write_progress
 from eyrie.jobs.contract.tally import bad_row
+from eyrie.jobs.extract.layers import stored_bytes_per_token
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, Checkpoint, read_checkpoint, read_committed
 from eyrie.jobs.generate.conversation import AgenticSummary
 from eyrie.jobs.generate.coordinator import RunCoordinator
@@ -145,7 +146,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec),
-                       "forecast": forecaster(spec, ckpt.costs)}
+                       "forecast": forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens,
+                                              stored_bytes_per_token(spec))}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
         start = Resume.at_start(read_progress(store), ctx.attempt, ckpt, binding)

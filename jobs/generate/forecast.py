@@ -5,6 +5,11 @@ Pure. Once the canary (`tools.gate.canarySamples` answers) is measured, the proj
 expected total) and its 90th percentile (a pessimistic total: every remaining answer as dear as
 the dearest tenth so far). Costs are kept in a bounded, evenly thinned sample so a long run's
 percentile costs O(1) memory.
+
+Beside the dollars, the bytes the hidden states of the whole dataset will take when stored: tokens
+per answer so far (prompt + completion, what a sample holds) x the answers of the whole run x the
+bytes per token the spec's extraction stores (`extract.layers.stored_bytes_per_token`), so "14 TB"
+shows at the canary, before any extraction starts (the alternative: `eyrie export specforge-online`).
 """
 
 from __future__ import annotations
@@ -57,26 +62,33 @@ class Forecast:
     per_answer_p90: Decimal
     answers: int  # answers the costs were measured on
     prompts_left: int
+    tokens: int = 0  # projected tokens of the whole run's samples (prompt + completion per answer)
+    hidden_bytes: int | None = None  # ... x the bytes per token extraction stores (None: not known)
 
     def over(self, max_usd: Decimal) -> bool:
         """The expected total exceeds the budget (the p90 figure is shown, not judged)."""
         return self.mean_usd > max_usd
 
     def to_progress(self) -> dict[str, object]:
+        hidden = {} if self.hidden_bytes is None else {"hiddenStateBytes": self.hidden_bytes}
         return {"meanUSD": usd(self.mean_usd), "p90USD": usd(self.p90_usd),
                 "perAnswerMeanUSD": usd(self.per_answer_mean), "perAnswerP90USD": usd(self.per_answer_p90),
-                "answers": self.answers, "promptsLeft": self.prompts_left}
+                "answers": self.answers, "promptsLeft": self.prompts_left, "tokens": self.tokens, **hidden}
 
 
 CENT = Decimal("0.000001")
 
 
-def project(spent: Decimal, stats: CostStats, prompts_left: int, turns_per_prompt: float = 1.0) -> Forecast:
-    """Projected total spend: what is spent plus the prompts left, each costing the mean (and the p90)."""
+def project(spent: Decimal, stats: CostStats, prompts_left: int, turns_per_prompt: float = 1.0, tokens: int = 0,
+            bytes_per_token: int | None = None) -> Forecast:
+    """Projected total spend: what is spent plus the prompts left, each costing the mean (and the p90);
+    projected tokens: the `tokens` of the `stats.count` answers so far, and as many per answer left."""
     answers_left = Decimal(max(0, prompts_left)) * Decimal(str(turns_per_prompt))
     mean, p90 = stats.mean, stats.percentile(0.9)
+    total = round(tokens + float(answers_left) * tokens / stats.count) if stats.count else 0
     return Forecast((spent + answers_left * mean).quantize(CENT), (spent + answers_left * p90).quantize(CENT),
-                    mean.quantize(CENT), p90.quantize(CENT), stats.count, max(0, prompts_left))
+                    mean.quantize(CENT), p90.quantize(CENT), stats.count, max(0, prompts_left), total,
+                    None if bytes_per_token is None else total * bytes_per_token)
 
 
 def over_message(f: Forecast, max_usd: Decimal) -> str:
@@ -103,14 +115,17 @@ class Forecaster:
     costs: CostStats = field(default_factory=CostStats)
     judged: bool = False
     at_canary: Forecast | None = None  # the projection when the canary was first measured
+    bytes_per_token: int | None = None  # what extraction stores per token (None: not known here)
+    tokens: int = 0  # prompt + completion tokens of the answers the costs were measured on
 
-    def add(self, cost: Decimal) -> None:
+    def add(self, cost: Decimal, tokens: int = 0) -> None:
         self.costs.add(cost)
+        self.tokens += tokens
 
     def current(self, spent: Decimal, prompts_left: int) -> Forecast | None:
         if self.costs.count < self.canary:
             return None
-        return project(spent, self.costs, prompts_left, self.turns_per_prompt)
+        return project(spent, self.costs, prompts_left, self.turns_per_prompt, self.tokens, self.bytes_per_token)
 
     def judge(self, spent: Decimal, prompts_left: int, max_usd: Decimal) -> str | None:
         """Once, when the canary is measured: the stop message when suspending on a forecast over
@@ -126,17 +141,19 @@ class Forecaster:
         if f is None:
             return {}
         doc = f.to_progress()
-        if self.at_canary is not None:
-            doc["atCanary"] = {"meanUSD": usd(self.at_canary.mean_usd), "p90USD": usd(self.at_canary.p90_usd),
-                               "answers": self.at_canary.answers}
+        if (at := self.at_canary) is not None:
+            doc["atCanary"] = {"meanUSD": usd(at.mean_usd), "p90USD": usd(at.p90_usd), "answers": at.answers,
+                               **({} if at.hidden_bytes is None else {"hiddenStateBytes": at.hidden_bytes})}
         return {"forecastUSD": usd(f.mean_usd), "forecast": doc}
 
 
-def forecaster(spec: DatasetGenerationSpec, seed: Iterable[Decimal]) -> Forecaster:
+def forecaster(spec: DatasetGenerationSpec, seed: Iterable[Decimal], seed_tokens: int = 0,
+               bytes_per_token: int | None = None) -> Forecaster:
     """The run's forecaster: the canary is `tools.gate.canarySamples` prompts (gate on or off), seeded
-    with what earlier attempts' prompts cost. Turns per prompt stay 1: each prompt is one answer
-    until the worker regenerates conversations turn by turn (generation.turns: all is refused)."""
-    f = Forecaster(canary=spec.tools.gate.canary_samples, suspend=spec.budget.on_forecast_over == "suspend")
+    with what earlier attempts' prompts cost (and their tokens, `seed_tokens`). Turns per prompt stay 1:
+    each prompt is one answer until the worker regenerates conversations turn by turn."""
+    f = Forecaster(canary=spec.tools.gate.canary_samples, suspend=spec.budget.on_forecast_over == "suspend",
+                   bytes_per_token=bytes_per_token, tokens=seed_tokens)
     for cost in seed:
-        f.add(cost)
+        f.costs.add(cost)
     return f

@@ -207,6 +207,7 @@ class ReportData:
     audit_spent: Decimal = Decimal(0)  # what every audit paid, as its kept answers say (contract/audit.py)
     providers: dict[str, Any] | None = None  # providers.json: the provider probe's verdict
     sample: ShownSample | None = None  # one sample rendered with its loss mask (needs the tokenizer)
+    specforge_online: dict[str, Any] | None = None  # `eyrie export specforge-online`'s summary
 
     @property
     def budget(self) -> Decimal | None:
@@ -363,4 +364,5 @@ def collect(store: Store) -> ReportData:
         audit_spent=audit.audit_spend(store),
         providers=read_json(store, layout.PROVIDERS),
         sample=_pick_sample(store, manifest, summary),
+        specforge_online=read_json(store, layout.SPECFORGE_ONLINE),
     )

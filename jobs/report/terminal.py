@@ -75,6 +75,18 @@ def _resumed(p: dict[str, Any]) -> str | None:
             f"this attempt paid {dollars(r.get('paidUSD', 0))} for {r.get('requests', 0)} requests")
 
 
+def _hidden(p: dict[str, Any]) -> str | None:
+    """The hidden states the whole dataset would store, projected beside the forecast dollars."""
+    fc = p.get("forecast") or {}
+    n, tokens = fc.get("hiddenStateBytes"), fc.get("tokens") or 0
+    if n is None:
+        return None
+    at = (fc.get("atCanary") or {}).get("hiddenStateBytes")
+    per = f" ({tokens:,} tokens x {human_bytes(n / tokens)} per token)" if tokens else ""
+    canary = f"; at the canary {human_bytes(at)}" if at is not None else ""
+    return f"{human_bytes(n)}{per}{canary}; or none stored: eyrie export specforge-online"
+
+
 def run_table(d: ReportData) -> Table:
     p = d.progress or {}
     budget = d.budget
@@ -89,6 +101,7 @@ def run_table(d: ReportData) -> Table:
          "abandoned at a stop or kill (the persisted budget bound)" if unrecorded else None),
         ("audit spend", dollars(d.audit_spent) if d.audit_spent else None),
         ("forecast", _forecast(p)),
+        ("hidden states (projected)", _hidden(p)),
         ("resumed", _resumed(p)),
         ("requests (this attempt)", p.get("requests")), ("retries", p.get("retries")),
         ("errors", ", ".join(f"{k} {v}" for k, v in (p.get("errors") or {}).items()) or None),
@@ -411,6 +424,23 @@ def extraction_table(d: ReportData) -> Table | None:
     return _kv("extraction", rows)
 
 
+def specforge_online_table(d: ReportData) -> Table | None:
+    """`eyrie export specforge-online`'s verdict: how many rows SpecForge's parser rebuilds exactly."""
+    s = d.specforge_online
+    if not s:
+        return None
+    exact = (f"{s['exact']:,} of {s['samples']:,} rows exactly as eyrie rebuilt them" if s.get("verified")
+             else "not verified (SpecForge's parser was not run)")
+    rows: list[tuple[str, Any]] = [
+        ("chat template", f"{s.get('chatTemplate')} ({s.get('chosenBy')}); max_length {s.get('maxLength')}"),
+        (f"SpecForge {s.get('specforgeVersion')} trains on", exact),
+        ("written", f"{s.get('written', 0):,} rows to data.jsonl, all {s.get('samples', 0):,} to tokens.jsonl"),
+        ("differ", ", ".join(f"{k} {v}" for k, v in (s.get("mismatched") or {}).items()) or "none"),
+        ("exported to", s.get("dir")),
+    ]
+    return _kv("SpecForge online hand-off (eyrie export specforge-online)", rows)
+
+
 def fidelity_table(d: ReportData) -> Table | None:
     """The manifest's fidelity per provider and source: the answers scored by the model that scored
     them, beside the tool and gap figures of the same answers."""
@@ -480,7 +510,8 @@ def tables(d: ReportData, full: bool = True, audit: bool = True) -> list[Any]:
                       tools_table(d)]
     if full:
         out += [per_tool_table(d), *shown[1:]]
-    out += [reconstruction_table(d), extraction_table(d), fidelity_table(d), agentic_table(d)]
+    out += [reconstruction_table(d), extraction_table(d), specforge_online_table(d), fidelity_table(d),
+            agentic_table(d)]
     return [t for t in out if t is not None]
 
 
