@@ -98,7 +98,7 @@ def test_the_whole_runs_hidden_states_are_projected_beside_the_dollars():
 def test_stored_bytes_per_token_comes_from_the_models_config(tmp_path):
     from eyrie.jobs.extract.codec import Layout
     from eyrie.jobs.extract.hf_backend import build_tiny_model
-    from eyrie.jobs.extract.layers import stored_bytes_per_token
+    from eyrie.jobs.extract.projection import stored_bytes_per_token
     from eyrie.jobs.spec import parse_spec
 
     model = build_tiny_model(tmp_path / "m", 256, hidden_size=96, layers=8, context=64)

@@ -188,28 +188,6 @@ def hidden_bytes_per_token(aux_layers: int, hidden: int, dtype: str) -> int:
     return n + (aux_layers + 1) * SCALE_BYTES if dtype == "float8" else n
 
 
-def stored_bytes_per_token(spec: Any) -> int | None:
-    """The bytes per token the spec's extraction will store, from the model's config alone (no
-    weights): what the canary multiplies by the projected tokens. None when extraction is off or the
-    config cannot be read here (an s3:// model, a hub id offline, a generation image without torch for
-    a builtin model): the projection is then left out, nothing else changes."""
-    ex = spec.extraction
-    path = ex.model or spec.target.tokenizer
-    if not ex.enabled or not path or path.startswith("s3://"):
-        return None
-    try:
-        if path.startswith("builtin:"):
-            from eyrie.jobs.extract.run import model_path  # builds the builtin model once (torch)
-
-            path = model_path(spec)
-        from transformers import AutoConfig
-
-        facts = model_facts(AutoConfig.from_pretrained(path, trust_remote_code=ex.trust_remote_code))
-    except Exception:
-        return None
-    return hidden_bytes_per_token(num_aux_layers(ex.layers), facts.hidden_size, ex.dtype)
-
-
 def spool_bytes(tokens: int, num_aux: int, hidden: int, elem_bytes: int) -> int:
     """Bytes the sglang backend spools for `tokens` positions: aux (num_aux x H) and last (H) each.
 

@@ -27,7 +27,7 @@ from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
 from eyrie.jobs.contract.money import usd
 from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress, write_progress
 from eyrie.jobs.contract.tally import bad_row
-from eyrie.jobs.extract.layers import stored_bytes_per_token
+from eyrie.jobs.extract.projection import stored_bytes_per_token
 from eyrie.jobs.generate.checkpoint import BudgetCommitter, Checkpoint, read_checkpoint, read_committed
 from eyrie.jobs.generate.conversation import AgenticSummary
 from eyrie.jobs.generate.coordinator import RunCoordinator
