@@ -1,9 +1,12 @@
 """Every answer scored by the target model during extraction (issue 15, parts 2 and 3), on CPU.
 
-The target is a tiny random Llama whose greedy answers depend on their context (initializer range
-0.2): a provider that returns exactly those answers must score top-1 agreement 1; answers of another
-random model, or the same answers after a differently rendered prompt, must score low and be
-flagged or excluded by policy; two providers in one run must be told apart in the manifest.
+What fidelity shows is measured on `builtin:tiny-chat` (jobs/extract/tiny.py), a tiny chat model
+trained on a small corpus so its greedy answers are fluent-looking, varied and stop by themselves,
+against the impostors the docs name: its weights quantized (int8, fp8), another seed, and another
+family's chat template (tests/fidelity_fixture.py; benchmarks/fidelity_impostors.py prints the same
+figures). The plumbing (floors, flag and exclude, the manifest split per provider and source, resume)
+runs on random-weight models built with initializer range 0.2, whose answers depend so much on their
+context that any impostor scores near 0: a fixture for the mechanics, not for what the scores mean.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +26,7 @@ from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
 from extract_helpers import make_spec, put_samples, random_rows
+from fidelity_fixture import agreement
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.fidelity import FidelityTally, below_floor, fidelity_section, rollup
@@ -90,8 +95,9 @@ def fidelity_rows(store: Store, shard: int) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def answers(models) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """Prompt and answer pairs: the target's own greedy answers, another model's, and the target's
-    answers put after a prompt rendered by another template (a different system preamble)."""
+    """Prompt and answer pairs: the target's own greedy answers, another random model's, and the
+    target's answers put after another prompt (a random preamble: the mechanics' stand-in for a
+    template; the real one is measured on the chat fixture below)."""
     target, other = models
     ps = prompts(9, seed=3)
     own = greedy(target, ps[:3])
@@ -99,7 +105,7 @@ def answers(models) -> dict[str, list[tuple[list[int], list[int]]]]:
     wrong = greedy(target, ps[6:])
     preamble = [7, 11, 13, 17, 19]
     return {"native": list(zip(ps[:3], own, strict=True)), "other": list(zip(ps[3:6], theirs, strict=True)),
-            "wrong_template": [(preamble + p[2:], a) for p, a in zip(ps[6:], wrong, strict=True)]}
+            "preamble": [(preamble + p[2:], a) for p, a in zip(ps[6:], wrong, strict=True)]}
 
 
 def _run(tmp_path: Path, models, backend, answers, **fidelity) -> tuple[str, Store, dict[str, str]]:
@@ -120,7 +126,7 @@ def _run(tmp_path: Path, models, backend, answers, **fidelity) -> tuple[str, Sto
     return out, store, who
 
 
-def test_the_targets_own_answers_agree_and_others_do_not(tmp_path, models, backend, answers):
+def test_the_mechanics_fixture_scores_its_own_answers_1_and_the_others_near_0(tmp_path, models, backend, answers):
     _out, store, who = _run(tmp_path, models, backend, answers)
     rows = {**fidelity_rows(store, 0), **fidelity_rows(store, 1)}
     assert set(rows) == set(who)
@@ -135,9 +141,76 @@ def test_the_targets_own_answers_agree_and_others_do_not(tmp_path, models, backe
             assert r["top1_agreement"] < 0.5, r
             assert r["first_divergence"] is not None and r["first_divergence"] < 5
         assert r["below_floor"] is None and r["excluded"] is False  # no floor set
-    # the native answers are likelier under the target than anything another model said
-    worst_native = max(r["mean_nll"] for s, r in rows.items() if who[s] == "native")
-    assert worst_native < min(r["mean_nll"] for s, r in rows.items() if who[s] != "native")
+
+
+# ------------------------------------------- what the scores show, on a model that learned something
+
+
+@pytest.fixture(scope="module")
+def impostors(tmp_path_factory) -> dict[str, Any]:
+    """Per kind (tests/fidelity_fixture.KINDS): the answers and their fidelity rows, scored by eyrie's
+    extraction under the model's own template."""
+    from fidelity_fixture import scored
+
+    target, by = scored(16, f"file://{tmp_path_factory.mktemp('impostors')}/out")
+    return {"target": target, **{k: {"answers": [a for a, _ in v], "rows": [r for _, r in v]} for k, v in by.items()}}
+
+
+def test_the_fixture_model_answers_fluently_and_by_its_context(impostors):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(impostors["target"])
+    own = [a.answer for a in impostors["native"]["answers"]]
+    assert all(a[-1] == tok.eos_token_id for a in own)  # it stops by itself (MAX_NEW is never reached)
+    assert sum(len(a) for a in own) / len(own) >= 30
+    # not one token repeated: most tokens of an answer are different ones, and prompts get different answers
+    assert sum(len(set(a)) / len(a) for a in own) / len(own) >= 0.5
+    assert len({tuple(a) for a in own}) >= 0.5 * len(own)
+    texts = [tok.decode(a) for a in own]
+    assert all(t.startswith("<think>\n") for t in texts)  # it thinks first, as it was trained to
+    assert sum("</think>\n\n" in t for t in texts) >= 0.8 * len(texts)  # and mostly closes it (14 of 16 seen)
+
+
+def test_fidelity_tells_another_model_and_a_wrong_template_but_not_a_weight_quantization(impostors):
+    """Measured (2026-12-01, this machine; benchmarks/fidelity_impostors.py): own answers 1.000, int8
+    1.000 (the same answers), fp8 0.993, another seed 0.866 (NLL 1.30x own), DeepSeek-V3's template
+    instead of the model's own 0.749 (NLL 3.4x). The bounds leave room for another CPU's rounding."""
+    own, own_nll = agreement(impostors["native"]["rows"])
+    assert own >= 0.99 and all(r["top1_agreement"] >= 0.95 for r in impostors["native"]["rows"])
+    for kind in ("int8", "fp8"):  # a weight-only quantization barely moves the argmax
+        assert agreement(impostors[kind]["rows"])[0] >= 0.97, kind
+    seed1, seed1_nll = agreement(impostors["seed1"]["rows"])
+    wrong, wrong_nll = agreement(impostors["wrong_template"]["rows"])
+    assert seed1 <= 0.93 and seed1_nll >= 1.15 * own_nll
+    assert wrong <= 0.85 and wrong_nll >= 2 * own_nll
+    assert max(r["top1_agreement"] for r in impostors["wrong_template"]["rows"]) < 0.95
+
+
+def test_the_fixture_template_rebuilds_the_model_s_answers_exactly(impostors):
+    """chatFormat auto on the fixture's own template: eyrie rebuilds a trained answer (reasoning,
+    content, tool calls) to the very tokens the template writes."""
+    from transformers import AutoTokenizer
+
+    from eyrie.jobs.extract import tiny
+    from eyrie.jobs.reconstruct.formats import resolve_format
+    from eyrie.jobs.reconstruct.reconstructor import Reconstructor
+    from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+    from eyrie.jobs.spec import TargetSpec
+
+    tok = load_tokenizer(TargetSpec(model="m", tokenizer=str(impostors["target"])))
+    hf = AutoTokenizer.from_pretrained(impostors["target"])
+    rebuild = Reconstructor(resolve_format("auto", tok), tok)
+    assert rebuild.fmt.default_thinking  # Qwen3's shape: thinking unless told not to
+    for i, c in enumerate(tiny.corpus(12, seed=7)):
+        calls = [{"id": f"call_{j}", "type": "function", "function": f} for j, f in enumerate(c["calls"])]
+        record = {"sample_id": f"s{i}", "source": "src", "row": i, "status": "ok", "policy": "keep",
+                  "request": {"model": "m", "messages": c["messages"], **({"tools": c["tools"]} if c["tools"] else {})},
+                  "response": {"reasoning": c["reasoning"], "content": c["content"], "tool_calls": calls,
+                               "finish_reason": "tool_calls" if calls else "stop"}}
+        s = rebuild(record)
+        assert isinstance(s, Sample), s
+        whole = hf.apply_chat_template([*c["messages"], tiny.assistant_message(c)], tools=c["tools"], tokenize=False)
+        assert s.input_ids == hf.encode(whole.rstrip("\n"), add_special_tokens=False), i
 
 
 def test_low_answers_are_flagged_and_stay_readable(tmp_path, models, backend, answers):
