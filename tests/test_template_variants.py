@@ -214,7 +214,9 @@ def prompts(path: Path, n: int) -> Path:
 
 def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int = 24,
         fmt: str = "kimi-k2.5", tokenizer: str = str(KIMI), sampling: dict[str, Any] | None = None,
-        simulator: dict[str, Any] | None = None, on_mismatch: str | None = None) -> tuple[Any, Any]:
+        simulator: dict[str, Any] | None = None, on_mismatch: str | None = None, ray: bool = False
+        ) -> tuple[Any, Any]:
+    """`eyrie run --until samples` on the spec, inline (or on local Ray, the default path, with `ray`)."""
     out = f"file://{tmp_path}/out"
     target = {"model": "sim/model", "tokenizer": tokenizer, "chatFormat": fmt,
               **({"templateVariant": pinned} if pinned else {}),
@@ -227,12 +229,13 @@ def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int
                     **({"simulator": sim} if sim else {})},
             "tools": {"gate": {"canarySamples": 8, "minToolCallRate": 0.1}},
             "budget": {"maxUSD": "5", "pricing": {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}},
-            "generation": {"shards": 2}, "output": {"uri": out}}
+            "generation": {"shards": 2, **({"ray": {"mode": "Local", "workers": 2}} if ray else {})},
+            "output": {"uri": out}}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "EYRIE_NO_RAY": "0" if ray else "1"}
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress", "--until",
-                        "samples"], capture_output=True, text=True, env={**os.environ, "EYRIE_NO_RAY": "1"},
-                       timeout=300)
+                        "samples"], capture_output=True, text=True, env=env, timeout=300)
     return r, open_store(out)
 
 
@@ -315,15 +318,17 @@ def official_folder(tmp_path: Path, family: str) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("family, fmt", [("qwen3", "qwen3"), ("qwen3", "auto"),
-                                         ("kimi-k2.5", "kimi-k2.5"), ("kimi-k2.5", "auto")])
-def test_a_provider_that_silently_disables_thinking_runs_to_done_with_every_sample_exact(tmp_path, family, fmt):
+@pytest.mark.parametrize("family, fmt, ray", [("qwen3", "qwen3", False), ("qwen3", "auto", False),
+                                              ("kimi-k2.5", "kimi-k2.5", False), ("kimi-k2.5", "auto", True)])
+def test_a_provider_that_silently_disables_thinking_runs_to_done_with_every_sample_exact(tmp_path, family, fmt,
+                                                                                          ray):
     """The default spec sends no `reasoning`; the provider serves the model with thinking off (its
     prompt carries the closed think block the template writes then) and returns no reasoning. The
-    canary finds that reading, the run goes on, and every prompt is the one the provider counted."""
+    canary finds that reading, the run goes on, and every prompt is the one the provider counted
+    (one case on local Ray, the default path: the readings cross from the workers to the coordinator)."""
     n = 12
     r, store = run(tmp_path, None, fmt=fmt, tokenizer=official_folder(tmp_path, family), n=n, sampling={},
-                   simulator={"defaultThinking": False})
+                   simulator={"defaultThinking": False}, ray=ray)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(store.get(layout.PROGRESS))["outcome"] == "Done"
     assert "thinking off where the request did not say" in r.stderr
