@@ -644,6 +644,7 @@ def _after_generation(p: _Pass, obs: Observation, was_suspended: bool) -> str:
     """Generation is Done: extraction (if enabled), then Succeeded once the manifest exists."""
     spec = obs.spec
     p.cond(QUEUED, False, "NotQueued")
+    _output_binding(p, running=False)  # what the finished attempt recorded: its answers are bound to this spec now
     if obs.manifest_uri:
         _not_suspended(p)
         where = f"dataset manifest at {obs.manifest_uri}" + (f", report at {obs.report_uri}" if obs.report_uri else "")

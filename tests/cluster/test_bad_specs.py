@@ -18,6 +18,12 @@ BASE = yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text())
 
 
 def validate(doc: dict, where: Path) -> subprocess.CompletedProcess[str]:
+    """`eyrie validate` on the spec written at `where`: its relative sources are the example's (a relative
+    path in a spec file is taken next to that file, and this copy lives elsewhere)."""
+    doc = copy.deepcopy(doc)
+    for src in doc["spec"].get("sources") or []:
+        if isinstance(src, dict) and isinstance(src.get("uri"), str) and "://" not in src["uri"]:
+            src["uri"] = str(REPO / "examples" / src["uri"])
     where.write_text(yaml.safe_dump(doc))
     return subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "validate", str(where)],
                           capture_output=True, text=True, timeout=60)
