@@ -307,8 +307,10 @@ def test_declarations_are_read_once_per_distinct_set():
     b = Prompt("s", 1, [system, {"role": "user", "content": "two"}], None, "glaive")
     got = declarations_of(a, "text")
     assert declarations_of(b, "text") is got  # the same reading, not a second parse
-    assert got.declared_tools == declarations.prepare_prompt(b, "text").declared_tools and got.mode == "text"
-    assert declarations_of(a, "structured").tools == declarations.prepare_prompt(a, "structured").tools
+    assert got.prepared.declared_tools == declarations.prepare_prompt(b, "text").declared_tools
+    assert got.prepared.mode == "text" and got.names == {t["function"]["name"] for t in got.prepared.declared_tools}
+    assert got.validator.names == got.names
+    assert declarations_of(a, "structured").prepared.tools == declarations.prepare_prompt(a, "structured").tools
     bad = Prompt("s", 2, [{"role": "system", "content": "Use them if required - {\"name\": "},
                           {"role": "user", "content": "x"}], None, "glaive")
     assert declarations_of(bad, "text") == declarations.prepare_prompt(bad, "text")  # Rejected, same reason

@@ -3,16 +3,28 @@ counts are known by construction (pure: no provider, no store)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import re
+import sys
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
+from eyrie.jobs.sources import Prompt
 from eyrie.jobs.tools import audit_stats as st
+from eyrie.jobs.tools.checks import check_response
+from eyrie.jobs.tools.declarations import prepare_prompt
 from eyrie.jobs.tools.intervals import bootstrap_mean, bootstrap_ratio, paired_difference, wilson
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fake_provider import CASES_IN_ORDER, TEXT_ANSWERS, TOOLS
 
 Z = NormalDist().inv_cdf(0.975)  # computed here, not taken from the module under test
 
@@ -192,3 +204,36 @@ def test_one_mode_only_as_from_a_recorded_file():
     text = st.verdict(figs, recorded="answers.jsonl")
     assert "In the 10 answers recorded in answers.jsonl (text mode)" in text and "--rerun" in text
     assert st.fmt_rate(wilson(5, 10).to_dict()) in text
+
+
+@given(hs.recursive(hs.one_of(hs.none(), hs.booleans(), hs.integers(-10**20, 10**20), hs.floats(allow_nan=False),
+                              hs.text(max_size=5), hs.sampled_from(["70.0", "1e5", "x1.0"])),
+                    lambda inner: hs.one_of(hs.lists(inner, max_size=3), hs.dictionaries(hs.text(max_size=3), inner,
+                                                                                          max_size=3)), max_leaves=8))
+@settings(max_examples=400, deadline=None)
+def test_the_arguments_key_is_the_hash_of_the_canonical_json(value):
+    if value is None:  # arguments that did not decode
+        assert st.arguments_key(value) is None
+        return
+    try:
+        canonical = orjson.dumps(st._canonical(value), option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):  # not JSON values (an integral float past 64 bits, say)
+        assert st.arguments_key(value) is None
+        return
+    assert st.arguments_key(value) == int.from_bytes(hashlib.blake2b(canonical, digest_size=8).digest(), "big")
+
+
+@pytest.mark.parametrize("case", [*CASES_IN_ORDER, "failed"])
+def test_a_fact_made_from_checks_is_the_fact_read_from_their_record(case):
+    prepared = prepare_prompt(Prompt("s", 0, [{"role": "user", "content": "weather?"}], TOOLS, "openai"), "text")
+    names = frozenset(t["function"]["name"] for t in TOOLS)
+    response = None if case == "failed" else {"content": TEXT_ANSWERS[case], "tool_calls": None}
+    usage = {"prompt_tokens": 9, "completion_tokens": 7}
+    check = None if response is None else check_response(prepared, response)
+    record = {"sample_id": "id", "source": "s", "toolsMode": "text", "usage": usage, "response": response,
+              "costUSD": "0.0001", "status": "failed" if check is None else "ok"}
+    if check is not None:
+        record["checks"] = check.to_record()
+    made = st.fact_from_check("id", "s", "text", check, names, usage, 0.0001)
+    assert made == st.fact_from_record(record, names, cost=0.0001)
+    assert made.status == record["status"] and (case == "none" or case == "failed" or made.called or made.prose)

@@ -52,6 +52,7 @@ from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
 from eyrie.jobs.tools import audit_stats, declarations
+from eyrie.jobs.tools.validation import ToolValidator
 
 MODES = audit_stats.MODES
 DEFAULT_SAMPLES = 50
@@ -113,29 +114,46 @@ def names_of(tools: Iterable[dict[str, Any]]) -> frozenset[str]:
     return frozenset(t["function"]["name"] for t in tools)
 
 
-_PREPARED: OrderedDict[bytes, declarations.Prepared | declarations.Rejected] = OrderedDict()
-PREPARED_CACHE = 4096  # distinct declaration sets remembered per process (recorded files repeat a few)
+@dataclass(frozen=True)
+class Declared:
+    """A prompt's declarations as its answers are judged: what `prepare_prompt` made of them, their
+    validator, and the function names they declare."""
+
+    prepared: declarations.Prepared
+    validator: ToolValidator
+    names: frozenset[str]
+
+    @classmethod
+    def of(cls, prepared: declarations.Prepared | declarations.Rejected) -> Declared | declarations.Rejected:
+        if isinstance(prepared, declarations.Rejected):
+            return prepared
+        return cls(prepared, ToolValidator.for_tools(prepared.declared_tools), names_of(prepared.declared_tools))
 
 
-def declarations_of(prompt: sources.Prompt, mode: str) -> declarations.Prepared | declarations.Rejected:
+_DECLARED: OrderedDict[bytes, Declared | declarations.Rejected] = OrderedDict()
+DECLARED_CACHE = 4096  # distinct declaration sets remembered per process (recorded files repeat a few)
+
+
+def declarations_of(prompt: sources.Prompt, mode: str) -> Declared | declarations.Rejected:
     """The prompt's declarations, as `prepare_prompt` reads them, for picking it and checking its
     answer, not for sending it (the result's `messages` are not the row's): they do not depend on
-    the last user turn, so rows that differ only there (a dataset's usual case) share one reading."""
+    the last user turn, so rows that differ only there (a dataset's usual case) share one reading,
+    one validator and one set of names."""
     head = prompt.messages[:-1] if prompt.messages and prompt.messages[-1].get("role") == "user" else None
     if head is None:
-        return declarations.prepare_prompt(prompt, mode)  # type: ignore[arg-type]
+        return Declared.of(declarations.prepare_prompt(prompt, mode))  # type: ignore[arg-type]
     key = orjson.dumps([mode, head, prompt.tools])
     if len(key) > declarations.CACHE_MAX_KEY_BYTES:
-        return declarations.prepare_prompt(prompt, mode)  # type: ignore[arg-type]
-    got = _PREPARED.get(key)
+        return Declared.of(declarations.prepare_prompt(prompt, mode))  # type: ignore[arg-type]
+    got = _DECLARED.get(key)
     if got is None:
         bare = sources.Prompt(prompt.source, prompt.row, [*head, {"role": "user", "content": ""}], prompt.tools,
                               prompt.fmt)
-        got = _PREPARED[key] = declarations.prepare_prompt(bare, mode)  # type: ignore[arg-type]
-        if len(_PREPARED) > PREPARED_CACHE:
-            _PREPARED.popitem(last=False)
+        got = _DECLARED[key] = Declared.of(declarations.prepare_prompt(bare, mode))  # type: ignore[arg-type]
+        if len(_DECLARED) > DECLARED_CACHE:
+            _DECLARED.popitem(last=False)
     else:
-        _PREPARED.move_to_end(key)
+        _DECLARED.move_to_end(key)
     return got
 
 
@@ -152,15 +170,15 @@ def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Pic
                 continue
             pop["prompts"] += 1
             counts["prompts"] += 1
-            prepared = declarations_of(item, "structured")
-            if isinstance(prepared, declarations.Rejected):
+            got = declarations_of(item, "structured")
+            if isinstance(got, declarations.Rejected):
                 pop["unparsable"] += 1
                 continue
-            if prepared.declared:
+            if got.names:
                 pop["declaredPrompts"] += 1
                 counts["declaredPrompts"] += 1
                 sid = item.sample_id()
-                lowest.offer(priority(seed, sid), (sid, item, names_of(prepared.declared_tools)))
+                lowest.offer(priority(seed, sid), (sid, item, got.names))
     chosen = lowest.items()
     for sid, _p, names in chosen:
         declared[sid] = names

@@ -24,15 +24,19 @@ record's `checks`, as `tools.checks.check_response` wrote them, with each call's
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from eyrie.jobs.tools.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
+
+if TYPE_CHECKING:
+    from eyrie.jobs.tools.checks import ResponseCheck
 
 MODES = ("text", "structured")
 FORMATS = ("structured", "glaive", "hermes", "kimi", "deepseek", "json")
@@ -52,6 +56,9 @@ class CallFact:
     arguments: int | None  # a hash of the arguments' canonical JSON (None: they did not parse)
     declared: bool
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return CallFact, (self.name, self.valid, self.format, self.arguments, self.declared)
+
 
 @dataclass(slots=True)
 class AnswerFact:
@@ -69,6 +76,12 @@ class AnswerFact:
     output_tokens: int | None = None
     cost: float | None = None  # USD; None: nothing says what it cost
     reference: frozenset[str] | None = None  # functions the dataset's own answer calls; None: unknown
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Positional: a `--from` file's facts cross from its checking processes, and a slots
+        dataclass's own pickling (field by field, through `dataclasses.fields`) costs 3x this."""
+        return AnswerFact, (self.sample_id, self.source, self.mode, self.status, self.declared, self.calls, self.prose,
+                            self.leaked, self.output_tokens, self.cost, self.reference)
 
     @property
     def called(self) -> bool:
@@ -97,16 +110,23 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+# Where orjson writes a float that `_canonical` would make an integer (70.0, 1e16): only then is the
+# value rebuilt before hashing (a string holding such text is rebuilt too, harmlessly).
+_INTEGRAL_FLOAT = re.compile(rb"\d\.0(?![0-9])|\de")
+
+
 def arguments_key(value: Any) -> int | None:
     """Hash of a call's parsed arguments as canonical JSON; None for arguments that did not parse."""
     if value is None:
         return None
     try:
-        # a stable hash (not hash(): that differs between the processes a large --from file is read by)
-        digest = hashlib.blake2b(orjson.dumps(_canonical(value), option=orjson.OPT_SORT_KEYS), digest_size=8)
-        return int.from_bytes(digest.digest(), "big")
+        dumped = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        if _INTEGRAL_FLOAT.search(dumped):
+            dumped = orjson.dumps(_canonical(value), option=orjson.OPT_SORT_KEYS)
     except (TypeError, orjson.JSONEncodeError):
         return None
+    # a stable hash (not hash(): that differs between the processes a large --from file is read by)
+    return int.from_bytes(hashlib.blake2b(dumped, digest_size=8).digest(), "big")
 
 
 def _structured_arguments(record: dict[str, Any], index: Any) -> Any:
@@ -145,15 +165,31 @@ def fact_from_record(record: dict[str, Any], declared: Iterable[str], *, referen
         args = c["arguments"] if "arguments" in c else _structured_arguments(record, c.get("index"))
         calls.append(CallFact(name, bool(c.get("valid")), str(c.get("format") or "structured"), arguments_key(args),
                               name in names))
-    usage = record.get("usage") or {}
-    tokens = usage.get("completion_tokens")
     return AnswerFact(
         sample_id=str(record.get("sample_id")), source=str(record.get("source", "")),
         mode=str(record.get("toolsMode") or "structured"), status=status, declared=names, calls=tuple(calls),
         prose=bool(checks.get("prose")), leaked=bool(checks.get("leaked")),
-        output_tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
+        output_tokens=_output_tokens(record.get("usage")),
         cost=cost if cost is not None else (_float(record.get("costUSD")) if status != "unparsable" else None),
         reference=reference)
+
+
+def fact_from_check(sample_id: str, source: str, mode: str, check: ResponseCheck | None, declared: frozenset[str],
+                    usage: dict[str, Any] | None, cost: float | None) -> AnswerFact:
+    """The fact `fact_from_record` reads from the record of an answer, made straight from the answer's
+    checks (`check_response`; None: the request failed), for a reader that judges answers itself and
+    keeps no record (`eyrie audit --from`)."""
+    if check is None:
+        return AnswerFact(sample_id, source, mode, "failed", declared, output_tokens=_output_tokens(usage), cost=cost)
+    calls = tuple(CallFact(v.name, v.valid, v.format, arguments_key(v.arguments), v.name in declared)
+                  for v in check.calls)
+    return AnswerFact(sample_id, source, mode, "ok", declared, calls, check.prose, check.leaked,
+                      _output_tokens(usage), cost)
+
+
+def _output_tokens(usage: dict[str, Any] | None) -> int | None:
+    tokens = (usage or {}).get("completion_tokens")
+    return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
 
 
 # ------------------------------------------------------------------------------------ figures
@@ -292,7 +328,10 @@ def summarize(facts: Iterable[AnswerFact], population: dict[str, Any] | None = N
     for f in all_facts:
         overall[f.mode].add(f)
         src = f.source if f.source in keep_sources else OTHER
-        by_source.setdefault(src, {m: _Group() for m in MODES})[f.mode].add(f)
+        groups = by_source.get(src)
+        if groups is None:
+            groups = by_source[src] = {m: _Group() for m in MODES}
+        groups[f.mode].add(f)
         if f.status == "ok":
             ok_by_mode[f.mode][f.sample_id] = f
     modes = [m for m in MODES if overall[m].answers or overall[m].failed or overall[m].unparsable]

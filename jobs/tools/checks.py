@@ -71,10 +71,12 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def check_response(prepared: Prepared, response: dict[str, Any]) -> ResponseCheck:
+def check_response(prepared: Prepared, response: dict[str, Any],
+                   validator: ToolValidator | None = None) -> ResponseCheck:
     """Validate an answer's tool calls against what was declared: the provider's `tool_calls`, and
-    in text mode the calls written in the content; in structured mode, scan the text for leaks."""
-    validator = ToolValidator.for_tools(prepared.declared_tools)
+    in text mode the calls written in the content; in structured mode, scan the text for leaks.
+    `validator`: the declared tools' (`ToolValidator.for_tools`), for a caller that keeps it."""
+    validator = validator or ToolValidator.for_tools(prepared.declared_tools)
     calls = validator.check_calls(response.get("tool_calls"))
     content = _text(response.get("content"))
     check = ResponseCheck(prepared.declared, calls)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal
 
+import jsonschema_rs
 import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -177,9 +178,43 @@ def _schema_problem(key: bytes) -> str | None:
     return _schema_problem_cached(key) if len(key) <= CACHE_MAX_KEY_BYTES else _schema_problem_uncached(key)
 
 
-def _schema_problem_uncached(key: bytes) -> str | None:
+def _meta_valid(schema: Any) -> bool:
+    """A fast yes for `check_schema`: jsonschema-rs finds the schema valid against the Draft 2020-12
+    meta-schema, and every regex in it compiles with Python's `re` (what python-jsonschema's format
+    check of the meta-schema adds). False means "ask python-jsonschema", which words the problem; a
+    `$schema` anywhere (jsonschema-rs would pick the meta-schema it names) always asks it."""
+    if not isinstance(schema, dict):
+        return False
+    todo: list[Any] = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            if "$schema" in node:
+                return False
+            for k, v in node.items():
+                try:
+                    if k == "pattern" and isinstance(v, str):
+                        re.compile(v)
+                    elif k == "patternProperties" and isinstance(v, dict):
+                        for regex in v:
+                            re.compile(regex)
+                except (re.error, RecursionError, OverflowError):
+                    return False
+                todo.append(v)
+        elif isinstance(node, list):
+            todo.extend(node)
     try:
-        Draft202012Validator.check_schema(orjson.loads(key))
+        return jsonschema_rs.meta.is_valid(schema)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return False
+
+
+def _schema_problem_uncached(key: bytes) -> str | None:
+    schema = orjson.loads(key)
+    if _meta_valid(schema):
+        return None
+    try:
+        Draft202012Validator.check_schema(schema)
     except SchemaError as e:  # check_schema already raises the best-matching error
         where = _pointer(e.absolute_path) or "(root)"
         return f"{e.message[:200]} at {where}"

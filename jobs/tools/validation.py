@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import jsonschema_rs
 import orjson
 from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
@@ -25,18 +26,74 @@ from eyrie.jobs.tools.textcalls import CallFormat, TextCall
 
 # ------------------------------------------------------------------------------ call validation
 
+# Both validators implement Draft 2020-12 and pass its official test suite; where the suite leaves
+# room they differ: regexes (ECMA-262 there, Python's `re` here), float `multipleOf`, `uniqueItems`
+# over numbers and booleans, dialect switches and identifiers, and references (a cycle of local ones
+# is a RecursionError here, "valid" there; remote ones must never be fetched). A schema holding one of
+# these keys anywhere (a property so named too: cheap caution) is judged by python-jsonschema alone.
+_OWN_READING = frozenset({"pattern", "patternProperties", "multipleOf", "uniqueItems", "$schema", "$id", "$anchor",
+                          "$ref", "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor",
+                          "$vocabulary"})
+_FAST_FAILS = (ValueError, TypeError, OverflowError, RecursionError)  # values jsonschema-rs cannot take
 
-def _compile(key: bytes) -> Draft202012Validator:
-    return Draft202012Validator(orjson.loads(key))
+
+def _read_alike(schema: Any) -> bool:
+    """Would both validators read this schema the same way (no key of `_OWN_READING`)?"""
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in _OWN_READING:
+                    return False
+                todo.append(v)
+        elif isinstance(node, list):
+            todo.extend(node)
+    return True
+
+
+class _Schema:
+    """One declared schema, compiled for both validators.
+
+    jsonschema-rs (compiled Rust, ~20x faster) says whether the arguments are valid; when it says
+    they are not, python-jsonschema lists the errors, so the record's paths and messages are the ones
+    eyrie always wrote, and its verdict stands (an answer is invalid only if it finds an error).
+    A schema jsonschema-rs cannot compile or may read differently (`_read_alike`) is judged by
+    python-jsonschema alone."""
+
+    __slots__ = ("fast", "slow")
+
+    def __init__(self, schema: Any):
+        self.slow = Draft202012Validator(schema)
+        self.fast: jsonschema_rs.Validator | None = None
+        if _read_alike(schema):
+            try:  # offline: never fetch a reference; formats are annotations, as for python-jsonschema here
+                self.fast = jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
+            except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, *_FAST_FAILS):
+                self.fast = None
+
+    def errors(self, value: Any, most: int, cap: int) -> list[dict[str, str]]:
+        """Up to `most` errors (path, message cut at `cap`); [] when the arguments are valid."""
+        if self.fast is not None:
+            try:
+                if self.fast.is_valid(value):
+                    return []
+            except _FAST_FAILS:  # a value it cannot convert (a non-string key, say): ask the other
+                pass
+        return [{"path": _pointer(e.absolute_path), "message": e.message[:cap]}
+                for e in itertools.islice(self.slow.iter_errors(value), most)]
+
+
+def _compile(key: bytes) -> _Schema:
+    return _Schema(orjson.loads(key))
 
 
 _compile_cached = lru_cache(maxsize=4096)(_compile)
 
 
-def _compiled(key: bytes) -> Draft202012Validator:
+def _compiled(key: bytes) -> _Schema:
     """One compiled validator per distinct schema (keyed by its canonical JSON)."""
     return _compile_cached(key) if len(key) <= CACHE_MAX_KEY_BYTES else _compile(key)
-
 
 
 @dataclass(slots=True)
@@ -148,10 +205,8 @@ class ToolValidator:
         if not isinstance(value, dict):
             return self._bad(i, name, f"arguments must be a JSON object, got {json_type_name(value)}", fmt,
                              arguments)
-        most = self.limits.max_errors_per_call
         try:
-            errors = [{"path": _pointer(e.absolute_path), "message": e.message[:cap]}
-                      for e in itertools.islice(validator.iter_errors(value), most)]
+            errors = validator.errors(value, self.limits.max_errors_per_call, cap)
         except (Unresolvable, RecursionError) as e:
             return self._bad(i, name, f"the declared schema could not be applied: {e}"[:cap], fmt, arguments)
         return CallVerdict(i, name, not errors, errors, fmt, arguments)
