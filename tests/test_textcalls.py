@@ -160,6 +160,30 @@ def test_bare_and_fenced_json_naming_a_declared_function():
     assert shape(json.dumps(WEATHER)) == []
 
 
+
+def test_fenced_json_whose_brackets_never_balance_is_an_invalid_call():
+    """A fenced call missing a closer (or cut before the closing fence) is an attempt that failed,
+    not "no call": its inner arguments object balances, but names no function."""
+    unclosed = '{"name": "get_weather", "arguments": {"city": "Paris"}'
+    for text in (f"Checking.\n```json\n{unclosed}\n```\nDone.", f"```\n{unclosed}\n```",
+                 f"Checking.\n```json\n{unclosed}"):  # cut before the closing fence
+        (got,) = shape(text)
+        assert got[:3] == ("json", "get_weather", None), text
+        assert got[3].startswith("is not valid JSON: "), got
+        check = text_check(text)
+        assert (check.called, check.invalid_calls) == (True, 1)
+        assert check.calls[0].errors[0]["message"].startswith("JSON tool call is not valid JSON"), check.calls[0]
+    # a list missing its closer around a whole call object: that object is the call
+    assert shape('```json\n[{"name": "calculate_bmi", "arguments": {"weight": 1, "height": 2}}\n```') == [
+        ("json", "calculate_bmi", {"weight": 1, "height": 2}, None)]
+    # a balanced fenced call and a fence of data naming no declared function are read as before
+    assert shape(f"```json\n{unclosed}}}\n```") == [("json", "get_weather", {"city": "Paris"}, None)]
+    assert shape('```json\n{"name": "Paris", "population": {"2020": 2100000}\n```') == []
+    # two fences: the broken one is a call with a problem, the good one a valid call, in text order
+    two = f"```json\n{unclosed}\n```\nor\n```json\n{unclosed}}}\n```"
+    assert [(n, p is None) for _f, n, _a, p in shape(two)] == [("get_weather", False), ("get_weather", True)]
+
+
 # ----------------------------------------------------------------------------- counts and verdicts
 
 

@@ -20,7 +20,8 @@ The formats (`CallFormat`), each with its own parser:
   `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\nARGS\\n```<｜tool▁call▁end｜>`.
 - json (`parse_json`): a bare or ```json-fenced JSON object whose `name` is a declared function:
   `{"name", "arguments"|"parameters"}`, `{"type": "function", "function": {...}}`,
-  `{"function_call": {...}}`, `{"tool_calls": [...]}`, or an array of such objects.
+  `{"function_call": {...}}`, `{"tool_calls": [...]}`, or an array of such objects; a fenced block
+  naming a declared function whose brackets never balance is an unreadable call (below).
 
 A block that opens a call but cannot be read (never closed, not JSON, no name) is still a call, with
 its `problem`: the model tried to call, and the check counts the attempt as invalid.
@@ -532,6 +533,36 @@ def parse_json(text: str, declared: Collection[str], start: int = 0, stop: int |
         out.extend(_json_calls(value, declared, a, b))
         if len(out) > limits.max_calls:
             break
+    if text.find("```", start, stop) != -1:
+        out = sorted([*out, *_unbalanced_fences(text, start, stop, declared, out)], key=lambda c: c.start)
+    return out
+
+
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n")
+
+
+def _unbalanced_fences(text: str, start: int, stop: int, declared: Collection[str],
+                       found: list[TextCall]) -> list[TextCall]:
+    """Fenced blocks (```json ... ```, or cut before the closing fence) holding JSON whose brackets
+    never balance and naming a declared function: an attempted call, invalid. The spans read the
+    block's balanced parts only (its arguments object, say), which name no call, so without this
+    the attempt would count as no call at all. A block already holding a call is left alone."""
+    out = []
+    for m in _FENCE.finditer(text, start, stop):
+        body_start = m.end()
+        close = text.find("```", body_start, stop)
+        end = stop if close == -1 else close
+        body = text[body_start:end].strip()
+        if not body.startswith(("{", "[")) or any(c.start < end and c.end > body_start for c in found):
+            continue
+        name = _named(body)
+        if name not in declared:
+            continue
+        try:
+            orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            out.append(TextCall(CallFormat.JSON, name, None, m.start(), end if close == -1 else close + 3,
+                                f"is not valid JSON: {e}"))
     return out
 
 
