@@ -113,8 +113,12 @@ def write_calls(fmt: str, calls: Sequence[PlannedCall]) -> str:
 
 def break_arguments(args: str, schema: Any) -> str:
     """Arguments that do not validate: the first required property left out, or (none required)
-    the JSON cut in half."""
-    value = orjson.loads(args)
+    the JSON cut in half; arguments that are not JSON already do not, and stay as they are. Used
+    for text calls and for a simulated endpoint's `schemaErrorRate` alike."""
+    try:
+        value = orjson.loads(args)
+    except orjson.JSONDecodeError:
+        return args
     required = [r for r in (schema or {}).get("required") or []
                 if isinstance(value, dict) and isinstance(r, str) and r in value]
     if required:

@@ -38,7 +38,14 @@ from typing import Any, get_args
 import orjson
 from aiohttp import web
 
-from eyrie.jobs.simulated_text import TextBehaviour, TextPlan, prompt_key, source_index, text_answer
+from eyrie.jobs.simulated_text import (
+    TextBehaviour,
+    TextPlan,
+    break_arguments,
+    prompt_key,
+    source_index,
+    text_answer,
+)
 from eyrie.jobs.spec import SIMULATOR_PRICING, SimulatedProvider, SimulatorSpec, SourceSpec, TargetSpec
 from eyrie.jobs.tools.declarations import DeclarationError, normalize_tools, parse_text_declarations
 
@@ -709,18 +716,9 @@ class SimEndpoint:
 
 
 def _break_arguments(call: dict[str, Any], fns: dict[Any, dict[str, Any]]) -> dict[str, Any]:
-    """The call with a required argument dropped (or, without one, arguments that are not JSON)."""
+    """The call with arguments that break its function's schema (`simulated_text.break_arguments`)."""
     fn = call["function"]
-    required = (fns.get(fn["name"], {}).get("parameters") or {}).get("required") or []
-    try:
-        args = orjson.loads(fn["arguments"])
-    except orjson.JSONDecodeError:
-        return call
-    if required and isinstance(args, dict) and required[0] in args:
-        del args[required[0]]
-        broken = orjson.dumps(args).decode()
-    else:
-        broken = fn["arguments"][: max(1, len(fn["arguments"]) // 2)]
+    broken = break_arguments(fn["arguments"], fns.get(fn["name"], {}).get("parameters"))
     return {**call, "function": {**fn, "arguments": broken}}
 
 

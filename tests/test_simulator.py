@@ -21,7 +21,7 @@ import jsonschema
 import orjson
 import pytest
 
-from eyrie.jobs.simulated_text import TextBehaviour
+from eyrie.jobs.simulated_text import TextBehaviour, break_arguments
 from eyrie.jobs.simulator import (
     FAULTS,
     SimulatorConfig,
@@ -179,6 +179,19 @@ def test_generated_arguments_validate(schema: dict[str, Any]) -> None:
     validator.check_schema(schema)
     for seed in range(40):
         validator.validate(_schema_value(schema, random.Random(seed)))
+
+
+def test_broken_arguments_never_validate() -> None:
+    """One way to break a call (text calls and an endpoint's schemaErrorRate both use it): a required
+    property present is left out, else the JSON is cut; arguments that are not JSON stay as written."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a", "b"]}
+    validator = jsonschema.Draft202012Validator(schema)
+    assert break_arguments('{"a": 1, "b": "x"}', schema) == '{"b":"x"}'
+    assert break_arguments('{"b": "x"}', schema) == "{}"  # "a" was missing already: "b" goes
+    assert break_arguments('{"c": 1}', {"type": "object"}) == '{"c"'  # nothing required: cut in half
+    assert break_arguments("not json", schema) == "not json"
+    assert not validator.is_valid(orjson.loads(break_arguments('{"a": 1, "b": "x", "c": [1, 2]}', schema)))
 
 
 def test_reasoning_only_when_asked_and_lengths_bounded_by_max_tokens() -> None:
