@@ -1,5 +1,6 @@
 """The README's picture of the report: `docs/report.png`, taken from a real run's page in headless
-Chromium (the tests' CDP client), cropped to the plots of spend and tool semantics.
+Chromium (the tests' CDP client), cropped to the first screen (the verdict, one sample with its loss
+mask) and the spend plots.
 
     eyrie run examples/quickstart.yaml && python hack/readme_screenshot.py examples/eyrie-out/quickstart
 """
@@ -22,13 +23,13 @@ from eyrie.jobs.store import open_store  # noqa: E402
 
 READY = ("Array.from(document.querySelectorAll('.plotly-graph-div'))"
          ".every(d => d.querySelector('svg.main-svg') !== null)")
-# the plots of spend and tool semantics, without plotly's tool bars
+# the first screen (the verdict, the sample with its loss mask) and the spend plots, without plotly's tool bars
 CLIP = """(() => {
   document.querySelectorAll('.modebar-container').forEach(m => m.style.display = 'none');
+  const top = document.querySelector('#verdict').getBoundingClientRect().top + window.scrollY - 8;
   const hs = Array.from(document.querySelectorAll('h2'));
-  const first = hs.find(h => h.textContent === 'Spend and throughput');
-  const after = hs[hs.indexOf(first) + 2];
-  const top = first.getBoundingClientRect().top + window.scrollY - 8;
+  const spend = hs.find(h => h.textContent === 'Spend and throughput');
+  const after = hs[hs.indexOf(spend) + 1];
   const bottom = (after ? after.getBoundingClientRect().top : document.body.scrollHeight) + window.scrollY - 8;
   return {x: 0, y: top, width: 1370, height: bottom - top};
 })()"""

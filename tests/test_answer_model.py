@@ -1,0 +1,113 @@
+"""`api.simulator.answerModel`: the simulated provider serves the text a builtin chat model writes
+(checked against the model's own greedy decoding, read with transformers' tokenizer and template),
+keeps its scripted decision of whether to call a tool, takes the model's calls when they validate,
+and counts usage as the tokens of what it served."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from eyrie.jobs.simulator import SimulatorConfig, make_answer
+
+CHAT = "builtin:tiny-chat"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city"]}}}
+TOPICS = ("the water cycle", "photosynthesis", "binary search", "black holes", "compound interest", "tides")
+CITIES = ("Paris", "Lagos", "Osaka", "Lima", "Oslo", "Austin", "Hanoi", "Quito", "Perth", "Cairo")
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The model's folder and transformers' own tokenizer for it (built once into the cache)."""
+    from transformers import AutoTokenizer
+
+    from eyrie.jobs.extract import tiny
+
+    folder = tiny.model_folder(CHAT)
+    return folder, AutoTokenizer.from_pretrained(folder)
+
+
+def request(messages, **extra):
+    return {"model": "eyrie/tiny-chat", "messages": messages, "temperature": 0, "max_tokens": 256,
+            "reasoning": {"effort": "high"}, **extra}
+
+
+async def ask(sim, body):
+    async with aiohttp.ClientSession() as s, s.post(sim.base_url + "/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+def config(answer_model=CHAT, **kw):
+    return dict(tokenizer=CHAT, chat_format="auto", answer_model=answer_model, **kw)
+
+
+async def test_the_served_text_is_the_models_greedy_answer(start_sim, model):
+    from eyrie.jobs.extract import tiny
+
+    folder, hf = model
+    sim = await start_sim(**config())
+    for topic in TOPICS:
+        messages = [{"role": "system", "content": "You are a concise tutor."},
+                    {"role": "user", "content": f"Explain {topic} in three sentences."}]
+        doc = await ask(sim, request(messages))
+        msg, usage = doc["choices"][0]["message"], doc["usage"]
+        prompt = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        greedy = hf.decode(tiny.decode(folder, hf.encode(prompt, add_special_tokens=False), 256))
+        served = f"<think>\n{msg['reasoning']}\n</think>\n\n{msg['content']}<|im_end|>"
+        assert served == greedy, topic  # every character is the model's own, in its own template
+        assert doc["choices"][0]["finish_reason"] == "stop"
+        assert usage["completion_tokens"] == len(hf.encode(greedy, add_special_tokens=False))
+        assert usage["prompt_tokens"] == len(hf.encode(prompt, add_special_tokens=False))
+
+
+async def test_tool_calls_keep_the_simulators_rate_and_are_the_models_own_when_valid(start_sim, model):
+    sim = await start_sim(**config())
+    scripted = SimulatorConfig()
+    own = called = 0
+    for city in CITIES:
+        messages = [{"role": "user", "content": f"What's the weather like in {city} right now?"}]
+        body = request(messages, tools=[WEATHER])
+        doc = await ask(sim, body)
+        calls = doc["choices"][0]["message"].get("tool_calls") or []
+        plan = make_answer(body, scripted).tool_calls  # the simulator's own decision, without a model
+        assert bool(calls) == bool(plan), city
+        called += bool(calls)
+        for c in calls:
+            assert c["function"]["name"] == "get_weather"
+            own += c["function"] not in [p["function"] for p in plan]  # the model's call, not the script's
+    assert called >= 5 and own == called  # the model writes a valid get_weather call for every weather prompt
+
+
+async def test_an_impostor_writes_other_text_and_sampling_is_seeded(start_sim, model):
+    native, impostor = await start_sim(**config()), await start_sim(**config("builtin:tiny-chat-seed1"))
+    differ = 0
+    for topic in TOPICS:
+        body = request([{"role": "user", "content": f"Explain {topic} in three sentences."}])
+        a, b = await ask(native, body), await ask(impostor, body)
+        differ += a["choices"][0]["message"]["content"] != b["choices"][0]["message"]["content"]
+    assert differ >= len(TOPICS) - 1
+    body = request([{"role": "user", "content": "Explain tides in three sentences."}], temperature=1.5)
+    first, again = await ask(native, body), await ask(native, body)
+    greedy = await ask(native, {**body, "temperature": 0})
+    assert first["choices"][0]["message"] == again["choices"][0]["message"]  # seeded by the prompt
+    assert first["choices"][0]["message"]["content"] != greedy["choices"][0]["message"]["content"]
+
+
+def test_the_spec_needs_the_models_tokenizer_for_an_answer_model():
+    from pydantic import ValidationError
+
+    from eyrie.jobs.spec import DatasetGenerationSpec
+
+    spec = {"sources": [{"name": "p", "uri": "p.jsonl"}], "target": {"model": "m"},
+            "api": {"baseUrl": "simulated", "simulator": {"answerModel": CHAT}},
+            "budget": {"maxUSD": "1"}, "extraction": {"enabled": False}, "output": {"uri": "/tmp/x"}}
+    with pytest.raises(ValidationError, match=r"api\.simulator\.answerModel: needs target\.tokenizer"):
+        DatasetGenerationSpec.model_validate(spec)
+    spec["api"]["simulator"]["answerModel"] = "builtin:gpt-5"
+    with pytest.raises(ValidationError, match=r"answer_?[mM]odel"):
+        DatasetGenerationSpec.model_validate({**spec, "target": {"model": "m", "tokenizer": CHAT}})
