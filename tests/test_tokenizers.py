@@ -182,6 +182,21 @@ def test_unloadable_references_name_the_setting(ref, message):
         load_tokenizer(target(ref))
 
 
+def test_builtin_model_tokenizers_name_the_setting(monkeypatch):
+    with pytest.raises(TokenizerError, match=r"target\.tokenizer 'builtin:tiny-llama': no such builtin model's "
+                                             r"tokenizer; known: builtin:tiny-chat, "):
+        load_tokenizer(target("builtin:tiny-llama"))
+    from eyrie.jobs.extract import tiny
+
+    def no_torch(name):
+        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+
+    monkeypatch.setattr(tiny, "model_folder", no_torch)  # where torch is missing, the build says what to install
+    with pytest.raises(TokenizerError, match=r"'builtin:tiny-chat': .*torch is not installed here: "
+                                             r"install eyrie\[jobs\]"):
+        load_tokenizer(target("builtin:tiny-chat"))
+
+
 def test_unknown_hf_id_offline_names_the_setting(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

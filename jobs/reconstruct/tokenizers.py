@@ -462,7 +462,13 @@ def _load_cached(ref: str, trust_remote_code: bool, endpoint: str | None) -> Loa
         if ref not in NAMES:
             raise TokenizerError(f"target.tokenizer {ref!r}: no such builtin model's tokenizer; known: "
                                  f"{', '.join(NAMES)}")
-        return _load_folder(ref, model_folder(ref), trust_remote_code)
+        try:
+            folder = model_folder(ref)
+        except ImportError as e:  # a process without the jobs extra (the Ray worker image has no torch)
+            raise TokenizerError(f"target.tokenizer {ref!r}: the builtin model is trained on first use with torch "
+                                 f"and transformers, and {e.name or e} is not installed here: install eyrie[jobs], "
+                                 f"or build it once where they are and share $EYRIE_CACHE_DIR/models") from e
+        return _load_folder(ref, folder, trust_remote_code)
     if ref.startswith("s3://"):
         return _load_folder(ref, _s3_folder(ref, endpoint), trust_remote_code)
     if _looks_local(ref):
