@@ -597,7 +597,7 @@ def planned_calls(messages: list[Any], tools: Any, cfg: SimulatorConfig,
     a conversation's tool calls can be written down beforehand (an agentic example, a test).
     `rate` stands in for cfg.tool_call_rate (1.0: the calls it makes when it calls)."""
     fns = _functions(tools)
-    if not fns or not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") == "tool":
+    if not fns or not messages or not isinstance(messages[-1], dict) or _after_tool_result(messages):
         return []
     user = next((m.get("content") for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), "")
     rng = random.Random(hashlib.sha256(orjson.dumps([user, tools, cfg.seed], option=orjson.OPT_SORT_KEYS)).digest())
@@ -606,6 +606,15 @@ def planned_calls(messages: list[Any], tools: Any, cfg: SimulatorConfig,
     n = 2 if rng.random() < 0.25 else 1
     calls = [_tool_call(rng, rng.choice(fns))["function"] for _ in range(n)]
     return [(c["name"], c["arguments"]) for c in calls]
+
+
+def _after_tool_result(messages: list[Any]) -> bool:
+    """Does the request end in tool results: a `tool` message, or (functions described as text) a
+    user turn of `<tool_response>` blocks, as eyrie's text-mode conversations send them?"""
+    last = messages[-1]
+    content = last.get("content")
+    return last.get("role") == "tool" or (last.get("role") == "user" and isinstance(content, str)
+                                          and content.startswith("<tool_response>"))
 
 
 def _diverge(calls: list[tuple[str, str]], fns: list[dict[str, Any]], rng: random.Random) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+from eyrie.jobs.simulated_text import TextBehaviour
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess, planned_calls
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -243,3 +244,40 @@ def test_the_agentic_example_is_current():
     spec.loader.exec_module(mod)
     assert (ROOT / "examples" / "prompts" / "agentic.jsonl").read_text() == mod.render(), \
         "run: python hack/agentic_example.py"
+
+
+def test_text_mode_conversations_read_the_calls_written_as_text_and_splice_results_as_text(tmp_path):
+    """tools.mode: text: the functions are described in the system prompt, the simulated model writes
+    its calls into the content (Hermes, Kimi, JSON: formats that keep parallel calls); they are
+    judged against the dataset's as structured calls are, and the dataset's results follow as a user
+    turn of <tool_response> blocks. No request carries a structured call or a tool message."""
+    prompts = write(tmp_path / "c.jsonl", 4)
+    out = f"file://{tmp_path}/out"
+    text = TextBehaviour(1.0, {"hermes": 1.0, "kimi": 1.0, "json": 1.0}, 0.0, 0.0)
+    with SimulatorProcess(SimulatorConfig(tool_call_rate=1.0, latency_ms=10, text_calls=text)) as sim:
+        r = run_cli(agentic_spec(tmp_path, prompts, out, sim.base_url, workers=2, extra={"tools.mode": "text"}))
+    assert r.returncode == 0, r.stderr
+    convs = by_conversation(persisted(out))
+    assert len(convs) == 4
+    formats = Counter()
+    for recs in convs.values():
+        assert [x["turn"] for x in recs] == [0, 1, 2, 3, 4, 5] and recs[-1]["agentic"]["end"] == "done"
+        for k, rec in enumerate(recs):
+            sent = rec["request"]["messages"]
+            assert "tools" not in rec["request"] and rec["agentic"]["diverged"] is None
+            assert not any(m.get("tool_calls") or m["role"] == "tool" for m in sent)
+            # the model's earlier answers as it wrote them
+            assert [m["content"] for m in sent if m["role"] == "assistant"] == \
+                [p["response"]["content"] for p in recs[:k]]
+            if k % 2:  # after its calls: the dataset's results for them, one user turn
+                calls = recs[k - 1]["checks"]["calls"]
+                formats.update(c["format"] for c in calls)
+                assert calls and all(c["valid"] for c in calls)
+                row, q = recs[0]["row"], k // 2
+                assert sent[-1] == {"role": "user", "content": "\n".join(
+                    f"<tool_response>\nresult {row}.{q}.{j}\n</tool_response>" for j in range(len(calls)))}
+                assert rec["agentic"]["spliced"] == len(calls)
+    assert set(formats) <= {"hermes", "kimi", "json"} and len(formats) >= 2
+    prog = progress(out)
+    assert prog["outcome"] == "Done" and prog["agentic"]["splicedToolResults"] >= 12
+    assert prog["agentic"]["ended"] == {"done": 4}

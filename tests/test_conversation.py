@@ -145,3 +145,60 @@ def test_annotations_and_the_summary_count_turns_divergence_and_ends():
         "conversations": 2, "turnsRegenerated": 3, "turnsFailed": 1, "splicedToolResults": 2,
         "diverged": {"otherTool": 0, "otherArguments": 1, "missingCall": 0, "extraCall": 0},
         "ended": {"diverged": 1, "failed": 1}, "droppedTurns": 4}
+
+
+# ------------------------------------------------------------------------- tools.mode: text
+
+NAMES = ["weather", "book"]
+
+
+def written(content: str, reasoning: str | None = None) -> dict:
+    """An answer of a text-mode request: no structured calls, whatever the model wrote."""
+    return {"content": content, "tool_calls": None, "reasoning": reasoning, "finish_reason": "stop"}
+
+
+def test_text_mode_reads_the_calls_in_the_content_and_splices_results_as_text():
+    """The model writes its two parallel calls as Hermes blocks (other order, 1.0 for 1 elsewhere): a
+    match; the next request carries its answer as written and the dataset's two results as one user
+    turn of <tool_response> blocks, and no structured call or tool message anywhere."""
+    a0 = written('<tool_call>\n{"name": "weather", "arguments": {"city": "Rome"}}\n</tool_call>\n'
+                 '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>', reasoning="two")
+    t1 = next_turn(CONV, [a0], "stop", 32, NAMES)
+    assert isinstance(t1, NextTurn) and (t1.turn, t1.spliced, t1.diverged_from) == (1, 2, None)
+    assert t1.messages[:2] == CONV[:2]
+    assert t1.messages[2] == {"role": "assistant", "content": a0["content"], "reasoning": "two"}
+    assert t1.messages[3:] == [{"role": "user", "content": "<tool_response>\nrain\n</tool_response>\n"
+                                                            "<tool_response>\nsun\n</tool_response>"}]
+    a1 = written("Rainy Oslo, sunny Rome.")
+    a2 = written("<functioncall> {\"name\": \"book\", \"arguments\": '{\"n\": 1.0, \"city\": \"Rome\"}'}")  # glaive's
+    t3 = next_turn(CONV, [a0, a1, a2], "stop", 32, NAMES)
+    assert isinstance(t3, NextTurn) and t3.turn == 3 and t3.spliced == 1
+    assert t3.messages[-2:] == [{"role": "assistant", "content": a2["content"]},
+                                {"role": "user", "content": "<tool_response>\nbooked #7\n</tool_response>"}]
+    assert not any(m.get("tool_calls") or m.get("role") == "tool" for m in t3.messages)
+    assert next_turn(CONV, [a0, a1, a2, written("ok")], "stop", 32, NAMES) == Finished(End.DONE, 0)
+    # the record's annotation judges the same way: turn 0 matched, its two results spliced into turn 1
+    info = annotate(CONV, [a0], t1, a1, "stop", 32, NAMES)
+    assert (info["spliced"], info["diverged"], info["end"]) == (2, None, None)
+    # structured mode does not read the content: the same answer is a missing call
+    assert judge(CONV[2], a0, 0).divergence == Divergence.MISSING_CALL
+    assert next_turn(CONV, [a0], "stop", 32) == Finished(End.DIVERGED, 3)
+
+
+def test_text_mode_divergence_and_keep_original_write_the_datasets_calls_as_text():
+    other = written('<tool_call>{"name": "weather", "arguments": {"city": "Paris"}}</tool_call>'
+                    '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    assert judge(CONV[2], other, 0, NAMES).divergence == Divergence.OTHER_ARGUMENTS
+    assert judge(CONV[2], written("No call, just prose about weather."), 0, NAMES).divergence == \
+        Divergence.MISSING_CALL
+    broken = written('<tool_call>{"name": "weather", "arguments": {"city": "Oslo"</tool_call>'
+                     '<tool_call>{"name": "weather", "arguments": {"city": "Rome"}}</tool_call>')
+    assert judge(CONV[2], broken, 0, NAMES).divergence == Divergence.OTHER_ARGUMENTS  # unreadable matches nothing
+    assert next_turn(CONV, [other], "stop", 32, NAMES) == Finished(End.DIVERGED, 3)
+    t1 = next_turn(CONV, [other], "keepOriginal", 32, NAMES)
+    assert isinstance(t1, NextTurn) and t1.diverged_from == 0
+    kept = t1.messages[2]
+    assert kept["role"] == "assistant" and "tool_calls" not in kept
+    assert kept["content"] == ('<tool_call>\n{"name":"weather","arguments":{"city":"Oslo"}}\n</tool_call>\n'
+                               '<tool_call>\n{"name":"weather","arguments":{"city":"Rome"}}\n</tool_call>')
+    assert t1.messages[3]["role"] == "user" and t1.messages[3]["content"].count("<tool_response>") == 2

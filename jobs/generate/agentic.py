@@ -65,8 +65,11 @@ async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | B
         await worker.reject(shard, rec, *prepared)
         return True
     answers = _answers(earlier)
+    # text mode: the model's calls are in its content, and the history carries none structurally
+    declared = ([t["function"]["name"] for t in prepared.declared_tools]
+                if prepared.mode == "text" and prepared.declared_tools else None)
     while True:
-        nt = next_turn(prepared.messages, answers, spec.on_divergence, spec.max_turns)
+        nt = next_turn(prepared.messages, answers, spec.on_divergence, spec.max_turns, declared)
         if isinstance(nt, Finished):
             return True
         if worker.stopping:
@@ -76,6 +79,7 @@ async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | B
         if sent is None:
             return False
         response = sent.get("response") if sent.get("status") == "ok" else None
-        sent["agentic"] = annotate(prepared.messages, answers, nt, response, spec.on_divergence, spec.max_turns)
+        sent["agentic"] = annotate(prepared.messages, answers, nt, response, spec.on_divergence, spec.max_turns,
+                                   declared)
         await worker.journal.commit(shard, sent)
         answers.append(response)

@@ -10,6 +10,13 @@ the model's ids. When they diverge, `stop` ends the conversation there; `keepOri
 dataset's assistant turn and results in the history (a result can only answer a call the request
 shows) and marks every later turn as diverged. No tool is ever executed.
 
+With `tools.mode: text` (`declared`: the prompt's function names) the request has no `tools`, so its
+history has no structured calls either: the model's calls are read from its content
+(`textcalls.find_calls`, as the tool checks read them), its answer goes back as it wrote it, a
+dataset assistant turn kept by `keepOriginal` is written as Hermes `<tool_call>` blocks, and the
+dataset's tool results follow as a user turn of `<tool_response>` blocks (how Qwen's and Hermes'
+templates show tool results).
+
 Everything is recomputed from the persisted answers (`next_turn(messages, answers, ...)`), so a
 resumed run continues at the first turn without a record and pays for no earlier one.
 """
@@ -17,11 +24,14 @@ resumed run continues at the first turn without a record and pays for no earlier
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
 import orjson
+
+from eyrie.jobs.tools.textcalls import find_calls
 
 Message = dict[str, Any]
 OnDivergence = Literal["stop", "keepOriginal"]
@@ -113,20 +123,29 @@ def _arguments(args: Any) -> Any:
         return (_UNPARSED, args)  # compared as text: equal only to the same text
 
 
-def model_calls(response: dict[str, Any], turn: int) -> list[dict[str, Any]]:
-    """The answer's calls as they go back into the history; a call without an id gets one."""
+def model_calls(response: dict[str, Any], turn: int, declared: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The answer's calls as they go back into the history; a call without an id gets one. Text
+    mode (`declared` given): the structured ones, else those written in the content (a call that
+    cannot be read keeps its name, with arguments that match nothing)."""
     out = []
     for j, tc in enumerate(response.get("tool_calls") or ()):
         fn = (tc or {}).get("function") or {}
         out.append({"id": str(tc.get("id") or f"call_t{turn}_{j}"), "type": "function",
                     "function": {"name": str(fn.get("name") or ""), "arguments": fn.get("arguments") or ""}})
+    if out or declared is None or not isinstance(response.get("content"), str):
+        return out
+    for j, c in enumerate(find_calls(response["content"], declared)):
+        args = c.arguments if isinstance(c.arguments, str) or c.problem else orjson.dumps(c.arguments).decode()
+        out.append({"id": c.id or f"call_t{turn}_{j}", "type": "function",
+                    "function": {"name": c.name or "", "arguments": "" if c.problem else args}})
     return out
 
 
-def judge(expected: Message | None, response: dict[str, Any], turn: int) -> Verdict:
+def judge(expected: Message | None, response: dict[str, Any], turn: int,
+          declared: Collection[str] | None = None) -> Verdict:
     """Compare the model's calls at `turn` with the dataset's turn `expected` (None: the dataset has
-    no answer there, so there is nothing to diverge from)."""
-    got = model_calls(response, turn)
+    no answer there, so there is nothing to diverge from); `declared`: text mode."""
+    got = model_calls(response, turn, declared)
     if expected is None:
         return Verdict(None, {})
     want = expected.get("tool_calls") or []
@@ -178,17 +197,65 @@ def answer_message(response: dict[str, Any], turn: int) -> Message:
     return msg
 
 
-def _carry(messages: list[Message], ids: dict[str, str]) -> list[Message]:
-    return [{**m, "tool_call_id": ids.get(str(m.get("tool_call_id")), m.get("tool_call_id"))}
-            if m.get("role") == "tool" else m for m in messages]
+def _text_answer(response: dict[str, Any]) -> Message:
+    """Text mode: the model's answer as it wrote it (its calls inside the content), with its reasoning."""
+    msg = answer_message({**response, "tool_calls": None}, 0)
+    if msg["content"] is None:
+        msg["content"] = ""
+    return msg
+
+
+def _written(message: Message) -> Message:
+    """Text mode: a dataset assistant turn with its calls written as Hermes `<tool_call>` blocks."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return message
+    blocks = []
+    for c in calls:
+        fn = c.get("function") or {}
+        args = _arguments(fn.get("arguments"))
+        value = args[1] if isinstance(args, tuple) else args
+        blocks.append("<tool_call>\n" + orjson.dumps({"name": fn.get("name"), "arguments": value}).decode()
+                      + "\n</tool_call>")
+    text = "\n".join(blocks)
+    content = message.get("content")
+    out = {k: v for k, v in message.items() if k not in ("tool_calls", "function_call")}
+    out["content"] = f"{content}\n{text}" if isinstance(content, str) and content else text
+    return out
+
+
+def _result_text(content: Any) -> str:
+    return content if isinstance(content, str) else orjson.dumps(content).decode()
+
+
+def _carry(messages: list[Message], ids: dict[str, str], as_text: bool = False) -> list[Message]:
+    """Messages between two turns as the next request carries them: tool results answer the model's
+    call ids; in text mode consecutive results are one user turn of `<tool_response>` blocks."""
+    if not as_text:
+        return [{**m, "tool_call_id": ids.get(str(m.get("tool_call_id")), m.get("tool_call_id"))}
+                if m.get("role") == "tool" else m for m in messages]
+    out: list[Message] = []
+    results: list[str] = []
+    for m in [*messages, None]:
+        if m is not None and m.get("role") == "tool":
+            results.append(f"<tool_response>\n{_result_text(m.get('content'))}\n</tool_response>")
+            continue
+        if results:
+            out.append({"role": "user", "content": "\n".join(results)})
+            results = []
+        if m is not None:
+            out.append(_written(m) if m.get("role") == "assistant" else m)
+    return out
 
 
 def next_turn(messages: list[Message], answers: list[dict[str, Any] | None], on_divergence: OnDivergence,
-              max_turns: int) -> NextTurn | Finished:
+              max_turns: int, declared: Collection[str] | None = None) -> NextTurn | Finished:
     """The request for the first turn without an answer, or why there is none.
 
     `answers` are the model's responses to turns 0..k-1 in order (None: that turn failed).
+    `declared`: the prompt's function names in text mode (None: structured).
     """
+    as_text = declared is not None
     pos = turn_positions(messages)
     history: list[Message] = []
     ids: dict[str, str] = {}
@@ -198,17 +265,20 @@ def next_turn(messages: list[Message], answers: list[dict[str, Any] | None], on_
         if answer is None:
             return Finished(End.FAILED, len(pos) - j - 1)
         p = pos[j]
-        history += _carry(messages[prev:p], ids)
+        history += _carry(messages[prev:p], ids, as_text)
         expected = messages[p] if p < len(messages) else None
-        verdict = judge(expected, answer, j)
+        verdict = judge(expected, answer, j, declared)
         if verdict.divergence is None:
-            history.append(answer_message(answer, j))
+            history.append(_text_answer(answer) if as_text else answer_message(answer, j))
             ids = verdict.ids
         elif on_divergence == "stop":
             return Finished(End.DIVERGED, len(pos) - j - 1)
         else:
             diverged_from = j if diverged_from is None else diverged_from
-            history.append(expected or answer_message(answer, j))
+            if expected is not None:
+                history.append(_written(expected) if as_text else expected)
+            else:
+                history.append(_text_answer(answer) if as_text else answer_message(answer, j))
             ids = {}
         prev = p + 1
     k = len(answers)
@@ -218,20 +288,21 @@ def next_turn(messages: list[Message], answers: list[dict[str, Any] | None], on_
         return Finished(End.MAX_TURNS, len(pos) - k)
     between = messages[prev:pos[k]]
     spliced = sum(m.get("role") == "tool" for m in between)
-    return NextTurn(k, history + _carry(between, ids), spliced, diverged_from)
+    return NextTurn(k, history + _carry(between, ids, as_text), spliced, diverged_from)
 
 
 def annotate(messages: list[Message], answers: list[dict[str, Any] | None], nt: NextTurn,
-             response: dict[str, Any] | None, on_divergence: OnDivergence, max_turns: int) -> dict[str, Any]:
+             response: dict[str, Any] | None, on_divergence: OnDivergence, max_turns: int,
+             declared: Collection[str] | None = None) -> dict[str, Any]:
     """The `agentic` field of turn `nt.turn`'s record: how it relates to the dataset and, when it is
     the conversation's last, why (`end`) and how many dataset turns were never regenerated."""
     pos = turn_positions(messages)
     expected = messages[pos[nt.turn]] if pos[nt.turn] < len(messages) else None
-    diverged = judge(expected, response, nt.turn).divergence if response is not None else None
+    diverged = judge(expected, response, nt.turn, declared).divergence if response is not None else None
     diverged_from = nt.diverged_from
     if diverged is not None and on_divergence == "keepOriginal" and diverged_from is None:
         diverged_from = nt.turn
-    after = next_turn(messages, [*answers, response], on_divergence, max_turns)
+    after = next_turn(messages, [*answers, response], on_divergence, max_turns, declared)
     return {"turns": len(pos), "spliced": nt.spliced, "diverged": str(diverged) if diverged else None,
             "divergedFrom": diverged_from, "end": str(after.end) if isinstance(after, Finished) else None,
             "dropped": after.dropped if isinstance(after, Finished) else 0}
