@@ -159,3 +159,14 @@ def test_a_schema_check_problem_is_worded_by_python_jsonschema() -> None:
         "a": {"type": "string", "pattern": "[a"}}}))
     assert problem == "'[a' is not a 'regex' at /properties/a/pattern"
     assert validation._read_alike({"type": "object"})
+
+
+@pytest.mark.parametrize("args", [{"a": (1, 2)}, {"a": ()}, {"a": [1, (2,)], "b": (3,)}])
+def test_arguments_holding_python_values_are_judged_by_python_jsonschema(args: dict[str, Any]) -> None:
+    """A call written as a Python literal may hold a tuple: jsonschema-rs reads it as an array,
+    python-jsonschema does not, and its verdict is the one recorded."""
+    schema = {"type": "object", "properties": {"a": {"type": "array"}, "b": {"type": "array"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    got = ToolValidator([tool]).check_calls([{"function": {"name": "f", "arguments": args}}])[0]
+    expected = python_errors(schema, args)
+    assert expected and (got.valid, got.errors) == (False, expected)

@@ -72,9 +72,11 @@ class _Schema:
             except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, *_FAST_FAILS):
                 self.fast = None
 
-    def errors(self, value: Any, most: int, cap: int) -> list[dict[str, str]]:
-        """Up to `most` errors (path, message cut at `cap`); [] when the arguments are valid."""
-        if self.fast is not None:
+    def errors(self, value: Any, most: int, cap: int, plain: bool = True) -> list[dict[str, str]]:
+        """Up to `most` errors (path, message cut at `cap`); [] when the arguments are valid.
+        `plain`: the value holds JSON's own types only (False: a Python literal's tuple, say, which
+        jsonschema-rs would read as an array and python-jsonschema does not)."""
+        if self.fast is not None and plain:
             try:
                 if self.fast.is_valid(value):
                     return []
@@ -205,8 +207,11 @@ class ToolValidator:
         if not isinstance(value, dict):
             return self._bad(i, name, f"arguments must be a JSON object, got {json_type_name(value)}", fmt,
                              arguments)
+        # decoded from JSON text: JSON's types only; else (a provider's object, a call written as
+        # text) only if it survives a round trip through JSON unchanged
+        plain = isinstance(args, str) or orjson.loads(orjson.dumps(value)) == value
         try:
-            errors = validator.errors(value, self.limits.max_errors_per_call, cap)
+            errors = validator.errors(value, self.limits.max_errors_per_call, cap, plain)
         except (Unresolvable, RecursionError) as e:
             return self._bad(i, name, f"the declared schema could not be applied: {e}"[:cap], fmt, arguments)
         return CallVerdict(i, name, not errors, errors, fmt, arguments)
