@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds, without a Docker engine, the images the chart and the DatasetGenerations name (DESIGN §9): buildah (vfs
+# Builds, without a Docker engine, the images the chart and the DatasetGenerations name (DESIGN §9): buildah (overlay
 # storage, chroot isolation) runs each Dockerfile under images/ unchanged but for its ARGs, FROM a Debian bookworm +
 # Python 3.11 base assembled here by mmdebstrap from Debian's packages (no container registry is reachable), into
 #   ${EYRIE_TESTBED_CACHE:-~/.cache/eyrie-testbed}/images/NAME-VERSION.oci.tar
@@ -7,8 +7,12 @@
 # `ctr -n k8s.io images import FILE` gives a node the chart's default images. Also the sandbox ("pause") image a
 # containerd node needs, compiled from Kubernetes' own build/pause at the pinned version. Each archive is keyed by
 # what goes into it (this script, its Dockerfile, the files of its build context, its build arguments, the base's
-# recipe) in NAME-VERSION.oci.tar.key: a warm machine rebuilds nothing. Needs root (mmdebstrap, buildah), network
-# to Debian's archive and the Python package index, and the testbed's Go module cache (tests/cluster/build.sh).
+# recipe) in NAME-VERSION.oci.tar.key: a warm machine rebuilds nothing. A changed key rebuilds only what changed:
+# buildah --layers keeps each Dockerfile step in its store (images/buildah) and reuses every step before the first
+# whose inputs differ (the Dockerfiles install the dependencies before the wheel, so a source edit rebuilds only the
+# wheel's layer), and an archive's unchanged layers are copied from the previous archive rather than compressed again
+# (hack/oci_layers.py). Needs root (mmdebstrap, buildah), network to Debian's archive and the Python package index,
+# and the testbed's Go module cache (tests/cluster/build.sh).
 #   hack/images.sh [--check] [NAME...]   NAME: pause operator ray-worker extractor-cpu (default: all)
 #   --check: build nothing; list what is missing or stale, exit 1 if anything is
 set -euo pipefail
@@ -27,7 +31,10 @@ if ((!check)); then
   exec 9>"$out/.lock"
   flock 9  # one build at a time per cache: a second caller waits, then finds the archives built
 fi
-buildah=(nice -n 10 buildah --root "$out/storage" --runroot "$out/run" --storage-driver vfs)
+# overlay: each layer stored once, as its own files (vfs copies the whole tree at every step: GBs per step of the
+# extractor).
+buildah=(nice -n 10 buildah --root "$out/buildah" --runroot "$out/buildah-run" --storage-driver overlay)
+layers=(nice -n 10 python3 hack/oci_layers.py)
 # The build machine's trust store, mounted into each RUN and never written into an image: pip inside the builds
 # then trusts what the machine trusts (an egress proxy's own CA, say).
 certs=()
@@ -43,7 +50,8 @@ fresh() {  # fresh NAME ARCHIVE KEY: whether ARCHIVE was built from KEY's inputs
 
 # The base: what python:3.11-slim-bookworm is (Debian bookworm's minimal set, its Python 3.11 and pip, CA
 # certificates), from Debian's own packages. EXTERNALLY-MANAGED goes: the image's Python is the image's to manage.
-base_options=(--variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates
+# Plus wget, which rayproject/ray has and KubeRay's probes of every Ray container run (`bash -c "wget ..."`).
+base_options=(--variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates,wget
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
   --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*'
   --customize-hook='rm -f "$1"/usr/lib/python3.11/EXTERNALLY-MANAGED "$1"/etc/resolv.conf "$1"/etc/hostname'
@@ -62,11 +70,18 @@ timed() {  # timed WHAT COMMAND...: runs it, logs its wall time and the load to 
 }
 
 cleaned=0
-clean_store() {  # what an interrupted build left in the store (under the lock nothing else is building)
+clean_store() {  # what an interrupted build left in the store (under the lock nothing else is building): its
+  # containers; its images stay until prune_store (its finished steps are the next build's cache)
   ((cleaned)) && return 0
+  rm -rf --one-file-system "$out/storage" "$out/run"  # the vfs store of earlier versions of this script
   "${buildah[@]}" rm --all >/dev/null
-  "${buildah[@]}" rmi --prune >/dev/null
   cleaned=1
+}
+
+built=0
+prune_store() {  # after a build: the images no later build can reuse (hack/oci_layers.py prune)
+  ((built)) || return 0
+  timed "store prune" "${layers[@]}" prune "${buildah[@]}" >&2
 }
 
 ensure_base() {  # the base image in buildah's store, assembled when missing
@@ -82,6 +97,10 @@ ensure_base() {  # the base image in buildah's store, assembled when missing
     --label org.opencontainers.image.description="Debian bookworm, its Python 3.11 and pip (mmdebstrap)" "$c"
   "${buildah[@]}" commit --quiet --rm "$c" "$base" >/dev/null
   rm -rf "$tmp"
+  local old  # earlier bases: nothing builds on them any more
+  for old in $("${buildah[@]}" images --noheading --format '{{.Name}}:{{.Tag}}' "${base%:*}"); do
+    [[ "$old" == "$base" ]] || "${buildah[@]}" rmi "$old" >/dev/null
+  done
 }
 
 # The files of a Dockerfile's build context: what its .dockerignore lets through (only `!` lines after `*`).
@@ -100,21 +119,25 @@ build() {
   fresh "$name" "$archive" "$key" && return 0
   ensure_base
   echo "images: building $name ($ref) from $file" >&2
-  timed "$name build" "${buildah[@]}" bud --quiet --isolation chroot --pull-never --layers=false \
+  timed "$name build" "${buildah[@]}" bud --quiet --isolation chroot --pull-never --layers \
     -f "$file" --ignorefile "$ignore" "${certs[@]}" -t "$ref" "$@" . >/dev/null
   publish "$name" "$ref" "$archive" "$key"
 }
 
-# publish NAME REF ARCHIVE KEY: the image from the store into its archive (atomically), then out of the store. Layers
-# are zstd-compressed (containerd reads them): gzip of a 5 GB layer took minutes of a 2-core machine, zstd a quarter
-# of that, smaller (buildah 1.28 ignores --disable-compression for an OCI archive).
+# publish NAME REF ARCHIVE KEY: the image from the store into its archive (atomically); the image stays in the store,
+# for the next build's cache. Layers are zstd-compressed (containerd reads them): gzip of a 5 GB layer took minutes
+# of a 2-core machine, zstd a quarter of that, smaller (buildah 1.28 ignores --disable-compression for OCI). Only the
+# layers the previous archive lacks are exported and compressed; the others are copied from it (hack/oci_layers.py).
 publish() {
-  local name=$1 ref=$2 archive=$3 key=$4
-  rm -f "$archive.tmp"
-  timed "$name push" "${buildah[@]}" push --quiet --compression-format zstd "$ref" "oci-archive:$archive.tmp:$ref"
+  local name=$1 ref=$2 archive=$3 key=$4 layout="$out/.layout-$name"
+  rm -rf "$layout" "$archive.tmp"
+  "${layers[@]}" placeholders "$archive" "$layout" >/dev/null
+  timed "$name push" "${buildah[@]}" push --quiet --compression-format zstd "$ref" "oci:$layout:$ref"
+  timed "$name archive" "${layers[@]}" archive "$layout" "$ref" "$archive.tmp" "$archive" >&2
+  rm -rf "$layout"
   mv "$archive.tmp" "$archive"
   echo "$key" >"$archive.key"
-  "${buildah[@]}" rmi "$ref" >/dev/null
+  built=1
   echo "images: $archive ($(du -h "$archive" | cut -f1))" >&2
 }
 
@@ -138,7 +161,7 @@ pause() {
   cp "$src/Dockerfile" "$ctx/"
   # the Makefile's flags: -Os -Wall -Werror -static, the version string pause -v prints
   gcc -Os -Wall -Werror -static -DVERSION="v$tag-$KUBERNETES" -o "$ctx/bin/pause-linux-$arch" "$src/linux/pause.c"
-  timed "pause build" "${buildah[@]}" bud --quiet --isolation chroot --layers=false --build-arg BASE=scratch \
+  timed "pause build" "${buildah[@]}" bud --quiet --isolation chroot --layers --build-arg BASE=scratch \
     --build-arg ARCH="$arch" -t "$ref" "$ctx" >/dev/null
   rm -rf "$ctx"
   publish pause "$ref" "$archive" "$key"
@@ -160,6 +183,7 @@ for name in "${names[@]}"; do
     *) echo "images: unknown image $name (one of: ${all[*]})" >&2; exit 2 ;;
   esac
 done
+prune_store
 if ((check)); then
   ((${#stale[@]} == 0)) || { printf 'images: missing or stale (run hack/images.sh): %s\n' "${stale[@]}" >&2; exit 1; }
 fi

@@ -11,6 +11,16 @@ ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23-cu130
 # the wheel stage's and the CPU variant's base
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
+# --- the dependencies' lists of both variants, from pyproject.toml alone (images/requirements.py): the same text while
+#     the declared dependencies stay the same, so each variant's install layer is reused across source edits (docker
+#     build and buildah --layers key a COPY --from on the content it brings)
+FROM ${PYTHON_IMAGE} AS requirements
+WORKDIR /src
+COPY pyproject.toml images/requirements.py ./
+RUN mkdir /requirements \
+    && python requirements.py jobs > /requirements/cpu.txt \
+    && python requirements.py jobs sglang > /requirements/gpu.txt
+
 # --- the repository's wheel, for both variants (the COPYs below fail if its version is not EYRIE_VERSION)
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
@@ -33,13 +43,20 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/home/eyrie \
     HF_HOME=/home/eyrie/.cache/huggingface
-COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}" \
-    && python -m pip install --no-cache-dir "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
-    && rm -rf /tmp/wheels \
-    && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \
+# torch first, in a layer of its own: the biggest, rebuilt only when TORCH_VERSION or TORCH_INDEX_URL changes
+RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
+# the jobs extra's other dependencies, in a layer of their own (the constraint keeps that torch)
+COPY --from=requirements /requirements/cpu.txt /tmp/requirements.txt
+RUN echo "torch==${TORCH_VERSION}" > /tmp/torch-constraint.txt \
+    && python -m pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --requirement /tmp/requirements.txt \
+    && rm /tmp/requirements.txt /tmp/torch-constraint.txt \
     && groupadd --gid 10001 eyrie \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eyrie --shell /usr/sbin/nologin eyrie
+# then the wheel: --no-index, so the build fails if the layers below lack any of its requirements
+COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+RUN python -m pip install --no-cache-dir --no-index "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
+    && rm -rf /tmp/wheels \
+    && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v"
 USER 10001:10001
 WORKDIR /home/eyrie
 ENTRYPOINT []
@@ -57,18 +74,22 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/home/eyrie \
     HF_HOME=/home/eyrie/.cache/huggingface
-COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
 # Freeze the image's CUDA stack: installing eyrie[jobs,sglang] must not replace torch or SGLang. If the
-# extra's SGLang pin and the image disagree, pip fails here instead of building a mixed image.
+# extra's SGLang pin and the image disagree, pip fails here instead of building a mixed image. The dependencies first,
+# in a layer of their own
+COPY --from=requirements /requirements/gpu.txt /tmp/requirements.txt
 RUN python3 -c "import sys; assert sys.version_info >= (3, 11), 'eyrie needs Python >= 3.11; pick an SGLang image that has it'" \
     && python3 -c "import importlib.metadata as m, sys; v = m.version('sglang'); sys.exit(None if v == '${SGLANG_VERSION}' else f'the base image has SGLang {v}; eyrie[sglang] pins ${SGLANG_VERSION}')" \
     && python3 -c "import importlib.metadata as m; print('\n'.join(f'{p}=={m.version(p)}' for p in ('torch', 'sglang')))" > /tmp/image-constraints.txt \
-    && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt \
-         "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs,sglang]" \
-    && rm -rf /tmp/wheels /tmp/image-constraints.txt \
-    && python3 -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v" \
+    && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt --requirement /tmp/requirements.txt \
+    && rm /tmp/requirements.txt /tmp/image-constraints.txt \
     && groupadd --gid 10001 eyrie \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eyrie --shell /usr/sbin/nologin eyrie
+# then the wheel: --no-index, so the build fails if the layer below lacks any of its requirements
+COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
+RUN python3 -m pip install --no-cache-dir --no-index "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs,sglang]" \
+    && rm -rf /tmp/wheels \
+    && python3 -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v"
 USER 10001:10001
 WORKDIR /home/eyrie
 ENTRYPOINT []
