@@ -98,7 +98,7 @@ ensure_base() {  # the base image in buildah's store, assembled when missing
   "${buildah[@]}" commit --quiet --rm "$c" "$base" >/dev/null
   rm -rf "$tmp"
   local old  # earlier bases: nothing builds on them any more
-  for old in $("${buildah[@]}" images --noheading --format '{{.Name}}:{{.Tag}}' "${base%:*}"); do
+  for old in $("${buildah[@]}" images --noheading --format '{{.Name}}:{{.Tag}}' --filter reference="${base%:*}"); do
     [[ "$old" == "$base" ]] || "${buildah[@]}" rmi "$old" >/dev/null
   done
 }

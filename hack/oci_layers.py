@@ -16,11 +16,12 @@ imported the previous archive finds their content and snapshots and unpacks only
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,97 +99,108 @@ def placeholders(previous: Path, layout: Path) -> int:
     return len(diff_ids)
 
 
-def copy_verified(src: IO[bytes], size: int, digest: str, out: tarfile.TarFile, name: str) -> None:
-    """SRC (SIZE bytes) into OUT as NAME, its sha256 checked against DIGEST on the way."""
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = size, 0o644
-    h = hashlib.sha256()
+@dataclass(frozen=True)
+class Blob:
+    """A blob the archive will hold: its descriptor and how to read it (checked against the digest on the way)."""
 
-    class Hashing:
-        def read(self, n: int = -1) -> bytes:
-            b = src.read(n)
-            h.update(b)
-            return b
-
-    out.addfile(info, Hashing())  # type: ignore[arg-type]
-    if f"sha256:{h.hexdigest()}" != digest:
-        raise LayoutError(f"{name}: its content does not match its digest {digest}")
+    desc: dict[str, Any]
+    open: Callable[[], IO[bytes]]
 
 
-def add_bytes(out: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), 0o644
-    out.addfile(info, _Reader(data))
+def _bytes_blob(media_type: str, data: bytes) -> Blob:
+    desc = {"mediaType": media_type, "digest": f"sha256:{hashlib.sha256(data).hexdigest()}", "size": len(data)}
+    return Blob(desc, lambda: io.BytesIO(data))
 
 
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
+def _member(t: tarfile.TarFile, previous: Path, desc: dict[str, Any]) -> IO[bytes]:
+    name = blob_name(desc["digest"])
+    member = t.getmember(name)
+    src = t.extractfile(member)
+    if src is None or member.size != desc["size"]:
+        raise LayoutError(f"{previous}: {name} is not a file of the {desc['size']} bytes its manifest says")
+    return src
 
-    def read(self, n: int = -1) -> bytes:
-        end = len(self.data) if n < 0 else self.pos + n
-        b, self.pos = self.data[self.pos:end], min(end, len(self.data))
-        return b
+
+def write(out: Path, blobs: list[Blob], index: dict[str, Any]) -> None:
+    """The OCI archive OUT: oci-layout, the blobs (each checked against its digest), index.json. Nothing is left at
+    OUT when a blob does not match."""
+    def add(t: tarfile.TarFile, name: str, size: int, src: IO[bytes]) -> str:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = size, 0o644
+        h = hashlib.sha256()
+
+        class Hashing(io.RawIOBase):
+            def read(self, n: int = -1) -> bytes:
+                b = src.read(n)
+                h.update(b)
+                return b
+
+        t.addfile(info, Hashing())  # type: ignore[arg-type]
+        return f"sha256:{h.hexdigest()}"
+
+    try:
+        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT, copybufsize=BLOCK) as t:
+            layout = json.dumps({"imageLayoutVersion": "1.0.0"}).encode()
+            add(t, "oci-layout", len(layout), io.BytesIO(layout))
+            for blob in blobs:
+                with blob.open() as src:
+                    got = add(t, blob_name(blob.desc["digest"]), blob.desc["size"], src)
+                if got != blob.desc["digest"]:
+                    raise LayoutError(f"{blob_name(blob.desc['digest'])}: its content's digest is {got}")
+            data = json.dumps(index).encode()
+            add(t, "index.json", len(data), io.BytesIO(data))
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
 
 
 def archive(layout: Path, ref: str, out: Path, previous: Path | None) -> tuple[int, int]:
     """LAYOUT's image REF as the OCI archive OUT: each layer buildah skipped (an empty placeholder) from PREVIOUS,
     each other one as buildah compressed it. Returns (layers reused, layers new)."""
     image = read_image(lambda name: (layout / name).read_bytes(), ref)
-    reused = new = 0
-    layers: list[tuple[dict[str, Any], str]] = []  # (descriptor, where: "layout" | "previous")
     with open_archive(previous) as (old, old_image):
         old_layers = old_image.layers_by_diff_id() if old_image else {}
+        blobs: list[Blob] = []
+        reused = 0
         for diff_id, desc in image.layers_by_diff_id().items():
             if desc["mediaType"] == ZSTD_LAYER:
-                layers.append((desc, "layout"))
-                new += 1
-            elif desc["digest"] == diff_id and diff_id in old_layers:
-                layers.append((old_layers[diff_id], "previous"))
+                blobs.append(Blob(desc, lambda d=desc: (layout / blob_name(d["digest"])).open("rb")))
+            elif desc["digest"] == diff_id and diff_id in old_layers and old is not None and previous is not None:
+                kept = old_layers[diff_id]
+                blobs.append(Blob(kept, lambda t=old, p=previous, d=kept: _member(t, p, d)))
                 reused += 1
             else:
-                raise LayoutError(f"layer {diff_id}: neither compressed by buildah ({desc['mediaType']}) nor in "
-                                  f"{previous}")
-        manifest = {**image.manifest, "layers": [d for d, _ in layers]}
-        manifest_bytes = json.dumps(manifest, separators=(",", ":")).encode()
-        manifest_digest = f"sha256:{hashlib.sha256(manifest_bytes).hexdigest()}"
-        entry = {**image.entry, "digest": manifest_digest, "size": len(manifest_bytes)}
-        config_bytes = (layout / blob_name(image.manifest["config"]["digest"])).read_bytes()
-        with tarfile.open(out, "w", format=tarfile.PAX_FORMAT, copybufsize=BLOCK) as t:
-            add_bytes(t, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-            for desc, where in layers:
-                name = blob_name(desc["digest"])
-                if where == "layout":
-                    with (layout / name).open("rb") as f:
-                        copy_verified(f, desc["size"], desc["digest"], t, name)
-                else:
-                    assert old is not None
-                    member = old.getmember(name)
-                    if member.size != desc["size"]:
-                        raise LayoutError(f"{previous}: {name} has {member.size} bytes, its manifest says {desc['size']}")
-                    src = old.extractfile(member)
-                    assert src is not None
-                    copy_verified(src, member.size, desc["digest"], t, name)
-            add_bytes(t, blob_name(image.manifest["config"]["digest"]), config_bytes)
-            add_bytes(t, blob_name(manifest_digest), manifest_bytes)
-            add_bytes(t, "index.json", json.dumps({"schemaVersion": 2, "manifests": [entry]}).encode())
-    return reused, new
+                raise LayoutError(f"layer {diff_id}: neither compressed by buildah ({desc['mediaType']}) nor in the "
+                                  f"previous archive {previous}")
+        config = (layout / blob_name(image.manifest["config"]["digest"])).read_bytes()
+        config_blob = _bytes_blob(image.manifest["config"]["mediaType"], config)
+        manifest = {**image.manifest, "layers": [b.desc for b in blobs]}
+        manifest_blob = _bytes_blob(image.entry["mediaType"], json.dumps(manifest, separators=(",", ":")).encode())
+        entry = {**image.entry, "digest": manifest_blob.desc["digest"], "size": manifest_blob.desc["size"]}
+        write(out, [*blobs, config_blob, manifest_blob], {"schemaVersion": 2, "manifests": [entry]})
+    return reused, len(blobs) - reused
+
+
+def unreusable(images: dict[str, tuple[bool, list[str]]]) -> list[str]:
+    """Of a store's images (ID -> (named, diff IDs)), those no build can reuse: neither named nor a step on the way to
+    a named image (their diff IDs a prefix of its own). buildah --layers finds its cached steps among the store's
+    images, named or not, so those steps must stay; the rest (an earlier build's final image, the steps of stages
+    that are not the image) may go."""
+    named = [chain for is_named, chain in images.values() if is_named]
+    return [i for i, (is_named, chain) in images.items()
+            if not is_named and not any(other[:len(chain)] == chain for other in named)]
 
 
 def prune(buildah: list[str]) -> list[str]:
-    """Remove the store's images that no build can reuse: those neither named nor a step on the way to a named image
-    (their diff IDs a prefix of its own: buildah --layers finds its cached steps among the store's images, named or
-    not). Returns the removed IDs."""
+    """Remove the store's unreusable images (their layers go with them unless another image holds them)."""
     def run(*args: str) -> str:
         return subprocess.run([*buildah, *args], check=True, capture_output=True, text=True).stdout
 
-    images = json.loads(run("images", "--all", "--json") or "[]")
-    chains = {}
-    for img in images:
-        chains[img["id"]] = json.loads(run("inspect", "--type", "image", img["id"]))["OCIv1"]["rootfs"]["diff_ids"] or []
-    named = [chains[i["id"]] for i in images if i.get("names")]
-    drop = [i["id"] for i in images if not i.get("names")
-            and not any(chain[:len(chains[i["id"]])] == chains[i["id"]] for chain in named)]
+    images = {}
+    for img in json.loads(run("images", "--all", "--json") or "[]"):
+        config = json.loads(run("inspect", "--type", "image", img["id"]))["OCIv1"]
+        images[img["id"]] = (bool(img.get("names")), config["rootfs"]["diff_ids"] or [])
+    drop = unreusable(images)
     if drop:
         run("rmi", *drop)
     return drop

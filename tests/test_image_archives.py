@@ -3,8 +3,9 @@ each OCI archive exists, is current (keyed by this tree's sources), is named ins
 `ctr -n k8s.io images import` gives a node the chart's default images), declares a numeric non-root user, and runs:
 `eyrie --version` inside it, unpacked here layer by layer (whiteouts applied), on a read-only root filesystem, as the
 image's user with the image's environment, prints the chart's appVersion; the generation job runs in the Ray worker
-image and the extraction Job's command in the CPU extractor image on what it generated. Each archive is unpacked
-once (beside it in the testbed cache, keyed by its manifest's digest, as a node keeps its snapshots).
+image and the extraction Job's command in the CPU extractor image on what it generated. Each layer is unpacked once
+(beside the archives in the testbed cache, keyed by its diff ID, which its content is checked against, as a node
+keeps its snapshots), so an image rebuilt after a source edit costs only its new layers here too.
 
 A missing archive fails (it is what the node's tests run); a stale one fails under CI=true and is skipped elsewhere
 (a developer's edited tree: `hack/images.sh` rebuilds what changed).
@@ -12,11 +13,14 @@ A missing archive fails (it is what the node's tests run); a stale one fails und
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +54,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EYRIE_TESTBED_CACHE") or Path.home() / ".cache" / "eyrie-testbed")
 
 
+def archive_file(name: str) -> Path:
+    return cache_dir() / "images" / f"{name}-{PAUSE_VERSION if name == 'pause' else VERSION}.oci.tar"
+
+
 def archive_path(name: str) -> Path:
-    version = PAUSE_VERSION if name == "pause" else VERSION
-    path = cache_dir() / "images" / f"{name}-{version}.oci.tar"
+    path = archive_file(name)
     if not path.is_file():
         pytest.fail(f"{path} is missing: build the images with `{SCRIPT}` (hack/test-deps.sh runs it)")
     return path
@@ -80,90 +87,108 @@ def read_image(path: Path) -> Image:
                      blob(manifest["config"]), manifest["layers"])
 
 
-def unpack(path: Path, image: Image, dest: Path) -> None:
-    """The image's root filesystem: each layer in order (GNU tar extracts), its whiteouts first removing what the
-    lower layers left (`.wh.NAME`: that entry; `.wh..wh..opq`: everything in that directory)."""
-    with tarfile.open(path) as t:
-        for layer in image.layers:
-            blob = f"blobs/{layer['digest'].replace(':', '/')}"
-            z = {"gzip": ["--gzip"], "zstd": ["--zstd"]}.get(layer["mediaType"].rpartition("+")[2], [])
-            names = tar(t, blob, ["-t", *z]).splitlines()
-            for name in names:
-                parent, _, base = name.rstrip("/").rpartition("/")
-                if base == ".wh..wh..opq":
-                    for child in (dest / parent).iterdir() if (dest / parent).is_dir() else ():
-                        remove(child)
-                elif base.startswith(".wh."):
-                    remove(dest / parent / base[len(".wh."):])
-            tar(t, blob, ["-x", *z, "-C", str(dest), "--numeric-owner", "--same-permissions", "--same-owner",
-                          "--exclude=.wh.*", "--exclude=*/.wh.*"])
+DECOMPRESS = {"gzip": ["gzip", "-dc"], "zstd": ["zstd", "-dcq"], "tar": ["cat"]}
 
 
-def tar(outer: tarfile.TarFile, blob: str, args: list[str]) -> str:
-    """GNU tar on one blob of the archive, fed through a pipe; its listing when `-t`."""
-    src = outer.extractfile(blob)
-    assert src is not None, blob
-    with subprocess.Popen(["tar", *args, "-f", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
-        with ThreadPoolExecutor(1) as pool:
-            listing = pool.submit(proc.stdout.read)
-            shutil.copyfileobj(src, proc.stdin, 1 << 20)
-            proc.stdin.close()
-            out = listing.result()
-        err = proc.stderr.read() if proc.stderr else b""
-    assert proc.returncode == 0, f"tar {' '.join(args)} {blob}: {err.decode(errors='replace')}"
-    return out.decode(errors="surrogateescape")
+def unpack_layer(outer: tarfile.TarFile, layer: dict[str, Any], diff_id: str, dest: Path) -> None:
+    """One layer as a lower directory of an overlay, as containerd's overlayfs snapshotter keeps it: its files (GNU tar
+    extracts them) and its whiteouts as overlay's (`.wh.NAME`: a 0:0 character device NAME hiding the lower layers'
+    entry; `.wh..wh..opq`: the directory marked opaque). The uncompressed stream must have the image config's diff
+    ID for this layer (what the archive's blob claims to be)."""
+    src = outer.extractfile(f"blobs/{layer['digest'].replace(':', '/')}")
+    assert src is not None, layer
+    unzip = subprocess.Popen(DECOMPRESS[layer["mediaType"].rpartition("+")[2].rpartition(".")[2]],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    untar = subprocess.Popen(["tar", "-x", "-v", "-f", "-", "-C", str(dest), "--numeric-owner", "--same-permissions",
+                              "--same-owner"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert unzip.stdin and unzip.stdout and untar.stdin and untar.stdout and untar.stderr
+    digest = hashlib.sha256()
+    with ThreadPoolExecutor(3) as pool:
+        def feed() -> None:
+            shutil.copyfileobj(src, unzip.stdin, 1 << 20)
+            unzip.stdin.close()
+
+        fed = pool.submit(feed)
+        names = pool.submit(untar.stdout.read)
+        err = pool.submit(untar.stderr.read)
+        while chunk := unzip.stdout.read(1 << 20):
+            digest.update(chunk)
+            untar.stdin.write(chunk)
+        untar.stdin.close()
+        fed.result()
+        listing, errors = names.result(), err.result()
+    assert unzip.wait() == 0 and untar.wait() == 0, f"unpacking {layer['digest']}: {errors.decode(errors='replace')}"
+    assert f"sha256:{digest.hexdigest()}" == diff_id, f"layer {layer['digest']} is not the diff ID {diff_id}"
+    for name in listing.decode(errors="surrogateescape").splitlines():
+        parent, _, base = name.rstrip("/").rpartition("/")
+        if base == ".wh..wh..opq":
+            (dest / parent / base).unlink()
+            os.setxattr(dest / parent, "trusted.overlay.opaque", b"y")
+        elif base.startswith(".wh."):
+            (dest / parent / base).unlink()
+            os.mknod(dest / parent / base[len(".wh."):], 0o600 | stat.S_IFCHR, os.makedev(0, 0))
 
 
-def remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
-    elif p.exists() or p.is_symlink():
-        p.unlink()
-
-
-def run_in(rootfs: Path, image: Image, *argv: str, tmp: Path | None = None, writable: Path | None = None,
+def run_in(layers: list[Path], image: Image, *argv: str, tmp: Path | None = None, writable: Path | None = None,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """argv in the image as the node runs it: the image's user and only the image's environment, /proc mounted, /tmp
-    writable (`tmp`, a host folder, as an emptyDir; else a fresh tmpfs). The root is read-only (as the chart asks of
-    the operator's pod), or with `writable` (a host folder) an overlay on the unpacked tree, as a container's writable
-    layer: what the Ray and extraction pods get, since nothing asks them for a read-only root. `env` is added to the
-    image's (as a pod's env from its Secrets)."""
+    writable (`tmp`, a host folder, as an emptyDir; else a fresh tmpfs). The root is the image's layers (bottom
+    first) as an overlay's lower directories, read-only (as the chart asks of the operator's pod), or with `writable`
+    (a host folder) under an upper directory there, as a container's writable layer: what the Ray and extraction pods
+    get, since nothing asks them for a read-only root. `env` is added to the image's (as a pod's env from its
+    Secrets)."""
     cfg = image.config["config"]
-    root = writable / "merged" if writable else rootfs
-    if writable:
-        for d in ("upper", "work", "merged"):
-            (writable / d).mkdir(parents=True, exist_ok=True)
-        mount_root = 'mount -t overlay overlay -o "lowerdir=$0,upperdir=$W/upper,workdir=$W/work" "$W/merged"'
-    else:
-        mount_root = 'mount --bind "$0" "$0"; mount -o remount,bind,ro "$0"'
-    mount_tmp = 'mount --bind "$T" "$R/tmp"' if tmp else 'mount -t tmpfs -o size=64m tmpfs "$R/tmp"'
-    script = (f'set -e; {mount_root}; [ ! -d "$R/proc" ] || mount -t proc proc "$R/proc"; '
-              f'[ ! -d "$R/tmp" ] || {{ {mount_tmp}; }}; exec env -i "$@"')
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(rootfs), *cfg.get("Env", []),
-           *(f"{k}={v}" for k, v in (env or {}).items()), CHROOT, f"--userspec={cfg['User']}", str(root), *argv]
-    mounts = {**os.environ, "R": str(root), "T": str(tmp or ""), "W": str(writable or "")}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=mounts)
+    lower = ":".join(str(p) for p in reversed(layers))
+    with tempfile.TemporaryDirectory(prefix="eyrie-image-root-") as mountpoint:
+        root = writable / "merged" if writable else Path(mountpoint)
+        if writable:
+            for d in ("upper", "work", "merged"):
+                (writable / d).mkdir(parents=True, exist_ok=True)
+            mount_root = 'mount -t overlay overlay -o "lowerdir=$0,upperdir=$W/upper,workdir=$W/work" "$R"'
+        elif len(layers) == 1:  # an overlay needs two lower directories when it has no upper one
+            mount_root = 'mount --bind "$0" "$R"; mount -o remount,bind,ro "$R"'
+        else:  # no upper directory: read-only
+            mount_root = 'mount -t overlay overlay -o "lowerdir=$0" "$R"'
+        mount_tmp = 'mount --bind "$T" "$R/tmp"' if tmp else 'mount -t tmpfs -o size=64m tmpfs "$R/tmp"'
+        script = (f'set -e; {mount_root}; [ ! -d "$R/proc" ] || mount -t proc proc "$R/proc"; '
+                  f'[ ! -d "$R/tmp" ] || {{ {mount_tmp}; }}; exec env -i "$@"')
+        cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, lower, *cfg.get("Env", []),
+               *(f"{k}={v}" for k, v in (env or {}).items()), CHROOT, f"--userspec={cfg['User']}", str(root), *argv]
+        mounts = {**os.environ, "R": str(root), "T": str(tmp or ""), "W": str(writable or "")}
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=mounts)
 
 
-def rootfs(name: str) -> tuple[Image, Path]:
-    """The archive's root filesystem, unpacked once per archive (keyed by its manifest's digest, like a node's
-    snapshots) beside it in the testbed cache; trees of the image's older archives are removed."""
+def rootfs(name: str) -> tuple[Image, list[Path]]:
+    """The archive's layers, each unpacked once (keyed by its diff ID, as a node keeps its snapshots) beside the
+    archives in the testbed cache, so a rebuilt image costs only its new layers; layers no current archive has, and
+    the whole trees earlier versions of this test kept there, are removed."""
     path = archive_path(name)
     image = read_image(path)
-    trees = path.parent / "rootfs"
-    dest = trees / f"{name}-{image.digest.partition(':')[2][:16]}"
-    if not dest.is_dir():
-        trees.mkdir(exist_ok=True)
-        for old in trees.glob(f"{name}-*"):
-            subprocess.run(["rm", "-rf", "--one-file-system", str(old)], check=False)
-        partial = trees / f".{dest.name}.{os.getpid()}"
-        partial.mkdir()
-        unpack(path, image, partial)
-        partial.chmod(0o755)  # the image's `/`
-        partial.rename(dest)
-    return image, dest
+    store = path.parent / "rootfs"
+    layers = store / "layers"
+    layers.mkdir(parents=True, exist_ok=True)
+    diff_ids = image.config["rootfs"]["diff_ids"]
+    current = {d for other in [*IMAGES, "pause"] if (p := archive_file(other)).is_file()
+               for d in read_image(p).config["rootfs"]["diff_ids"]} | set(diff_ids)
+    for old in [*(p for p in store.iterdir() if p != layers), *(p for p in layers.iterdir() if not p.name.startswith(
+            ".") and f"sha256:{p.name}" not in current)]:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(old)], check=False)
+    dirs = []
+    with tarfile.open(path) as t:
+        for layer, diff_id in zip(image.layers, diff_ids, strict=True):
+            dest = layers / diff_id.partition(":")[2]
+            if not dest.is_dir():
+                partial = layers / f".{dest.name}.{os.getpid()}"
+                subprocess.run(["rm", "-rf", "--one-file-system", str(partial)], check=False)
+                partial.mkdir()
+                unpack_layer(t, layer, diff_id, partial)
+                partial.chmod(0o755)  # the image's `/`
+                try:
+                    partial.rename(dest)
+                except OSError:  # another test process unpacked it meanwhile
+                    subprocess.run(["rm", "-rf", "--one-file-system", str(partial)], check=False)
+            dirs.append(dest)
+    return image, dirs
 
 
 @pytest.fixture(scope="module")

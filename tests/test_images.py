@@ -1,8 +1,11 @@
 """The Dockerfiles under images/, read statically: each parses, pins its bases by tag, runs as a numeric non-root
 user, installs the wheel of the version the chart names, its wheel stage (same COPYs, same pip command, run here)
 really produces that wheel, and the extractor's two variants (GPU: SGLang's image; CPU: --target cpu) install the
-same wheel with the same entry point. hack/images.sh builds them with buildah (tests/test_image_archives.py runs what
-it built); the GPU extractor cannot be built here (its base is SGLang's CUDA image), hence the static checks.
+same wheel with the same entry point. Layer caching: each image installs its dependencies, listed from
+pyproject.toml alone by images/requirements.py (what the wheel's metadata requires, checked here), in a layer before
+the wheel's, and the wheel on top with --no-index. hack/images.sh builds them with buildah
+(tests/test_image_archives.py runs what it built); the GPU extractor cannot be built here (its base is SGLang's CUDA
+image), hence the static checks.
 """
 
 from __future__ import annotations
@@ -126,9 +129,15 @@ def test_extractor_cpu_variant_is_python_311_slim_with_torchs_cpu_build():
     torch_pin = Requirement(f"torch=={args['TORCH_VERSION']}")
     jobs = PYPROJECT["project"]["optional-dependencies"]["jobs"]
     assert Version(args["TORCH_VERSION"]) in pin("torch", jobs).specifier
-    [install] = [s["value"] for s in cpu if s["instruction"] == "RUN" and "pip install" in s["value"]]
-    assert f'"{torch_pin.name}==${{TORCH_VERSION}}"' in install
-    assert '${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}' in install
+    installs = [s["value"] for s in cpu if s["instruction"] == "RUN" and "pip install" in s["value"]]
+    # torch alone, first: the biggest layer, rebuilt only when the torch version or index changes
+    assert installs[0] == ('python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} '
+                           f'"{torch_pin.name}==${{TORCH_VERSION}}"')
+    # then the other dependencies under a constraint that keeps exactly that torch
+    [deps] = [r for r in installs if "--requirement /tmp/requirements.txt" in r]
+    assert 'echo "torch==${TORCH_VERSION}" > /tmp/torch-constraint.txt' in deps
+    assert "--constraint /tmp/torch-constraint.txt" in deps
+    assert installs.index(deps) == 1
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_VALUES))
@@ -188,21 +197,22 @@ def test_both_extractor_variants_install_the_same_wheel_with_the_same_entry_poin
 
 def test_ray_worker_builds_from_the_official_ray_image_or_a_plain_python_one():
     """The ray user (uid 1000, group users) is the official image's; on a plain Python base the stage creates it,
-    and Ray comes with eyrie[jobs] under the RAY_VERSION constraint."""
+    and Ray comes with the generate extra's dependencies under the RAY_VERSION constraint."""
     stage = final_stage(parse("ray-worker"))
     runs = [s["value"] for s in stage if s["instruction"] == "RUN"]
     assert any(r.startswith("id -u ray >/dev/null 2>&1 || useradd --uid 1000 --gid 100") for r in runs)
-    [install] = [r for r in runs if "/tmp/wheels/" in r and "pip install" in r]
-    assert '"ray==${RAY_VERSION}"' in install and "--constraint /tmp/ray-constraint.txt" in install
+    [deps] = [r for r in runs if "--requirement /tmp/requirements.txt" in r]
+    assert '"ray==${RAY_VERSION}"' in deps and "--constraint /tmp/ray-constraint.txt" in deps
     assert [s["value"] for s in stage if s["instruction"] == "USER"][-1] == "1000:100"
 
 
 def test_extractor_installs_the_sglang_extra_without_replacing_the_images_stack():
     runs = [s["value"] for s in final_stage(parse("extractor")) if s["instruction"] == "RUN"]
-    [install] = [r for r in runs if "pip install" in r]
-    assert "-py3-none-any.whl[jobs,sglang]" in install
-    assert "--constraint /tmp/image-constraints.txt" in install
-    assert "('torch', 'sglang')" in install
+    [deps, wheel] = [r for r in runs if "pip install" in r]
+    assert "--requirement /tmp/requirements.txt" in deps
+    assert "--constraint /tmp/image-constraints.txt" in deps
+    assert "('torch', 'sglang')" in deps
+    assert "-py3-none-any.whl[jobs,sglang]" in wheel and "--no-index" in wheel
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_VALUES))
@@ -223,7 +233,58 @@ def test_build_context_ignore_lets_through_exactly_what_the_wheel_stage_copies(n
             sources.update(parts[:-1])
     ignore = (IMAGES / f"{name}.Dockerfile.dockerignore").read_text().splitlines()
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
-    assert "*" in ignore and sources == allowed == {"pyproject.toml", "README.md", "jobs", "operator"}
+    assert "*" in ignore and sources == allowed == {"pyproject.toml", "README.md", "jobs", "operator",
+                                                    "images/requirements.py"}
+
+
+# --- layer caching: the dependencies' layer is reused across source edits
+
+# each runtime stage -> the extras its wheel install names (and its dependency list must cover)
+RUNTIME_EXTRAS = {("operator", ""): ["operator"], ("ray-worker", ""): ["generate"], ("extractor", "cpu"): ["jobs"],
+                  ("extractor", ""): ["jobs", "sglang"]}
+
+
+def requirements_stage(name: str) -> list[dict[str, Any]]:
+    return stages(parse(name))["requirements"]
+
+
+def listed_extras(name: str) -> dict[str, list[str]]:
+    """The requirements stage's lists: file it writes -> the extras it asks images/requirements.py for."""
+    [run] = [s["value"] for s in requirements_stage(name) if s["instruction"] == "RUN"]
+    found = re.findall(r"python requirements\.py ([a-z ]+?) > (/\S+)", run)
+    assert found, f"{name}: the requirements stage does not run requirements.py"
+    return {path: extras.split() for extras, path in found}
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_VALUES))
+def test_the_requirements_stage_reads_only_pyproject_and_the_script(name):
+    """So nothing but the declared dependencies changes its output: a source edit leaves the list, hence the
+    dependencies' layer below the wheel, as it was."""
+    stage = requirements_stage(name)
+    copies = [s["value"] for s in stage if s["instruction"] == "COPY"]
+    assert copies == ["pyproject.toml images/requirements.py ./"]
+    assert [s["value"] for s in stage if s["instruction"] == "WORKDIR"] == ["/src"]
+
+
+@pytest.mark.parametrize(("name", "stage_name"), sorted(RUNTIME_EXTRAS))
+def test_dependencies_are_installed_in_a_layer_before_the_wheel(name, stage_name):
+    stage = runtime_stages(name)[stage_name]
+    steps = [(s["instruction"], s["value"]) for s in stage]
+    [req_copy] = [i for i, (ins, v) in enumerate(steps) if ins == "COPY" and v.startswith("--from=requirements ")]
+    [wheel_copy] = [i for i, (ins, v) in enumerate(steps) if ins == "COPY" and v.startswith("--from=wheel ")]
+    src, dest = steps[req_copy][1].split()[1:]
+    assert dest == "/tmp/requirements.txt"
+    # the list it copies is the one for the extras the wheel install names
+    assert listed_extras(name)[src] == RUNTIME_EXTRAS[(name, stage_name)]
+    [deps] = [i for i, (ins, v) in enumerate(steps) if ins == "RUN" and "--requirement /tmp/requirements.txt" in v]
+    assert req_copy < deps < wheel_copy, f"{name} {stage_name}: the dependencies must be installed before the wheel"
+    assert "/tmp/wheels" not in steps[deps][1]
+    # after the wheel's COPY: one pip install, --no-index (nothing fetched, so the layer below must hold everything)
+    after = [v for ins, v in steps[wheel_copy:] if ins == "RUN" and "pip install" in v]
+    extras = ",".join(RUNTIME_EXTRAS[(name, stage_name)])
+    assert len(after) == 1 and "--no-index" in after[0] and f'-py3-none-any.whl[{extras}]"' in after[0], after
+    # and nothing but the wheel and the user between the dependencies and the end of the image
+    assert {ins for ins, _ in steps[deps + 1:]} <= {"COMMENT", "COPY", "RUN", "USER", "WORKDIR", "ENTRYPOINT", "CMD"}
 
 
 def wheel_command(name: str) -> list[str]:
@@ -264,3 +325,39 @@ def test_the_wheel_stage_builds_the_wheel_the_images_install(tmp_path):
     assert {"eyrie/operator/main.py", "eyrie/jobs/cli/__init__.py", "eyrie/jobs/extract/cli.py"} <= names
     entry = zipfile.ZipFile(tmp_path / "dist" / WHEEL).read(f"eyrie-{VERSION}.dist-info/entry_points.txt").decode()
     assert "eyrie = eyrie.jobs.cli:main" in entry
+    # images/requirements.py lists from pyproject.toml what this wheel's metadata requires for each image's extras
+    metadata = zipfile.ZipFile(tmp_path / "dist" / WHEEL).read(f"eyrie-{VERSION}.dist-info/METADATA").decode()
+    requires = [line.partition(": ")[2] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
+    for extras in RUNTIME_EXTRAS.values():
+        assert normalized(listed(extras)) == normalized(wheel_requirements(requires, extras)), extras
+
+
+def listed(extras: list[str]) -> list[Requirement]:
+    """images/requirements.py's list for these extras, as pip reads a requirements file on this platform."""
+    r = subprocess.run([sys.executable, str(IMAGES / "requirements.py"), "--pyproject", str(ROOT / "pyproject.toml"),
+                        *extras], capture_output=True, text=True, check=True)
+    reqs = [Requirement(line) for line in r.stdout.splitlines()]
+    return [q for q in reqs if q.marker is None or q.marker.evaluate({"extra": ""})]
+
+
+def wheel_requirements(requires: list[str], extras: list[str]) -> list[Requirement]:
+    """What pip installs for WHEEL[extras] on this platform, from its Requires-Dist lines (eyrie[...] expanded)."""
+    reqs = [Requirement(line) for line in requires]
+    out = [q for q in reqs if q.marker is None or q.marker.evaluate({"extra": ""})]
+    todo, done = list(extras), set()
+    while todo:
+        extra = todo.pop()
+        if extra in done:
+            continue
+        done.add(extra)
+        for q in reqs:
+            if q.marker is not None and "extra" in str(q.marker) and q.marker.evaluate({"extra": extra}):
+                if q.name == "eyrie":
+                    todo.extend(q.extras)
+                else:
+                    out.append(q)
+    return out
+
+
+def normalized(reqs: list[Requirement]) -> set[tuple[str, str, tuple[str, ...]]]:
+    return {(q.name.lower().replace("_", "-"), str(q.specifier), tuple(sorted(q.extras))) for q in reqs}
