@@ -227,6 +227,83 @@ def test_without_specforge_the_rows_are_written_unchecked_and_verify_is_refused(
         False, 5, None, "qwen3-thinking", "format")
 
 
+def target_config(folder: Path, vocab: int) -> Path:
+    """A target model's config.json alone (what --model reads): Llama-shaped, `vocab` ids."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=4096).save_pretrained(folder)
+    return folder
+
+
+def test_with_the_target_model_it_writes_the_vocab_mapping_and_draft_specforge_online_training_needs(tmp_path,
+                                                                                                      qwen):
+    """SpecForge 0.2.0's online training refuses to start without model.vocab_mapping_path (its capture
+    servers and trainer cannot derive one shared mapping): with --model the export writes it, by
+    SpecForge's own mapping code from the loss tokens, and a draft config SpecForge builds its draft from;
+    the draft loads the mapping, and `specforge train --plan` takes the run config the export's section makes."""
+    import torch
+    from specforge.algorithms.eagle3.providers import algorithm_providers
+    from specforge.algorithms.model_providers import build_eagle3_draft
+    from specforge.cli import main as specforge_main
+    from specforge.config.schema import Config
+    from specforge.training.model_loading import resolve_draft_config
+
+    store, samples = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    vocab = 151_936  # Qwen3's padded vocabulary, beyond its tokenizer's ids
+    model = target_config(tmp_path / "target", vocab)
+    out = tmp_path / "sf"
+    r = export(store, out, model=str(model))
+    loss = {}
+    for s in samples:
+        for t, m in zip(s.input_ids, s.loss_mask, strict=True):
+            if m:
+                loss[t] = loss.get(t, 0) + 1
+    assert dict(r.loss_tokens) == loss
+    mapping = torch.load(out / "vocab-mapping.pt")
+    d2t, t2d = mapping["d2t"], mapping["t2d"]
+    assert d2t.shape == (32000,) and t2d.shape == (vocab,) and int(t2d.sum()) == 32000
+    chosen = set((torch.arange(32000) + d2t).tolist())
+    assert chosen == set(torch.nonzero(t2d).flatten().tolist()) and set(loss) <= chosen  # every loss token mapped
+    section = yaml.safe_load((out / "data-config-tokens.yaml").read_text())
+    assert section["model"] == {"target_model_path": str(model), "trust_remote_code": False,
+                                "draft_model_config": str((out / "draft-config.json").resolve()),
+                                "vocab_mapping_path": str((out / "vocab-mapping.pt").resolve())}
+    assert yaml.safe_load((out / "data-config.yaml").read_text())["model"] == section["model"]
+    run = {**section, "training": {"strategy": "eagle3"},
+           "deployment": {"mode": "disaggregated", "disaggregated": {
+               "backend": "mooncake", "control_dir": str(tmp_path / "control"), "server_urls": ["http://capture:30000"],
+               "mooncake_metadata_server": "http://mooncake:8080/metadata",
+               "mooncake_master_server_addr": "mooncake:50051"}},
+           "output_dir": str(tmp_path / "draft")}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    assert specforge_main(["train", "-c", str(tmp_path / "run.yaml"), "--plan"]) == 0
+    # the draft SpecForge builds from draft-config.json takes the mapping (shapes of the target's vocabulary)
+    cfg = Config.model_validate({**run, "model": {**section["model"], "load_target_embedding": False}})
+    draft_cfg = resolve_draft_config(cfg, provider=algorithm_providers().model.draft_config)
+    assert (draft_cfg.vocab_size, draft_cfg.draft_vocab_size, draft_cfg.hidden_size) == (vocab, 32000, 64)
+    # 4 layers: SpecForge's default [1, L/2-1, L-4] would be [1, 1, 0], which its capture refuses
+    assert draft_cfg.eagle_config == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}
+    draft = build_eagle3_draft(cfg, draft_cfg)
+    assert draft.vocab_mapping_loaded and torch.equal(draft.t2d.cpu(), t2d) and torch.equal(draft.d2t.cpu(), d2t)
+    summary = json.loads((out / "eyrie_export.json").read_text())
+    assert (summary["files"]["vocabMapping"], summary["draftVocabSize"], summary["model"]) == (
+        "vocab-mapping.pt", 32000, str(model))
+
+
+def test_a_target_model_that_does_not_hold_the_samples_ids_is_refused_before_writing(tmp_path, qwen):
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    with pytest.raises(ExportError, match="not the model whose tokenizer rebuilt them"):
+        export(store, tmp_path / "sf", model=str(target_config(tmp_path / "small", 1000)))
+    with pytest.raises(ExportError, match=r"its config\.json cannot be read"):
+        export(store, tmp_path / "sf", model=str(tmp_path / "missing"))
+    assert not (tmp_path / "sf").exists()
+    export(store, tmp_path / "sf")  # without --model: no mapping, and the section says what is missing
+    assert not (tmp_path / "sf" / "vocab-mapping.pt").exists()
+    section = (tmp_path / "sf" / "data-config.yaml").read_text()
+    assert "needs model.vocab_mapping_path too: export with --model" in section
+
+
 def test_the_tokenizer_must_be_the_one_the_samples_were_rebuilt_with(tmp_path, qwen, kimi):
     store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
     with pytest.raises(ExportError, match="but the samples were rebuilt with"):

@@ -126,6 +126,9 @@ def export_online_main(argv: list[str]) -> int:
                    help="load the tokenizer from here instead of the run's target.tokenizer (its files must match)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="the tokenizer needs its own code (SpecForge's model.trust_remote_code: true)")
+    p.add_argument("--model", metavar="REF",
+                   help="the target model (folder or HF id; its config.json is read): also write vocab-mapping.pt "
+                        "and draft-config.json, which SpecForge's online training needs (model.vocab_mapping_path)")
     p.add_argument("--workers", type=int, metavar="N", help="processes running SpecForge's parser (default: by size)")
     p.add_argument("--overwrite", action="store_true", help="remove an earlier export in DIR first")
     args = p.parse_args(argv)
@@ -138,7 +141,8 @@ def export_online_main(argv: list[str]) -> int:
 
     opts = OnlineOptions(chat_template=args.chat_template, verify=args.verify, keep_mismatched=args.keep_mismatched,
                          max_length=args.max_length, truncate=args.truncate, overwrite=args.overwrite,
-                         tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code, workers=args.workers)
+                         tokenizer=args.tokenizer, trust_remote_code=args.trust_remote_code, workers=args.workers,
+                         model=args.model)
     r = export_specforge_online(open_store(args.output_uri), args.dir, opts)
     print(online_summary(r.summary))
     return 0
@@ -161,6 +165,12 @@ def online_summary(s: dict) -> str:
     if first:
         lines += [f"first difference: sample {first['id']} at token {first['position']} ({first['cause']}); "
                   "loss marked ⟦ ⟧:", f"  eyrie:     {first['eyrie']!r}", f"  SpecForge: {first['specforge']!r}"]
-    lines.append("train: data-config.yaml (text) or data-config-tokens.yaml (the ids as they are) is the data section "
-                 "of a `specforge train -c CONFIG` run config (docs/operating.md, Train a drafter)")
+    if s.get("files", {}).get("vocabMapping"):
+        lines.append(f"wrote vocab-mapping.pt (a {s['draftVocabSize']}-token draft vocabulary from the loss tokens, by "
+                     f"SpecForge's own code) and draft-config.json for {s['model']}")
+    else:
+        lines.append("no vocab-mapping.pt: SpecForge's online training needs one (model.vocab_mapping_path); export "
+                     "with --model REF, the target model")
+    lines.append("train: data-config.yaml (text) or data-config-tokens.yaml (the ids as they are) is the model and "
+                 "data section of a `specforge train -c CONFIG` run config (docs/operating.md, Train a drafter)")
     return "\n".join(lines)

@@ -222,10 +222,11 @@ def export_specforge(store: Store, out_dir: str | Path, opts: ExportOptions = Ex
     return result
 
 
-def draft_config(model_config: Any, aux_layers: list[int]) -> dict[str, Any]:
+def draft_config(model_config: Any, aux_layers: list[int] | None) -> dict[str, Any]:
     """The EAGLE-3 draft config SpecForge generates for a target (`model.draft_model_config` unset), with
     `eagle_config` naming the aux layers the features hold (SpecForge's ids: HF indices - 1), so a
-    server capturing with this draft takes the same layers; the draft vocabulary never exceeds the target's."""
+    server capturing with this draft takes the same layers (None: no features, SpecForge's own choice);
+    the draft vocabulary never exceeds the target's."""
     get = getattr(model_config, "get_text_config", None)
     text = get() if callable(get) else model_config
     doc: dict[str, Any] = {}
@@ -235,10 +236,12 @@ def draft_config(model_config: Any, aux_layers: list[int]) -> dict[str, Any]:
             doc[name] = str(v).replace("torch.", "") if type(v).__module__ == "torch" else v
     if "vocab_size" not in doc or "hidden_size" not in doc:
         raise ExportError("the target's config has no vocab_size/hidden_size: no draft config can be derived")
+    doc["vocab_size"] = int(getattr(text, "padded_vocab_size", None) or doc["vocab_size"])  # as SpecForge counts it
     doc.update({"architectures": [DRAFT_ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
                 "tie_word_embeddings": False, "use_cache": True,
-                "draft_vocab_size": min(DRAFT_VOCAB, int(doc["vocab_size"])),
-                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layers]}})
+                "draft_vocab_size": min(DRAFT_VOCAB, doc["vocab_size"])})
+    if aux_layers is not None:
+        doc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux_layers]}
     doc.setdefault("pad_token_id", 0)
     return doc
 

@@ -16,7 +16,15 @@ Written into DIR:
   carry both as they are (`data.prompts_path`, its pre-tokenized path: no template, no re-tokenization),
   the exact hand-off where no built-in template rebuilds eyrie's mask;
 - `data-config.yaml`, `data-config-tokens.yaml`: the `data:` section of a `specforge train` run config
-  for each file (`chat_template`, `is_preformatted`, `train_only_last_turn`, `max_length`);
+  for each file (`chat_template`, `is_preformatted`, `train_only_last_turn`, `max_length`), and with
+  `model` its `model:` section;
+- with `model` (the target's config.json: its vocabulary size and shape), what SpecForge 0.2.0's online
+  training cannot do without, since its capture servers and trainer cannot derive one shared mapping
+  (`model.vocab_mapping_path` is required there): `vocab-mapping.pt`, the draft's vocabulary chosen by
+  SpecForge's own `process_token_dict_to_mappings` from the loss tokens of `tokens.jsonl` (within
+  `max_length`), and `draft-config.json`, the EAGLE-3 draft of the target's shape it maps into (its
+  `eagle_config` names the capture layers: SpecForge's own default, or for a target of fewer than 7
+  layers, where that default repeats a layer, eyrie's shallow `auto`);
 - `mismatched.jsonl`: each row SpecForge rebuilds differently, its cause and the first difference decoded;
 - `eyrie_export.json`: the summary, also stored in the run's output (`exports/specforge-online.json`)
   for `eyrie report`.
@@ -29,6 +37,8 @@ rebuilds most of the first rows exactly; a format none fits is refused with the 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import io
 import multiprocessing
 import os
 import time
@@ -40,11 +50,13 @@ from typing import Any
 
 import numpy as np
 import orjson
+import torch
 import yaml
 
 from eyrie.jobs.contract import layout
-from eyrie.jobs.extract.run import SampleRow, list_sample_shards, read_samples
-from eyrie.jobs.extract.specforge import ExportError, prepare_dir
+from eyrie.jobs.extract.layers import resolve_layers
+from eyrie.jobs.extract.run import SampleRow, builtin_model, list_sample_shards, read_samples
+from eyrie.jobs.extract.specforge import DRAFT_CONFIG, ExportError, draft_config, prepare_dir
 from eyrie.jobs.extract.specforge_check import CAUSE_TEXT, Difference, compare, runs
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
 from eyrie.jobs.spec import TargetSpec
@@ -62,7 +74,8 @@ CHUNK = 128  # rows per call of SpecForge's parser (and per task of a worker pro
 EXAMPLES = 3  # mismatched rows quoted per cause in the summary
 DATA, TOKENS, MISMATCHED, SUMMARY = "data.jsonl", "tokens.jsonl", "mismatched.jsonl", "eyrie_export.json"
 CONFIG, CONFIG_TOKENS = "data-config.yaml", "data-config-tokens.yaml"
-_OURS = {DATA, TOKENS, MISMATCHED, SUMMARY, CONFIG, CONFIG_TOKENS}
+VOCAB_MAPPING = "vocab-mapping.pt"
+_OURS = {DATA, TOKENS, MISMATCHED, SUMMARY, CONFIG, CONFIG_TOKENS, VOCAB_MAPPING, DRAFT_CONFIG}
 
 
 class SpecForgeUnavailable(ExportError):
@@ -80,6 +93,7 @@ class OnlineOptions:
     tokenizer: str | None = None  # the tokenizer to load instead of the one the run names (same files)
     trust_remote_code: bool = False  # as SpecForge's model.trust_remote_code
     workers: int | None = None  # processes running SpecForge's parser; None: by the number of rows
+    model: str | None = None  # the target model (folder or HF id): its config for the vocab mapping and draft
 
 
 @dataclass
@@ -98,6 +112,9 @@ class OnlineResult:
     max_length: int = 0
     verified: bool = False
     seconds: float = 0.0
+    draft: dict[str, Any] | None = None  # draft-config.json's content (with model)
+    model: str | None = None  # the target model as SpecForge is told it (model.target_model_path)
+    loss_tokens: Counter[int] = field(default_factory=Counter)  # counted for the vocab mapping (with model)
     summary: dict[str, Any] = field(default_factory=dict)
 
 
@@ -150,13 +167,13 @@ class ParserConfig:
 class Checker:
     """Each row's text (the ids decoded) and SpecForge's verdict on it."""
 
-    def __init__(self, cfg: ParserConfig, tok: LoadedTokenizer | None = None):
+    def __init__(self, cfg: ParserConfig, tok: LoadedTokenizer | None = None, hf: Any = None):
         from specforge.data.template import TEMPLATE_REGISTRY
 
         self.cfg = cfg
         self.tok = tok or load_tokenizer(TargetSpec(model="export", tokenizer=cfg.tokenizer,
                                                     trustRemoteCode=cfg.trust_remote_code))
-        self.hf = _hf_tokenizer(self.tok, cfg.trust_remote_code)
+        self.hf = hf if hf is not None else _hf_tokenizer(self.tok, cfg.trust_remote_code)
         self.template = TEMPLATE_REGISTRY.get(cfg.template)
 
     def texts(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[str]:
@@ -197,8 +214,8 @@ class Pool:
     """SpecForge's parser over chunks of rows, in this process or in `workers` processes, results in
     order, at most 2 x workers chunks in flight (memory stays bounded whatever the export's size)."""
 
-    def __init__(self, cfg: ParserConfig, workers: int, tok: LoadedTokenizer):
-        self.local = Checker(cfg, tok) if workers <= 1 else None
+    def __init__(self, cfg: ParserConfig, workers: int, tok: LoadedTokenizer, hf: Any = None):
+        self.local = Checker(cfg, tok, hf) if workers <= 1 else None
         self.ex = None if workers <= 1 else concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(cfg,))
         self.depth = 2 * max(1, workers)
@@ -248,16 +265,58 @@ def _tokenizer(summary: dict[str, Any], opts: OnlineOptions) -> LoadedTokenizer:
     return tok
 
 
-def _scan(store: Store, shards: list[int]) -> tuple[int, int, bool]:
-    """(samples, longest, any sample with more than one span in its loss: packed turns)."""
-    n = longest = 0
+def _scan(store: Store, shards: list[int]) -> tuple[int, int, bool, int]:
+    """(samples, longest, any sample with more than one span in its loss: packed turns, largest token id)."""
+    n = longest = top = 0
     packed = False
     for shard in shards:
         for r in read_samples(store, shard):
             n += 1
             longest = max(longest, len(r.input_ids))
             packed = packed or len(runs(r.loss_mask)) > 1
-    return n, longest, packed
+            top = max(top, int(r.input_ids.max(initial=0)))
+    return n, longest, packed, top
+
+
+def _draft(opts: OnlineOptions, top_id: int) -> tuple[dict[str, Any] | None, str | None]:
+    """(draft-config.json's content from the target's config, the target's path for SpecForge); (None, None)
+    without --model. Refused before anything is written when the config cannot be read or its vocabulary
+    does not hold the samples' ids."""
+    if not opts.model:
+        return None, None
+    from transformers import AutoConfig
+
+    try:  # builtin:tiny-llama (the quickstart's demo model) is built into eyrie's cache, as extraction builds it
+        ref = builtin_model(opts.model) if opts.model.startswith("builtin:") else opts.model
+        config = AutoConfig.from_pretrained(ref, trust_remote_code=opts.trust_remote_code)
+    except Exception as e:
+        raise ExportError(f"--model {opts.model!r}: its config.json cannot be read ({type(e).__name__}: {e}); "
+                          "name the target model's folder or HF id (--trust-remote-code if it needs its own code)"
+                          ) from None
+    # the capture layers: eyrie's auto, which is SpecForge's own default ([1, L/2-1, L-4] in its ids) for a
+    # deep target; for a shallow one (the quickstart's 4-layer demo) that default repeats a layer, which
+    # SpecForge's capture refuses, and auto's shallow choice is written instead
+    get = getattr(config, "get_text_config", None)
+    depth = getattr(get() if callable(get) else config, "num_hidden_layers", None)
+    layers = list(resolve_layers("auto", depth).ids) if isinstance(depth, int) and depth >= 4 else None
+    doc = draft_config(config, layers)
+    if top_id >= doc["vocab_size"]:
+        raise ExportError(f"--model {opts.model!r}: its vocabulary has {doc['vocab_size']} ids, but the samples use "
+                          f"ids up to {top_id}: it is not the model whose tokenizer rebuilt them")
+    return doc, ref
+
+
+def _vocab_mapping(out: Path, r: OnlineResult) -> None:
+    """vocab-mapping.pt by SpecForge's own code (what its trainer installs from counted loss tokens)."""
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+
+    assert r.draft is not None
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its progress
+        d2t, t2d = process_token_dict_to_mappings(Counter(r.loss_tokens), r.draft["draft_vocab_size"],
+                                                  r.draft["vocab_size"])
+    tmp = out / f".{VOCAB_MAPPING}.tmp"
+    torch.save({"d2t": d2t, "t2d": t2d}, tmp)
+    tmp.replace(out / VOCAB_MAPPING)
 
 
 def _rows(store: Store, shards: list[int]) -> Iterator[SampleRow]:
@@ -280,7 +339,7 @@ def _candidates(fmt: str, first_text: str) -> list[str]:
     return found
 
 
-def _choose(fmt: str, tok: LoadedTokenizer, probe: list[SampleRow], opts: OnlineOptions, max_length: int,
+def _choose(fmt: str, tok: LoadedTokenizer, hf: Any, probe: list[SampleRow], opts: OnlineOptions, max_length: int,
             last_turn: bool, verify: bool) -> tuple[str, str, dict[str, int]]:
     """(template, how it was chosen, exact rows of the probe per candidate)."""
     names = specforge_templates() if verify else []
@@ -306,7 +365,7 @@ def _choose(fmt: str, tok: LoadedTokenizer, probe: list[SampleRow], opts: Online
     scores: dict[str, int] = {}
     rows = [(r.input_ids, r.loss_mask) for r in probe]
     for name in cands:
-        checker = Checker(ParserConfig(str(tok.folder), opts.trust_remote_code, name, max_length, last_turn), tok)
+        checker = Checker(ParserConfig(str(tok.folder), opts.trust_remote_code, name, max_length, last_turn), tok, hf)
         scores[name] = sum(d is None for _t, d in checker.check(rows))
     best = max(cands, key=lambda n: scores[n])  # the first listed among equals
     return best, "probe", scores
@@ -316,19 +375,28 @@ def _yaml(path: Path, header: str, doc: dict[str, Any]) -> None:
     path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(doc, sort_keys=False))
 
 
-def _configs(out: Path, r: OnlineResult, tok: LoadedTokenizer) -> None:
+def _configs(out: Path, r: OnlineResult, tok: LoadedTokenizer, opts: OnlineOptions) -> None:
     tail = (f"model.target_model_path must be the target model whose tokenizer rebuilt these samples:\n"
-            f"  {tok.name} (files sha256 {tok.sha256}).")
+            f"  {tok.name} (files sha256 {tok.sha256}).\n")
+    model: dict[str, Any] = {}
+    if r.draft is not None:
+        model = {"model": {"target_model_path": r.model, "trust_remote_code": opts.trust_remote_code,
+                           "draft_model_config": str((out / DRAFT_CONFIG).resolve()),
+                           "vocab_mapping_path": str((out / VOCAB_MAPPING).resolve())}}
+        tail += "Add training: and deployment: (online training: disaggregated, Mooncake; docs/operating.md)."
+    else:
+        tail += ("Online training needs model.vocab_mapping_path too: export with --model REF (the target) to have "
+                 f"{VOCAB_MAPPING} and {DRAFT_CONFIG} written.")
     _yaml(out / CONFIG,
           f"SpecForge {SPECFORGE_VERSION} run config (specforge train -c CONFIG): the data section for {DATA},\n"
           f"preformatted text; {r.exact} of {r.samples} rows rebuilt by SpecForge's parser exactly as eyrie has them.\n"
-          + tail, {"data": {"train_data_path": str((out / DATA).resolve()), "is_preformatted": True,
-                            "chat_template": r.chat_template, "train_only_last_turn": r.train_only_last_turn,
-                            "max_length": r.max_length}})
+          + tail, {**model, "data": {"train_data_path": str((out / DATA).resolve()), "is_preformatted": True,
+                                     "chat_template": r.chat_template, "train_only_last_turn": r.train_only_last_turn,
+                                     "max_length": r.max_length}})
     _yaml(out / CONFIG_TOKENS,
           f"SpecForge {SPECFORGE_VERSION} run config: the data section for {TOKENS}, eyrie's ids and loss mask read "
           "as they are\n(pre-tokenized records: no chat template, no re-tokenization).\n" + tail,
-          {"data": {"prompts_path": str((out / TOKENS).resolve()), "max_length": r.max_length}})
+          {**model, "data": {"prompts_path": str((out / TOKENS).resolve()), "max_length": r.max_length}})
 
 
 def _auto_workers(n: int) -> int:
@@ -348,29 +416,34 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
             f"--verify: SpecForge's data code does not import here ({why}); install it beside eyrie with "
             f"`pip install 'eyrie[specforge]' && pip install --no-deps specforge=={SPECFORGE_VERSION}`, "
             "or pass --no-verify")
+    if opts.model and why is not None:
+        raise SpecForgeUnavailable(f"--model: the vocab mapping is made by SpecForge's own code, which does not "
+                                   f"import here ({why})")
     run = _run_summary(store)
     fmt = str((run.get("chatTemplate") or {}).get("format") or "auto")
     shards = list_sample_shards(store)
     if not shards:
         raise ExportError(f"{store.url(layout.SAMPLES)}: no samples to export")
     tok = _tokenizer(run, opts)
-    total, longest, packed = _scan(store, shards)
+    total, longest, packed, top_id = _scan(store, shards)
     r = OnlineResult(samples=total, verified=verify, train_only_last_turn=not packed,
                      max_length=opts.max_length or longest)
+    r.draft, r.model = _draft(opts, top_id)
     probe = []
     for row in _rows(store, shards):
         if len(row.input_ids) <= r.max_length or opts.truncate:
             probe.append(row)
         if len(probe) == PROBE_ROWS:
             break
-    r.chat_template, r.chosen_by, r.probe = _choose(fmt, tok, probe, opts, r.max_length, r.train_only_last_turn,
+    hf = _hf_tokenizer(tok, opts.trust_remote_code) if verify else None  # loaded once: a large vocabulary takes s
+    r.chat_template, r.chosen_by, r.probe = _choose(fmt, tok, hf, probe, opts, r.max_length, r.train_only_last_turn,
                                                     verify)
     out = Path(out_dir)
     prepare_dir(out, opts.overwrite, ours=_OURS)
     cfg = ParserConfig(str(tok.folder), opts.trust_remote_code, r.chat_template, r.max_length,
                        r.train_only_last_turn)
     workers = opts.workers or _auto_workers(total)
-    pool = Pool(cfg, workers, tok) if verify else None
+    pool = Pool(cfg, workers, tok, hf) if verify else None
     try:
         with (out / DATA).open("wb") as data, (out / TOKENS).open("wb") as tokens, \
                 (out / MISMATCHED).open("wb") as mism:
@@ -378,7 +451,10 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
     finally:
         if pool is not None:
             pool.close()
-    _configs(out, r, tok)
+    if r.draft is not None:
+        (out / DRAFT_CONFIG).write_text(orjson.dumps(r.draft, option=orjson.OPT_INDENT_2).decode() + "\n")
+        _vocab_mapping(out, r)
+    _configs(out, r, tok, opts)
     r.seconds = round(time.monotonic() - t0, 3)
     r.summary = _summary(store, out, r, run, tok, opts, workers)
     doc = orjson.dumps(r.summary, option=orjson.OPT_INDENT_2)
@@ -399,6 +475,9 @@ def _write(store: Store, shards: list[int], r: OnlineResult, opts: OnlineOptions
         for row in _rows(store, shards):
             tokens.write(orjson.dumps({"id": row.sample_id, "input_ids": row.input_ids,
                                        "loss_mask": row.loss_mask}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            if r.draft is not None:  # the loss tokens SpecForge trains on from tokens.jsonl (cut at max_length)
+                ids, counts = np.unique(row.input_ids[:n][row.loss_mask[:n] == 1], return_counts=True)
+                r.loss_tokens.update(dict(zip(ids.tolist(), counts.tolist(), strict=True)))
             long = len(row.input_ids) > n
             r.over_max_length += long
             if long and not opts.truncate:
@@ -471,7 +550,10 @@ def _summary(store: Store, out: Path, r: OnlineResult, run: dict[str, Any], tok:
         "causes": {c: CAUSE_TEXT[c] for c in sorted(r.mismatched)},
         "examples": r.examples,
         "files": {"text": DATA, "tokens": TOKENS, "config": CONFIG, "configTokens": CONFIG_TOKENS,
-                  "mismatched": MISMATCHED},
+                  "mismatched": MISMATCHED, "vocabMapping": VOCAB_MAPPING if r.draft else None,
+                  "draftConfig": DRAFT_CONFIG if r.draft else None},
+        "model": r.model,
+        "draftVocabSize": r.draft["draft_vocab_size"] if r.draft else None,
         "workers": workers, "seconds": r.seconds,
         "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
