@@ -291,6 +291,25 @@ def test_with_the_target_model_it_writes_the_vocab_mapping_and_draft_specforge_o
         "vocab-mapping.pt", 32000, str(model))
 
 
+def test_the_vocab_mapping_is_specforges_own_to_the_bit():
+    """eyrie takes SpecForge's choice of the draft vocabulary and rebuilds only t2d (SpecForge's own scan
+    is quadratic): equal to SpecForge's process_token_dict_to_mappings, ties, padding and all."""
+    import random
+    from collections import Counter
+
+    import torch
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+
+    from eyrie.jobs.extract.specforge_online import vocab_mapping
+
+    rng = random.Random(3)
+    for n_tokens, draft in ((300, 64), (40, 64), (500, 500)):  # more tokens than the draft, fewer, as many
+        counts = Counter({rng.randrange(1000): rng.randint(1, 5) for _ in range(n_tokens)})
+        ours = vocab_mapping(counts, draft, 1000)
+        theirs = process_token_dict_to_mappings(Counter(counts), draft, 1000)
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1]) and ours[1].dtype == torch.bool
+
+
 def test_a_target_model_that_does_not_hold_the_samples_ids_is_refused_before_writing(tmp_path, qwen):
     store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
     with pytest.raises(ExportError, match="not the model whose tokenizer rebuilt them"):
