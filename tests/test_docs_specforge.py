@@ -23,7 +23,7 @@ from tests.specforge_helpers import conversations, need_specforge, samples_store
 from tests.tokenizer_helpers import kimi_hf_folder
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
-QUICKSTART, KIMI, KIMI_MODEL = "examples/eyrie-out/quickstart", "s3://eyrie/kimi-b1-glaive", "moonshotai/Kimi-K2.5"
+QUICKSTART, KIMI, KIMI_MODEL = "./examples/eyrie-out/quickstart", "s3://eyrie/kimi-b1-glaive", "moonshotai/Kimi-K2.5"
 
 
 def section() -> str:
