@@ -17,7 +17,7 @@ from typing import Any, Literal
 from eyrie.jobs.contract.fidelity import status_fidelity
 from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, current_fields, diff, fingerprint
 from eyrie.jobs.contract.money import brief, dollars
-from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, Progress
+from eyrie.jobs.contract.progress import STOP_GRACE_SECONDS, Outcome, ProbeProgress, Progress, Stage
 from eyrie.jobs.spec import DatasetGenerationSpec, SpecError
 
 from . import children, conditions
@@ -550,11 +550,21 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
         p.cond(QUEUED, True, "WaitingForAdmission", _waiting(obs, f"RayJob {child.name}"))
         return Decision(p.actions, p.status("Pending", attempt))
     p.cond(QUEUED, False, "Admitted")
+    if prog is not None and prog.stage == Stage.PROBE and prog.probe is not None:
+        p.cond(PROVIDERS_CHECKED, False, "Probing", probing_message(prog.probe))
+        return Decision(p.actions, p.status("Canary", attempt))  # measuring before generation, as the canary
     gate = obs.spec.tools.gate
     in_canary = (prog is not None and prog.stage == "generate" and gate.enabled
                  and prog.samples.get("done", 0) < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
     return Decision(p.actions, p.status(phase, attempt))
+
+
+def probing_message(probe: ProbeProgress) -> str:
+    """ProvidersChecked's message while spec.api.providerProbe runs (progress.json stage probe)."""
+    return (f"probing {len(probe.endpoints)} endpoints ({', '.join(probe.endpoints)}): {probe.answers} of "
+            f"{probe.planned} answers in, {dollars(probe.spent)} spent on the probe; generation starts "
+            "on the endpoints that pass")
 
 
 def _output_binding(p: _Pass, running: bool) -> bool | str:

@@ -331,6 +331,19 @@ def test_changed_thresholds_rejudge_the_stored_answers_and_more_samples_send_onl
     assert Decimal(more.doc["spentUSD"]) == fake.billed
 
 
+def kill_mid_probe(cmd: list[str], env: dict[str, str], out: Any, of: int) -> set[tuple[str, str]]:
+    """Start `cmd`, kill -9 it once 20 probe answers are durable; the (endpoint, sample) pairs stored."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 300  # only ends a hung run
+    while len(list(records.iter_probe_records(out))) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait(30)
+    durable = {(r["probe"]["endpoint"], r["sample_id"]) for r in records.iter_probe_records(out)}
+    assert 20 <= len(durable) < of, "kill -9 landed too late to test anything"
+    return durable
+
+
 def test_a_probe_killed_mid_way_resumes_paying_at_most_what_was_in_flight(tmp_path):
     """kill -9 of `eyrie providers` while answers are arriving: the rerun sends only what was not
     durable (at most the requests in flight), and the spend it starts from covers what was billed."""
@@ -339,16 +352,9 @@ def test_a_probe_killed_mid_way_resumes_paying_at_most_what_was_in_flight(tmp_pa
     with ProviderFake(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=30, probe={"samples": 30})
         cmd = [sys.executable, "-m", "eyrie.jobs.cli", "providers", str(path)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         out = open_output(load_spec(path).spec)
-        deadline = time.monotonic() + 120
-        while len(list(records.iter_probe_records(out))) < 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        proc.kill()
-        proc.wait(30)
+        durable = kill_mid_probe(cmd, env, out, of=90)
         asked_before = len(fake.log)
-        durable = {(r["probe"]["endpoint"], r["sample_id"]) for r in records.iter_probe_records(out)}
-        assert 20 <= len(durable) < 90, "kill -9 landed too late to test anything"
         billed_before = fake.billed
         rerun = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert rerun.returncode == 0, rerun.stderr
@@ -365,6 +371,96 @@ def test_a_probe_killed_mid_way_resumes_paying_at_most_what_was_in_flight(tmp_pa
     assert read_checkpoint(out).spent >= fake.billed >= billed_before  # the bound covers what was paid
     doc = orjson.loads(out.get(layout.PROVIDERS))
     assert len(doc["candidates"]) == 3 and all(c["answers"] == 30 for c in doc["candidates"])
+
+
+def _eyrie_run(path: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "eyrie.jobs.cli", "run", str(path), "--no-progress", *flags]
+
+
+RUN_ENV = {"EYRIE_API_KEY": API_KEY, "PATH": str(Path(sys.executable).parent), "RAY_AUTH_MODE": "disabled"}
+
+
+def test_progress_json_shows_the_probe_while_it_sends(tmp_path):
+    """`eyrie run` with api.providerProbe: progress.json is at stage probe while the probe sends (its
+    answers in of those planned, its spend, the run's spend), and the operator reads that doc as a
+    probe under way: phase Canary, ProvidersChecked False reason Probing."""
+    from eyrie.jobs.contract.progress import parse_progress
+    from eyrie.operator import conditions
+    from eyrie.operator.reconcile import GenerationChild, Observation, reconcile
+
+    eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.4) for t in ("acme", "b", "c")]
+    with ProviderFake(eps).running() as fake:
+        path = probe_spec(tmp_path, fake.base_url, n_rows=14, probe={"samples": 10})
+        out = open_output(load_spec(path).spec)
+        # as the operator's job runs it: attempt 1 of DatasetGeneration uid-1
+        env = {**RUN_ENV, "EYRIE_ATTEMPT": "1", "EYRIE_RUN_ID": "uid-1"}
+        proc = subprocess.Popen(_eyrie_run(path, "--inline"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        seen = []
+        deadline = time.monotonic() + 300  # only ends a hung run
+        while proc.poll() is None and time.monotonic() < deadline:
+            if out.exists(layout.PROGRESS):
+                doc = orjson.loads(out.get(layout.PROGRESS))
+                billed = fake.billed  # read after the doc: what was paid by then is at least its figure
+                if doc.get("stage") == "probe" and 0 < doc["probe"]["answers"] < 30:
+                    seen.append((doc, billed))
+            time.sleep(0.05)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    assert seen, "progress.json never showed the probe part way"
+    doc, billed = seen[-1]
+    assert doc["outcome"] == "Running" and doc["attempts"] == [doc["attempt"]]
+    assert doc["probe"]["endpoints"] == ["acme", "b", "c"] and doc["probe"]["answersPlanned"] == 30
+    assert doc["samples"] == {"total": 14, "done": 0, "rejected": 0, "discarded": 0, "failed": 0}
+    probe_usd = Decimal(doc["probe"]["spentUSD"])
+    assert 0 < probe_usd <= Decimal(doc["spentUSD"]) <= billed
+    assert probe_usd == doc["probe"]["answers"] * Behaviour("x").cost  # the answers durable, each billed once
+    assert f"{doc['probe']['answers']} of 30 answers" in doc["message"]
+    prog = parse_progress(doc)
+    sp = load_spec(path).spec.model_copy(deep=True)  # as the cluster runs it
+    sp.generation.ray.mode, sp.generation.ray.image = "RayJob", "ray:1"
+    assert (prog.attempt, prog.run_id, prog.stage) == ("1", "uid-1", "probe")
+    d = reconcile(Observation("dg", "ns", 1, {}, sp, {"attempt": "1"}, "2026-01-01T00:00:00Z", 0.0, uid="uid-1",
+                              generation_children=(GenerationChild("1", "dg-gen-1", "Running"),), progress=prog))
+    c = conditions.find(d.status["conditions"], "ProvidersChecked")
+    assert d.status["phase"] == "Canary" and c is not None and (c["status"], c["reason"]) == ("False", "Probing")
+    final = progress(out)  # then generation took over the same document
+    assert final["outcome"] == "Done" and "probe" not in final and final["providers"]["passing"]
+    assert len(fake.log) == 30 + 4  # the probe's 10 prompts x 3, then the 4 other rows once
+
+
+def test_eyrie_run_killed_mid_probe_resumes_paying_at_most_what_was_in_flight(tmp_path):
+    """kill -9 of `eyrie run` (local Ray, its defaults) while the probe's answers arrive: the rerun
+    sends only the probe requests no stored answer has, generation does not send the probe's prompts
+    again, and the budget starts from at least what was billed."""
+    eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.15) for t in ("acme", "b", "c")]
+    with ProviderFake(eps).running() as fake:
+        path = probe_spec(tmp_path, fake.base_url, n_rows=36, probe={"samples": 30})
+        out = open_output(load_spec(path).spec)
+        durable = kill_mid_probe(_eyrie_run(path), RUN_ENV, out, of=90)
+        asked_before = len(fake.log)
+        at_kill = progress(out)
+        assert at_kill["stage"] == "probe" and at_kill["outcome"] == "Running"  # what the operator saw
+        billed_before = fake.billed
+        rerun = subprocess.run(_eyrie_run(path), capture_output=True, text=True, env=RUN_ENV, timeout=600)
+        assert rerun.returncode == 0, rerun.stderr
+    probe_pairs: dict[tuple[str | None, str], int] = {}
+    for tag, body in fake.probe_requests():
+        key = (tag, body["messages"][-1]["content"])
+        probe_pairs[key] = probe_pairs.get(key, 0) + 1
+    repaid = sum(n - 1 for n in probe_pairs.values())
+    # maxConcurrency 4 over 3 endpoints: one slot each, so at most 3 answers paid but not durable
+    assert len(probe_pairs) == 90 and repaid <= 3
+    assert len(fake.log) - asked_before == 90 - len(durable) + 6  # the rerun: what was not stored, then 6 rows
+    gen = [b["messages"][-1]["content"] for _, b in fake.generation_requests()]
+    probed = {content for _, content in probe_pairs}
+    assert len(gen) == len(set(gen)) == 6 and not probed & set(gen)  # the probe's prompts are not bought again
+    from eyrie.jobs.generate.checkpoint import read_checkpoint
+
+    final = progress(out)
+    assert final["outcome"] == "Done" and len(final["attempts"]) == 2  # the killed attempt is remembered
+    assert final["samples"]["done"] == 36 and len(persisted(out)) == 36
+    assert read_checkpoint(out).spent >= fake.billed >= billed_before  # the bound covers what was paid
 
 
 def test_probe_spend_counts_against_the_budget(tmp_path, monkeypatch):

@@ -35,6 +35,7 @@ class Outcome(StrEnum):
 
 
 class Stage(StrEnum):
+    PROBE = "probe"  # spec.api.providerProbe under way: nothing generated yet (`probe` says how far)
     GENERATE = "generate"
     SAMPLES = "samples"
     EXTRACT = "extract"
@@ -63,6 +64,18 @@ class Progress:
     run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
     forecast: Decimal | None = None  # projected total spend, once the canary is measured
     providers: list[dict[str, Any]] = field(default_factory=list)  # the provider probe's verdict per endpoint
+    probe: ProbeProgress | None = None  # the provider probe under way (stage probe)
+
+
+@dataclass(frozen=True)
+class ProbeProgress:
+    """progress.json's `probe` while the provider probe runs (generate/probe.py writes it): the
+    endpoints probed, the answers durable of those its verdict needs, what the probe has cost."""
+
+    endpoints: tuple[str, ...]
+    answers: int
+    planned: int
+    spent: Decimal
 
 
 def _money(doc: dict[str, Any], key: str) -> Decimal:
@@ -89,8 +102,21 @@ def parse_progress(doc: Any) -> Progress:
         tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", Stage.GENERATE)),
         run_id=str(doc.get("runId") or ""),
         forecast=_money(doc, "forecastUSD") if doc.get("forecastUSD") is not None else None,
-        providers=_providers(doc),
+        providers=_providers(doc), probe=_probe(doc),
     )
+
+
+def _probe(doc: dict[str, Any]) -> ProbeProgress | None:
+    section = doc.get("probe")
+    if section is None:
+        return None
+    ok = (isinstance(section, dict) and isinstance(section.get("endpoints"), list)
+          and all(isinstance(t, str) for t in section["endpoints"])
+          and all(isinstance(section.get(k), int) for k in ("answers", "answersPlanned")))
+    if not ok:
+        raise ProgressError("progress.json: probe must be {endpoints: [tag, ...], answers, answersPlanned, spentUSD}")
+    return ProbeProgress(tuple(section["endpoints"]), section["answers"], section["answersPlanned"],
+                         _money(section, "spentUSD"))
 
 
 def _providers(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -139,7 +139,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                 raise empty_source(i, src)
         write_doc(store, binding)
         total = plan.total
-        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id)
+        prev = read_progress(store)  # the attempt before, as the probe's progress writes do not say
+        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id, prev)
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate, resuming=True)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
@@ -150,7 +151,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                                               stored_bytes_per_token(spec))}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
-        start = Resume.at_start(read_progress(store), ctx.attempt, ckpt, binding)
+        start = Resume.at_start(prev, ctx.attempt, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress()})
         run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor,
@@ -211,14 +212,23 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
 
 
 def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: Plan,
-           notify: Callable[[str], None],
-           fingerprint: str) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
+           notify: Callable[[str], None], fingerprint: str,
+           prev: dict | None) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
     """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;
     the records kept, and the outcome that stops the run before generation (no endpoint passes,
-    budget spent), if any."""
+    budget spent), if any. While it sends, progress.json is at stage probe, carrying the attempts
+    and the counts the attempt before wrote (what the operator showed until then)."""
     if spec.api.provider_probe is None:
         return None, [], None
-    probe = run_probe(spec, store, ctx, base_url, ProbeSettings.from_spec(spec), notify=notify)
+    zero = {"total": plan.total, "done": 0, "rejected": 0, "discarded": 0, "failed": 0}
+    carried = {"attempts": Resume.attempts_of(prev, ctx.attempt), "samples": (prev or {}).get("samples") or zero,
+               **{k: prev[k] for k in ("tokens", "tools") if prev and k in prev}}
+
+    def show(section: dict) -> None:
+        write_progress(store, {**carried, **section}, ctx.attempt, Stage.PROBE, ctx.run_id)
+
+    probe = run_probe(spec, store, ctx, base_url, ProbeSettings.from_spec(spec), notify=notify, on_progress=show,
+                      progress_every=PROGRESS_EVERY_S)
     kept = []
     # kept only where a probe answer is what generation would record: tools structural, one turn
     if probe.stop is None and spec.tools.mode != "text" and spec.generation.turns == "last":
@@ -243,12 +253,17 @@ class Resume:
 
     @classmethod
     def at_start(cls, prev: dict | None, attempt: str, ckpt: Checkpoint, binding: Binding) -> Resume:
+        return cls(cls.attempts_of(prev, attempt), ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding)
+
+    @staticmethod
+    def attempts_of(prev: dict | None, attempt: str) -> list[str]:
+        """The attempts so far, this one last, from the progress.json before it."""
         attempts = [str(a) for a in (prev or {}).get("attempts") or []]
         if prev and not attempts and prev.get("attempt"):
             attempts = [str(prev["attempt"])]  # progress written before attempts were listed
         if not attempts or attempts[-1] != attempt:
             attempts.append(attempt)
-        return cls(attempts, ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding)
+        return attempts
 
     @property
     def number(self) -> int:

@@ -281,8 +281,9 @@ def _plan_jobs(spec: DatasetGenerationSpec, listing: Listing, endpoints: list[En
 
 
 async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url: str, attempt: str,
-                api_key: str | None) -> list[records.Record]:
-    """Every job's requests, endpoints side by side; each answer durable before its slot is freed."""
+                api_key: str | None, progress: _Progress | None = None) -> list[records.Record]:
+    """Every job's requests, endpoints side by side; each answer durable before its slot is freed.
+    `progress` is written every `progress.every` seconds from the answers durable so far."""
     sending = [j for j in jobs if j.todo]
     api = sending[0].spec.api
     share = max(1, api.max_concurrency // len(sending))
@@ -316,16 +317,59 @@ async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url:
                 tg.create_task(one(worker, slots, job.endpoint.tag, sid, prompt, key))
         await worker.budget.give_back()
 
+    sent = asyncio.Event()
+
+    async def reporting(progress: _Progress) -> None:
+        # not cancelled, but told to end: a write in its thread finishes before the final one
+        while not sent.is_set():
+            try:
+                await asyncio.wait_for(sent.wait(), progress.every)
+            except TimeoutError:
+                await asyncio.to_thread(progress.write, progress.section(list(out)))
+
     async with asyncio.TaskGroup() as outer:
         writer = outer.create_task(journal.run())
+        if progress is not None:
+            outer.create_task(reporting(progress))
         try:
             async with asyncio.TaskGroup() as tg:
                 for i, job in enumerate(sending):
                     tg.create_task(endpoint(i, job))
         finally:
             writer.cancel()
+            sent.set()
     await coord.settle_commit()
     return out
+
+
+@dataclass
+class _Progress:
+    """progress.json while the probe sends (stage probe): `write` (the driver's) takes `section`'s
+    figures: the run's spend (at least the ledger's, at least what was stored before plus the answers
+    durable since), the answers durable of those the verdict needs, what the probe has cost."""
+
+    write: Callable[[dict[str, Any]], None]
+    coord: RunCoordinator
+    spec: DatasetGenerationSpec
+    endpoints: list[str]
+    reused: int  # stored answers the verdict counts
+    planned: int  # all the answers it counts
+    stored_usd: Decimal  # every stored probe answer's cost (paid by earlier calls)
+    spent_before: Decimal  # the run's spend when the probe began (read_checkpoint), the audit's included
+    audit_usd: Decimal
+    every: float
+
+    def section(self, new: list[records.Record]) -> dict[str, Any]:
+        paid = sum((Decimal(r.get("costUSD") or "0") for r in new), Decimal(0))
+        answers = self.reused + len(new)
+        book = self.coord.book
+        return {"outcome": Outcome.RUNNING, "spentUSD": usd(max(book.spent, self.spent_before + paid)),
+                "reservedUSD": usd(book.leased), "maxUSD": usd(self.spec.budget.max_usd),
+                "auditUSD": usd(self.audit_usd),
+                "message": f"provider probe: {answers} of {self.planned} answers from {len(self.endpoints)} "
+                           f"endpoints of {self.spec.target.model}",
+                "probe": {"endpoints": self.endpoints, "answers": answers, "answersPlanned": self.planned,
+                          "requests": len(new), "spentUSD": usd(self.stored_usd + paid)}}
 
 
 # ----------------------------------------------------------------------------------- judging
@@ -384,8 +428,12 @@ def _records_by_tag(endpoints: list[Endpoint], have: Mapping[str, list[records.R
 
 
 def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, settings: ProbeSettings,
-              *, notify: Callable[[str], None] = lambda _m: None) -> ProbeOutcome:
-    """Probe every candidate (reusing whatever the store holds), store and return the verdict."""
+              *, notify: Callable[[str], None] = lambda _m: None,
+              on_progress: Callable[[dict[str, Any]], None] | None = None,
+              progress_every: float = 2.0) -> ProbeOutcome:
+    """Probe every candidate (reusing whatever the store holds), store and return the verdict.
+    `on_progress` (a run's progress.json writer) gets the probe's figures when it starts sending,
+    every `progress_every` seconds while it sends, and when the last answer is in."""
     h = probe_hash(spec, settings)
     stored_doc = read_stored(store)
     if stored_doc is not None and stored_routing_matches(stored_doc, h):
@@ -412,7 +460,16 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), todo, [], commit=committer,
                                workers=sum(1 for j in jobs if j.todo))
-        new = asyncio.run(_send(jobs, coord, store, base_url, ctx.attempt, ctx.api_key))
+        progress = None
+        if on_progress is not None:
+            reused = sum(len(v) for v in have.values())
+            progress = _Progress(on_progress, coord, spec, [ep.tag for ep in endpoints], reused, reused + todo,
+                                 sum((Decimal(r.get("costUSD") or "0") for r in stored.values()), Decimal(0)),
+                                 ckpt.spent, ckpt.audit, progress_every)
+            on_progress(progress.section([]))
+        new = asyncio.run(_send(jobs, coord, store, base_url, ctx.attempt, ctx.api_key, progress))
+        if progress is not None:
+            on_progress(progress.section(new))
     spent_now = sum((Decimal(r.get("costUSD") or "0") for r in new), Decimal(0))
     if coord is not None and coord.outcome != Outcome.RUNNING:
         return ProbeOutcome(None, (Outcome(coord.outcome), f"the provider probe stopped: {coord.message}"),

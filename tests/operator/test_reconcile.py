@@ -855,6 +855,46 @@ def test_no_passing_provider_suspends_with_its_own_reason() -> None:
     assert names(resumed.actions)[-1] == "CreateGeneration" and resumed.status["attempt"] == "2"
 
 
+def probing(answers: int = 13, attempt: str = "1", spent: str = "1.02", **over: Any) -> Progress:
+    """progress.json while spec.api.providerProbe sends (the driver's stage probe)."""
+    return parse_progress({"attempt": attempt, "outcome": "Running", "stage": "probe", "spentUSD": spent,
+                           "reservedUSD": "0.01", "message": f"provider probe: {answers} of 32 answers",
+                           "samples": {"total": 1000, "done": 0, "rejected": 0, "discarded": 0, "failed": 0},
+                           "probe": {"endpoints": ["acme", "cheapo/fp8", "lazy", "solid"], "answers": answers,
+                                     "answersPlanned": 32, "requests": answers, "spentUSD": "0.02"}, **over})
+
+
+@pytest.mark.parametrize(("observation", "phase", "checked"), [
+    (obs(generation_children=(gen(),), progress=probing()), "Canary", ("False", "Probing")),
+    (obs(spec(tools={"gate": {"enabled": False}}), generation_children=(gen(),), progress=probing(0)),
+     "Canary", ("False", "Probing")),  # the probe is measured before generation, gate or no gate
+    (obs(generation_children=(gen(state="Queued"),), progress=probing()), "Pending", None),  # not admitted yet
+    (obs(status={"attempt": "2"}, generation_children=(gen("2"),), progress=probing(attempt="1")),
+     "Pending", None),  # an earlier attempt's probe: not this attempt's state
+    (obs(generation_children=(gen(),), progress=probing(spent="10")), "Suspended", None),  # its spend counts
+    (obs(generation_children=(gen(),), progress=probed()), "Generating", ("True", "ProvidersPassed")),  # done
+], ids=["probing", "probing-without-gate", "queued", "older-attempt", "probe-spent-the-budget", "verdict-in"])
+def test_a_probe_under_way_shows_in_phase_and_providers_checked(observation: Observation, phase: str,
+                                                               checked: tuple[str, str] | None) -> None:
+    d = reconcile(observation)
+    assert d.status["phase"] == phase
+    c = conditions.find(d.status["conditions"], "ProvidersChecked")
+    assert (c["status"], c["reason"]) == checked if checked else c is None
+    if checked == ("False", "Probing"):
+        answers = observation.progress.probe.answers  # type: ignore[union-attr]
+        assert c["message"] == (f"probing 4 endpoints (acme, cheapo/fp8, lazy, solid): {answers} of 32 answers in, "
+                                "$0.02 spent on the probe; generation starts on the endpoints that pass")
+        assert d.status["spentUSD"] == "1.02"  # the run's spend, the probe's included
+    DatasetGenerationStatus.model_validate(d.status)
+
+
+@pytest.mark.parametrize("section", [{"endpoints": "acme", "answers": 1, "answersPlanned": 2},
+                                     {"endpoints": ["acme"], "answers": "1", "answersPlanned": 2}, []])
+def test_progress_probe_must_be_well_formed(section: Any) -> None:
+    with pytest.raises(ProgressError, match=r"probe must be"):
+        parse_progress({"attempt": "1", "outcome": "Running", "stage": "probe", "probe": section})
+
+
 def test_progress_providers_must_be_well_formed() -> None:
     with pytest.raises(ProgressError, match=r"providers\.endpoints"):
         parse_progress({"attempt": "1", "outcome": "Running", "providers": {"endpoints": [{"tag": 3}]}})
