@@ -1,7 +1,7 @@
 """docs/operating.md's "Train a drafter with SpecForge", run as written: every command of its code
-blocks, in order, with the files its YAML blocks name, on runs of the same formats (the quickstart's
-DeepSeek-V4 samples; Kimi K2.5 samples on the synthetic Kimi vocabulary; hidden states from
-`builtin:tiny-llama`, which also stands in for the Kimi model). `eyrie export ...` runs eyrie's own
+blocks, in order, with the files its YAML blocks name, on runs of the same formats (the quickstart's:
+builtin:tiny-chat's samples and hidden states; Kimi K2.5 samples on the synthetic Kimi vocabulary, hidden
+states from `builtin:tiny-llama`, which also stands in for the Kimi model). `eyrie export ...` runs eyrie's own
 command line; `specforge train ...` runs SpecForge 0.2.0's own (`specforge.cli.main`) with `--plan`: it
 loads the run config and the overrides, resolves the algorithm, validates the deployment (online:
 disaggregated, Mooncake, the vocab mapping it cannot do without) and prints the process plan without
@@ -71,10 +71,11 @@ def test_the_docs_commands_do_what_they_say_eyrie_then_specforge(tmp_path, monke
     from eyrie.jobs.extract.cli import export_main
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
-    tiny = builtin_model("builtin:tiny-llama")  # covers DeepSeek-V4's and Kimi's ids
+    tiny = builtin_model("builtin:tiny-llama")  # covers Kimi's ids
+    chat = builtin_model("builtin:tiny-chat")  # the quickstart's target: tokenizer, template and model
     kimi = load_tokenizer(TargetSpec(model="m", tokenizer=str(kimi_hf_folder(tmp_path / "kimi-tok"))))
-    deepseek = load_tokenizer(TargetSpec(model="m", tokenizer="bundled:deepseek-v4"))
-    where = {QUICKSTART: extracted_run(tmp_path / "quickstart", deepseek, "deepseek-v4", tiny),
+    quick = load_tokenizer(TargetSpec(model="m", tokenizer="builtin:tiny-chat"))
+    where = {QUICKSTART: extracted_run(tmp_path / "quickstart", quick, "auto", chat),
              KIMI: extracted_run(tmp_path / "kimi", kimi, "kimi-k2.5", tiny), KIMI_MODEL: tiny}
     work = tmp_path / "work"
     work.mkdir()
@@ -102,7 +103,7 @@ def test_the_docs_commands_do_what_they_say_eyrie_then_specforge(tmp_path, monke
             else:
                 assert Path(cfg.data.prompts_path or cfg.data.train_data_path).is_file()
                 assert Path(cfg.model.vocab_mapping_path).is_file() and Path(cfg.model.draft_model_config).is_file()
-            assert cfg.model.target_model_path == tiny
+            assert cfg.model.target_model_path == (chat if "quickstart" in config else tiny), config
             ran.append(f"specforge train {cfg.mode}")
         else:
             pytest.fail(f"docs/operating.md names a command this test does not run: {argv}")
