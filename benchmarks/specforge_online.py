@@ -9,8 +9,11 @@ texts, so the cost is seen where it is. Qwen3 samples (Qwen's BPE, `qwen3-thinki
 rebuilt exactly, so every row takes the whole path), thinking answers with a tool call in every third
 and an earlier exchange in every fourth; `--distinct` different conversations, each written under
 `--samples / --distinct` sample ids (SpecForge's parser does the same work for each). One process, one
-tokenizer thread (RAYON_NUM_THREADS=1), wall and CPU seconds; `--workers N` adds the export with N
-parser processes. Target: the verified export >= 0.5 x the rate of reading the samples alone.
+tokenizer thread (RAYON_NUM_THREADS=1), wall and CPU seconds (the ratios are of CPU seconds in this
+process: on a shared machine wall time counts the neighbours); `--workers N` adds the export with N
+parser processes (wall time only: their CPU is in the workers). Target (issue 27): the verified export
+>= 0.5 x the rate of reading the samples alone; beside it the export against SpecForge's parser alone,
+the floor of any export SpecForge checks (the share of the cost that is eyrie's).
 
 Also printed: the hidden-state bytes per token the docs quote (`extract.layers.hidden_bytes_per_token`).
 
@@ -142,14 +145,21 @@ def main() -> None:
         def read_all() -> int:
             return sum(len(r.input_ids) for s in list_sample_shards(store) for r in read_samples(store, s))
 
+        results: dict[str, tuple[float, float]] = {}
+
+        def show(name: str, s: float, c: float) -> None:  # as each is measured: a cut-off run keeps its figures
+            results[name] = (s, c)
+            print(f"{name:28s} {s:8.1f} s wall {c:8.1f} s CPU here  {n / s:9.0f} samples/s  {tokens / s:11.0f} "
+                  "tokens/s", flush=True)
+
         got, read_s, read_cpu = timed(read_all)
         assert got == tokens
-        results = {"read": (read_s, read_cpu)}
+        show("read", read_s, read_cpu)
 
         def export(name: str, **kw):
             out = work / name
             r, s, c = timed(lambda: export_specforge_online(store, out, OnlineOptions(overwrite=True, **kw)))
-            results[name] = (s, c)
+            show(name, s, c)
             return r
 
         plain = export("unverified", verify=False)
@@ -169,23 +179,25 @@ def main() -> None:
                                          train_only_last_turn=True, tools=[[] for _ in batch])
 
         _, parse_s, parse_cpu = timed(parse_all)
-        results["parser alone"] = (parse_s, parse_cpu)
+        show("parser alone", parse_s, parse_cpu)
         if args.workers > 1:
             export(f"verified, {args.workers} processes", workers=args.workers)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    for name, (s, c) in results.items():
-        print(f"{name:28s} {s:8.1f} s wall {c:8.1f} s CPU here  {n / s:9.0f} samples/s  {tokens / s:11.0f} tokens/s")
-    ratio = results["read"][0] / results["verified"][0]
-    share = results["parser alone"][0] / results["verified"][0]
-    eyrie_s = results["verified"][0] - results["parser alone"][0]
-    print(f"verified export vs reading the samples alone: ratio {ratio:.3f} (target >= {TARGET}) -> "
-          f"{'OK' if ratio >= TARGET else 'BELOW TARGET'}")
-    print(f"SpecForge's parser is {share:.0%} of the verified export's time; the rest (reading, decoding, comparing, "
-          f"writing) {eyrie_s:.1f} s, {eyrie_s / results['verified'][0]:.0%}")
-    print(f"RESULT specforge_online ratio={ratio:.3f} target>={TARGET} {'PASS' if ratio >= TARGET else 'MISS'} "
-          f"parser_share={share:.2f}")
+    # CPU seconds of this process (the verified export and the parser alone both run here, one process):
+    # on a shared machine wall time counts the neighbours too
+    cpu = {k: c for k, (_s, c) in results.items()}
+    ratio = cpu["read"] / cpu["verified"]
+    peer = cpu["parser alone"] / cpu["verified"]
+    rest = cpu["verified"] - cpu["parser alone"]
+    print(f"verified export vs reading the samples alone (CPU): ratio {ratio:.4f} (target >= {TARGET}) -> "
+          f"{'OK' if ratio >= TARGET else 'BELOW TARGET'}: SpecForge's parser costs "
+          f"{1e3 * cpu['parser alone'] / n:.2f} ms per sample, reading {1e3 * cpu['read'] / n:.3f} ms")
+    print(f"verified export vs SpecForge's parser alone on the same texts (CPU): ratio {peer:.3f}; the rest "
+          f"(reading, decoding, comparing, writing) {rest:.1f} s CPU, {rest / cpu['verified']:.1%} of the export")
+    print(f"RESULT specforge_online ratio={ratio:.4f} target>={TARGET} {'PASS' if ratio >= TARGET else 'MISS'} "
+          f"vs_parser_alone={peer:.3f}")
 
 
 if __name__ == "__main__":
