@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -84,6 +85,10 @@ def neighbour_attempts(attempt: str, resuming: bool) -> list[str]:
 _CONTAINER_WAITING = {"ErrImageNeverPull": "ImageNotPresent", "ErrImagePull": "ImagePullFailed",
             "ImagePullBackOff": "ImagePullFailed", "InvalidImageName": "ImagePullFailed",
             "CreateContainerConfigError": "ContainerConfigError"}
+# The kubelet alternates a failing pull's words at each retry: ErrImagePull's error, then ImagePullBackOff's
+# 'Back-off pulling image "X": ErrImagePull: <the same error>'. Read without that prefix both say the same, so the
+# condition's message (and its Warning event) changes when the problem does, not at every retry.
+_BACK_OFF = re.compile(r'^Back-off pulling image "[^"]*": (?:ErrImagePull: )?')
 
 
 def pod_problems(pods: Iterable[dict[str, Any]], role: PodRole) -> tuple[PodProblem, ...]:
@@ -106,7 +111,7 @@ def pod_problems(pods: Iterable[dict[str, Any]], role: PodRole) -> tuple[PodProb
             image = container.get("image") or cs.get("image", "")
             waiting = (cs.get("state") or {}).get("waiting") or {}
             reason = _CONTAINER_WAITING.get(waiting.get("reason", ""))
-            detail = waiting.get("message", "")
+            detail = _BACK_OFF.sub("", waiting.get("message", ""))
             if reason == "ContainerConfigError" and "secret" in detail.lower():
                 reason = "SecretNotFound"
             if reason:

@@ -147,3 +147,13 @@ def test_pod_problems_keep_the_kubelets_words_and_the_memory_limit() -> None:
     [secret] = pod_problems([pod("b", [waiting("CreateContainerConfigError", 'secret "s3" not found')])],
                             "generation")
     assert (secret.detail, secret.role) == ('secret "s3" not found', "generation")
+
+
+def test_a_failing_pull_reads_the_same_at_err_image_pull_and_at_back_off() -> None:
+    """The kubelet alternates the two at each retry; the condition and its event must not change with them."""
+    error = ('failed to pull and unpack image "ghcr.io/x/extractor:1": failed to resolve reference '
+             '"ghcr.io/x/extractor:1": dial tcp: lookup ghcr.io: network is unreachable')
+    pulled = pod_problems([pod("p", [waiting("ErrImagePull", error)])], "extraction")
+    back_off = f'Back-off pulling image "ghcr.io/x/extractor:1": ErrImagePull: {error}'
+    backoff = pod_problems([pod("p", [waiting("ImagePullBackOff", back_off)])], "extraction")
+    assert pulled == backoff and pulled[0].detail == error
