@@ -105,6 +105,10 @@ class Release:
     def log(self) -> str:
         return self.node.cp.kubectl("logs", "-n", self.namespace, f"deploy/{self.name}").stdout
 
+    def metrics(self) -> str:
+        """The operator pod's /metrics, read at its address (the host routes the node's pods through the veth)."""
+        return httpx.get(f"http://{self.pod()['status']['podIP']}:9090/metrics", timeout=10).text
+
 
 @pytest.fixture(scope="session")
 def release(node: Node) -> Iterator[Release]:
