@@ -62,7 +62,7 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
             gate.absorb(ResponseCheck.from_record(rec["checks"]))
     # every answer an audit kept (durable before its slot was freed, so a killed audit counts too)
     audit = audit_spend(store)
-    probe = sum((Decimal(r.get("costUSD") or "0") for r in records.iter_probe_records(store)), Decimal(0))
+    probe = sum((cost_of(r) for r in records.iter_probe_records(store)), Decimal(0))
     spent += probe
     paid = spent
     prev = read_progress(store)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.contract import audit, layout, records, timeseries
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
 from eyrie.jobs.contract.manifest import read_json
 from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.contract.tally import cost_of
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import OTHER_TOOLS, Tally
 
@@ -59,13 +60,6 @@ class Money:
     """A running sum of dollars (a mutable value for `_bounded`)."""
 
     usd: Decimal = Decimal(0)
-
-
-def _cost(r: records.Record) -> Decimal:
-    try:
-        return Decimal(str(r.get("costUSD", "0")))
-    except InvalidOperation:
-        return Decimal(0)
 
 
 @dataclass
@@ -114,7 +108,7 @@ class Answers:
     def add_paid(self, r: records.Record) -> str:
         """Count what an answer cost against its provider (also the audit's answers); its provider."""
         provider = str((r.get("response") or {}).get("provider") or "(unknown)")
-        _bounded(self.cost_by_provider, provider, Money).usd += _cost(r)
+        _bounded(self.cost_by_provider, provider, Money).usd += cost_of(r)
         return provider
 
     def add(self, r: records.Record) -> None:
@@ -126,7 +120,7 @@ class Answers:
         pol = str(r.get("policy", "keep"))
         self.policy[pol] = self.policy.get(pol, 0) + 1
         if pol == "drop":
-            self.discarded_usd += _cost(r)
+            self.discarded_usd += cost_of(r)
         mode = str(r.get("toolsMode") or "structured")
         self.modes[mode] = self.modes.get(mode, 0) + 1
         usage = r.get("usage") or {}
