@@ -504,3 +504,36 @@ def test_a_reference_outside_the_named_providers_is_a_spec_error(tmp_path):
     with pytest.raises(SpecError) as e:
         load_spec(path)
     assert "spec.api.providerProbe.reference" in str(e.value) and "c is not among providers (a, b)" in str(e.value)
+
+
+def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch):
+    """`eyrie run`'s bar is fed the probe stage's snapshots as they are written (its answers of those
+    its verdict needs), then generation's: never a blank bar while the probe sends."""
+    import io
+
+    from rich.console import Console
+
+    from eyrie.jobs.cli.run import ProgressBar
+    from eyrie.jobs.generate.driver import run_generation
+
+    eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.2) for t in ("acme", "b")]
+    monkeypatch.setenv("EYRIE_API_KEY", API_KEY)
+    snaps: list[dict[str, Any]] = []
+    with ProviderFake(eps).running() as fake:
+        dg = load_spec(probe_spec(tmp_path, fake.base_url, n_rows=12, probe={"samples": 6}))
+        result = run_generation(dg, open_output(dg.spec), RunContext("bar", api_key=API_KEY), fake.base_url,
+                                inline=True, on_progress=snaps.append)
+    assert result.outcome == "Done", result.message
+    probing = [s for s in snaps if "probe" in s]
+    assert probing and snaps.index(probing[-1]) < min(i for i, s in enumerate(snaps) if "probe" not in s)
+    assert probing[0]["probe"]["answers"] == 0 and probing[-1]["probe"]["answers"] == 12
+    assert all(s["probe"]["answersPlanned"] == 12 for s in probing)
+    screen = io.StringIO()
+    with ProgressBar(True, Console(file=screen, force_terminal=True, width=200)) as bar:
+        bar.update(probing[-1])
+        bar._p.refresh()
+        shown_probe = screen.getvalue()
+        bar.update(snaps[-1])
+    assert "probing providers" in shown_probe and "12/12" in shown_probe
+    last = screen.getvalue()[len(shown_probe):]
+    assert "generating" in last and "12/12" in last and "probing" not in last

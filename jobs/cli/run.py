@@ -29,20 +29,22 @@ err = Console(stderr=True)
 
 
 class ProgressBar:
-    """done/total, $ spent vs budget, requests/s, retries and errors, live on the terminal."""
+    """done/total, $ spent vs budget, requests/s, retries and errors, live on the terminal; while the
+    provider probe sends (progress.json at stage probe), its answers of those its verdict needs."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, console: Console = err):
         self.enabled = enabled
         self._p = Progress(
-            TextColumn("[bold]generating"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[spent]} / {task.fields[budget]}"),
             TextColumn("forecast {task.fields[forecast]}"),
             TextColumn("{task.fields[rps]:.1f} req/s"),
             TextColumn("retries {task.fields[retries]}"), TextColumn("errors {task.fields[errors]}"),
-            TimeElapsedColumn(), console=err, transient=False, disable=not enabled)
-        self._t0: float | None = None  # the first update: sending starts after preflight
-        self._task = self._p.add_task("gen", total=None, spent="$0", budget="?", forecast="?", rps=0.0, retries=0,
-                                      errors=0)
+            TimeElapsedColumn(), console=console, transient=False, disable=not enabled)
+        self._t0: float | None = None  # the stage's first update: sending starts after preflight
+        self._stage = ""
+        self._task = self._p.add_task("generating", total=None, spent="$0", budget="?", forecast="?", rps=0.0,
+                                      retries=0, errors=0)
 
     def __enter__(self) -> ProgressBar:
         self._p.__enter__()
@@ -52,13 +54,20 @@ class ProgressBar:
         self._p.__exit__(*exc)
 
     def update(self, snap: dict) -> None:
-        s = snap["samples"]
-        finished = s["done"] + s["rejected"] + s["discarded"] + s["failed"]
-        if self._t0 is None:
-            self._t0 = time.monotonic()
-        rps = snap.get("requests", 0) / max(1e-3, time.monotonic() - self._t0)  # this attempt's requests
+        probe = snap.get("probe")  # only in the probe stage's snapshots
+        stage = "probing providers" if probe else "generating"
+        if stage != self._stage:  # each stage's bar and request rate from its own start
+            self._stage, self._t0 = stage, time.monotonic()
+            self._p.reset(self._task, description=stage)
+        if probe:
+            total, finished, requests = probe["answersPlanned"], probe["answers"], probe["requests"]
+        else:
+            s = snap["samples"]
+            total, finished = s["total"], s["done"] + s["rejected"] + s["discarded"] + s["failed"]
+            requests = snap.get("requests", 0)  # this attempt's requests
+        rps = requests / max(1e-3, time.monotonic() - (self._t0 or time.monotonic()))
         forecast = snap.get("forecastUSD")
-        self._p.update(self._task, total=s["total"], completed=finished, spent=dollars(snap["spentUSD"]),
+        self._p.update(self._task, total=total, completed=finished, spent=dollars(snap["spentUSD"]),
                        budget=dollars(snap["maxUSD"]), forecast=dollars(forecast) if forecast else "?", rps=rps,
                        retries=snap.get("retries", 0), errors=sum(snap.get("errors", {}).values()))
 

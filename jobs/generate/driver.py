@@ -140,7 +140,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         write_doc(store, binding)
         total = plan.total
         prev = read_progress(store)  # the attempt before, as the probe's progress writes do not say
-        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id, prev)
+        probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id, prev,
+                                   on_progress or (lambda s: None))
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate, resuming=True)
         committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
@@ -212,12 +213,13 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
 
 
 def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: Plan,
-           notify: Callable[[str], None], fingerprint: str,
-           prev: dict | None) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
+           notify: Callable[[str], None], fingerprint: str, prev: dict | None,
+           on_progress: Callable[[dict], None]) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
     """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;
     the records kept, and the outcome that stops the run before generation (no endpoint passes,
     budget spent), if any. While it sends, progress.json is at stage probe, carrying the attempts
-    and the counts the attempt before wrote (what the operator showed until then)."""
+    and the counts the attempt before wrote (what the operator showed until then); `on_progress` (the
+    progress bar) gets the same snapshots."""
     if spec.api.provider_probe is None:
         return None, [], None
     zero = {"total": plan.total, "done": 0, "rejected": 0, "discarded": 0, "failed": 0}
@@ -225,7 +227,9 @@ def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url:
                **{k: prev[k] for k in ("tokens", "tools") if prev and k in prev}}
 
     def show(section: dict) -> None:
-        write_progress(store, {**carried, **section}, ctx.attempt, Stage.PROBE, ctx.run_id)
+        snap = {**carried, **section}
+        write_progress(store, snap, ctx.attempt, Stage.PROBE, ctx.run_id)
+        on_progress(snap)
 
     probe = run_probe(spec, store, ctx, base_url, ProbeSettings.from_spec(spec), notify=notify, on_progress=show,
                       progress_every=PROGRESS_EVERY_S)
