@@ -15,6 +15,12 @@
 # and the testbed's Go module cache (tests/cluster/build.sh).
 #   hack/images.sh [--check] [NAME...]   NAME: pause operator ray-worker extractor-cpu (default: all)
 #   --check: build nothing; list what is missing or stale, exit 1 if anything is
+# Before building anything stale it checks the free space of each filesystem the build writes to (the cache, buildah's
+# store under it, buildah's temporary files in ${TMPDIR:-/var/tmp}): the CPU extractor's build peaks at about 15 GB
+# (buildah commits its 4.7 GB torch layer through a temporary copy), and a full disk fails deep inside buildah with
+# an error that says neither which disk nor how much. With less than EYRIE_IMAGES_MIN_FREE_GB (default 15; GB of
+# 1024^3 bytes, as df -h counts) free it refuses, naming how much is needed, how much is free and where; a machine
+# that knows its builds need less (only the small images stale, say) sets it lower. Root is needed only to build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=../tests/cluster/versions.env
@@ -26,7 +32,6 @@ check=0
 [[ "${1:-}" == --check ]] && { check=1; shift; }
 stale=()
 if ((!check)); then
-  [[ "$(id -u)" -eq 0 ]] || { echo "images: needs root (mmdebstrap and buildah's chroot builds)" >&2; exit 1; }
   mkdir -p "$out"
   exec 9>"$out/.lock"
   flock 9  # one build at a time per cache: a second caller waits, then finds the archives built
@@ -41,6 +46,28 @@ certs=()
 [[ -f /etc/ssl/certs/ca-certificates.crt ]] && certs=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
 
 sha() { sha256sum | cut -c1-64; }
+
+min_free_gb="${EYRIE_IMAGES_MIN_FREE_GB:-15}"
+[[ "$min_free_gb" =~ ^[0-9]+([.][0-9]+)?$ ]] || {
+  echo "images: EYRIE_IMAGES_MIN_FREE_GB must be a number of GB (got '$min_free_gb')" >&2; exit 2; }
+
+can_build() {  # can_build NAME: before building a stale NAME, refuse unless every filesystem the build writes to has
+  # min_free_gb free (checked before each stale image: each build takes room from the next) and this is root
+  local where path dir avail mount
+  for where in "the cache:$out" "buildah's store:$out/buildah" "buildah's temporary files:${TMPDIR:-/var/tmp}"; do
+    path="${where#*:}" dir="${where#*:}"
+    while [[ ! -e "$dir" ]]; do dir="$(dirname "$dir")"; done  # a store not made yet: where it will be
+    read -r avail mount < <(df -Pk "$dir" | awk 'NR == 2 {print $4, $6}')
+    awk -v a="$avail" -v n="$min_free_gb" 'BEGIN {exit !(a < n * 1048576)}' || continue
+    echo "images: not building $1: a build needs $min_free_gb GB free on the filesystem holding ${where%%:*}" \
+      "($path), and $mount has $(awk -v a="$avail" 'BEGIN {printf "%.1f", a / 1048576}') GB free. Free space" \
+      "there, or set EYRIE_IMAGES_MIN_FREE_GB (now $min_free_gb; the CPU extractor's build peaks at about 15 GB)" \
+      "lower on a machine that knows its builds need less" >&2
+    exit 1
+  done
+  [[ "$(id -u)" -eq 0 ]] || {
+    echo "images: $1 is stale, and building it needs root (mmdebstrap and buildah's chroot builds)" >&2; exit 1; }
+}
 
 fresh() {  # fresh NAME ARCHIVE KEY: whether ARCHIVE was built from KEY's inputs (with --check: note it if not)
   [[ -f "$2" && "$(cat "$2.key" 2>/dev/null)" == "$3" ]] && return 0
@@ -117,6 +144,7 @@ build() {
   mapfile -t files < <(context_files "$ignore")
   key="$({ printf '%s\n' "$ref" "$base" "$@"; sha256sum hack/images.sh "$file" "$ignore" "${files[@]}"; } | sha)"
   fresh "$name" "$archive" "$key" && return 0
+  can_build "$name"
   ensure_base
   echo "images: building $name ($ref) from $file" >&2
   timed "$name build" "${buildah[@]}" bud --quiet --isolation chroot --pull-never --layers \
@@ -154,6 +182,7 @@ pause() {
   key="$({ printf '%s\n' "$ref" "$arch"; gcc --version | head -1; sha256sum hack/images.sh
     cat "$src/Dockerfile" "$src/linux/pause.c" | sha; } | sha)"
   fresh pause "$archive" "$key" && return 0
+  can_build pause
   echo "images: building $ref from $src" >&2
   clean_store
   local ctx; ctx="$(mktemp -d)"

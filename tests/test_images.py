@@ -361,3 +361,49 @@ def wheel_requirements(requires: list[str], extras: list[str]) -> list[Requireme
 
 def normalized(reqs: list[Requirement]) -> set[tuple[str, str, tuple[str, ...]]]:
     return {(q.name.lower().replace("_", "-"), str(q.specifier), tuple(sorted(q.extras))) for q in reqs}
+
+
+def run_images_script(tmp_path: Path, min_free_gb: float) -> tuple[subprocess.CompletedProcess, Path, Path]:
+    """hack/images.sh operator into an empty testbed cache (the operator image stale), with stand-ins for `buildah`
+    (records its arguments, then fails: no real build here) and `id` (root, so the run is the same for any user),
+    under EYRIE_IMAGES_MIN_FREE_GB; the result, the cache's images folder and the stand-in buildah's record."""
+    bin_dir, cache, calls = tmp_path / "bin", tmp_path / "cache", tmp_path / "buildah-calls"
+    bin_dir.mkdir()
+    for name, body in {"buildah": f'echo "$@" >> {calls}\nexit 3', "id": "echo 0"}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "EYRIE_TESTBED_CACHE": str(cache),
+           "EYRIE_IMAGES_MIN_FREE_GB": f"{min_free_gb:g}", "TMPDIR": str(tmp_path)}
+    r = subprocess.run(["bash", str(ROOT / "hack" / "images.sh"), "operator"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    return r, cache / "images", calls
+
+
+def test_images_script_refuses_to_build_on_a_disk_without_room_naming_need_free_and_where(tmp_path):
+    """A full disk fails deep inside buildah (the extractor peaks at about 15 GB): the script checks first."""
+    free_gb = shutil.disk_usage(tmp_path).free / 2**30
+    r, images, calls = run_images_script(tmp_path, min_free_gb=round(free_gb + 100))
+    assert r.returncode == 1, r.stderr
+    need = f"{round(free_gb + 100)} GB free"
+    assert f"images: not building operator: a build needs {need} on the filesystem holding the cache ({images})" \
+        in r.stderr
+    said = re.search(r", and (\S+) has ([0-9.]+) GB free\. ", r.stderr)
+    assert said, r.stderr
+    assert Path(said[1]) in {Path(tmp_path), *Path(tmp_path).parents}  # the mount point holding the cache
+    assert abs(float(said[2]) - free_gb) < 0.5  # what df says is free there
+    assert "EYRIE_IMAGES_MIN_FREE_GB" in r.stderr
+    assert not calls.exists()  # buildah never ran
+    assert sorted(p.name for p in images.iterdir()) == [".lock"]  # no archive, no store, no layout
+
+
+def test_images_script_with_room_goes_on_to_build(tmp_path):
+    """The same stale image under a threshold the disk meets: past the check, the build starts (buildah's first
+    call, the stand-in's failure stops it); a threshold that is not a number is refused before any build."""
+    r, images, calls = run_images_script(tmp_path, min_free_gb=0)
+    assert r.returncode == 3 and "not building" not in r.stderr, r.stderr
+    assert calls.read_text().split("\n")[0].endswith("rm --all")  # ensure_base cleaning the store: a build began
+    assert not (images / f"operator-{VERSION}.oci.tar").exists()
+    env = {**os.environ, "EYRIE_TESTBED_CACHE": str(tmp_path / "cache2"), "EYRIE_IMAGES_MIN_FREE_GB": "lots"}
+    bad = subprocess.run(["bash", str(ROOT / "hack" / "images.sh"), "operator"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "EYRIE_IMAGES_MIN_FREE_GB must be a number of GB (got 'lots')" in bad.stderr
