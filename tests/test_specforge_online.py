@@ -203,13 +203,37 @@ def test_longer_rows_are_counted_and_left_out_or_cut_and_compared_cut(tmp_path, 
         export(store, tmp_path / "c", truncate=True)
 
 
-def test_worker_processes_give_the_same_rows(tmp_path, deepseek):
+def test_the_default_is_a_parser_process_per_core_when_the_rows_pay_for_it():
+    from eyrie.jobs.extract.specforge_online import ROWS_PER_WORKER, auto_workers
+
+    assert auto_workers(50_000, 2) == 2 and auto_workers(50_000, 16) == 16
+    assert auto_workers(3 * ROWS_PER_WORKER + 1, 16) == 3  # each process gets at least ROWS_PER_WORKER rows
+    assert auto_workers(2 * ROWS_PER_WORKER - 1, 2) == 1 and auto_workers(10, 1) == 1
+
+
+def test_the_cli_spreads_the_parser_over_the_cores_by_default_with_the_same_bytes_in_row_order(
+        tmp_path, deepseek, monkeypatch):
+    from eyrie.jobs.extract import specforge_online
+    from eyrie.jobs.extract.cli import export_main
+    from eyrie.jobs.extract.run import list_sample_shards, read_samples
+
     store, _ = samples_store(tmp_path / "run", deepseek, "deepseek-v3", conversations(False))
-    one = export(store, tmp_path / "one", workers=1)
-    two = export(store, tmp_path / "two", workers=2)
-    assert (two.exact, dict(two.mismatched)) == (one.exact, dict(one.mismatched))
+    monkeypatch.setattr(specforge_online, "CHUNK", 2)  # three chunks, in flight across the processes at once
+    keep = "--keep-mismatched"  # data.jsonl holds every row: in order whichever process parsed it
+    assert export_main(["specforge-online", store.uri, str(tmp_path / "one"), keep, "--workers", "1"]) == 0
+    monkeypatch.setattr(specforge_online, "usable_cores", lambda: 2)  # a two-core machine, whatever this one is
+    monkeypatch.setattr(specforge_online, "ROWS_PER_WORKER", 2)  # so that five rows pay for two processes
+    assert export_main(["specforge-online", store.uri, str(tmp_path / "two"), keep]) == 0  # the default workers
+    one, two = (json.loads((tmp_path / d / "eyrie_export.json").read_text()) for d in ("one", "two"))
+    assert (one["workers"], two["workers"]) == (1, 2)
+    assert (two["exact"], two["mismatched"]) == (one["exact"], one["mismatched"]) and two["mismatched"]
     for name in ("data.jsonl", "tokens.jsonl", "mismatched.jsonl"):
-        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    order = [r.sample_id for shard in list_sample_shards(store) for r in read_samples(store, shard)]
+    assert [r["id"] for r in lines(tmp_path / "two" / "tokens.jsonl")] == order
+    assert [r["id"] for r in lines(tmp_path / "two" / "data.jsonl")] == order
+    ids = [r["id"] for r in lines(tmp_path / "two" / "mismatched.jsonl")]
+    assert ids == [i for i in order if i in set(ids)]
 
 
 # ------------------------------------------------------------------------- refusals and the CLI

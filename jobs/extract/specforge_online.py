@@ -71,6 +71,7 @@ FORMAT_TEMPLATES: dict[str, tuple[str, ...]] = {  # SpecForge's templates for ey
 }
 PROBE_ROWS = 64  # rows each candidate template is tried on when none is named
 CHUNK = 128  # rows per call of SpecForge's parser (and per task of a worker process)
+ROWS_PER_WORKER = 2000  # rows that pay for starting one more parser process (auto_workers)
 EXAMPLES = 3  # mismatched rows quoted per cause in the summary
 DATA, TOKENS, MISMATCHED, SUMMARY = "data.jsonl", "tokens.jsonl", "mismatched.jsonl", "eyrie_export.json"
 CONFIG, CONFIG_TOKENS = "data-config.yaml", "data-config-tokens.yaml"
@@ -92,7 +93,7 @@ class OnlineOptions:
     overwrite: bool = False
     tokenizer: str | None = None  # the tokenizer to load instead of the one the run names (same files)
     trust_remote_code: bool = False  # as SpecForge's model.trust_remote_code
-    workers: int | None = None  # processes running SpecForge's parser; None: by the number of rows
+    workers: int | None = None  # processes running SpecForge's parser; None: auto_workers (cores, rows)
     model: str | None = None  # the target model (folder or HF id): its config for the vocab mapping and draft
 
 
@@ -409,8 +410,17 @@ def _configs(out: Path, r: OnlineResult, tok: LoadedTokenizer, opts: OnlineOptio
           {**model, "data": {"prompts_path": str((out / TOKENS).resolve()), "max_length": r.max_length}})
 
 
-def _auto_workers(n: int) -> int:
-    return max(1, min(os.cpu_count() or 1, 8, n // 2000))
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (what taskset or a container's cpuset leaves it), not
+    the host's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_workers(rows: int, cores: int) -> int:
+    """Parser processes by default: one per core, as long as each gets ROWS_PER_WORKER rows. A process
+    costs seconds to start (its own torch, transformers, SpecForge and two tokenizer loads) and ~1 GB,
+    which pays only over that many rows; below, the rows are parsed here, in one process."""
+    return max(1, min(cores, rows // ROWS_PER_WORKER))
 
 
 def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptions = OnlineOptions()
@@ -452,7 +462,7 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
     prepare_dir(out, opts.overwrite, ours=_OURS)
     cfg = ParserConfig(str(tok.folder), opts.trust_remote_code, r.chat_template, r.max_length,
                        r.train_only_last_turn)
-    workers = opts.workers or _auto_workers(total)
+    workers = opts.workers or auto_workers(total, usable_cores())
     pool = Pool(cfg, workers, tok, hf) if verify else None
     try:
         with (out / DATA).open("wb") as data, (out / TOKENS).open("wb") as tokens, \
