@@ -39,6 +39,7 @@ import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -98,15 +99,19 @@ class TextCallError(ValueError):
     a caller puts after what it names ("turn 2 <tool_call> 0")."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TextCall:
-    """One call found in a text, at `text[start:end]` (the span its parser read).
+    """One call found in a text, at `text[start:end]` (the span its parser read). Never changed
+    once made (not frozen only because a frozen dataclass costs five times as much to make, and
+    every answer's calls are made).
 
     `arguments` as written: the text between markers (kimi, deepseek) or a string value
     (glaive's `'{...}'`), both JSON text to decode; or the value of an object's `arguments`
     (an object, usually). `item` is the call's place in a list written in one block (None: the
     block held one object). `problem` (with `arguments` None) says why the block is not a call
-    that can be checked."""
+    that can be checked. `json_values`: `arguments` is known to hold JSON's own types only (JSON
+    text decoded, or a string), so a validator need not prove it (False: not known, a literal's
+    value say)."""
 
     format: CallFormat
     name: str | None
@@ -116,10 +121,14 @@ class TextCall:
     problem: str | None = None
     id: str | None = None
     item: int | None = None
+    json_values: bool = False
 
     def message(self) -> str:
         """The problem as a verdict states it."""
         return f"{_SUBJECT[self.format]} {self.problem}"
+
+
+_START = attrgetter("start")  # sort key: calls in text order
 
 
 # ------------------------------------------------------------------------------ call objects
@@ -134,14 +143,14 @@ _MISS = object()
 def _quick_object(text: str) -> Any:
     """`text` as JSON, or as glaive's own shape when a literal would read it the same (nothing to
     unescape): the cheap readings, tried before ast (which compiles: 100x the cost); else _MISS."""
+    if "'" in text:  # glaive's shape first: a text it matches is never JSON (a value cannot open with ')
+        m = _GLAIVE_QUOTED.fullmatch(text)
+        if m and "\\" not in text and "'" not in m.group(2):
+            return {"name": m.group(1), "arguments": m.group(2)}
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
-        pass
-    m = _GLAIVE_QUOTED.fullmatch(text)
-    if m and "\\" not in text and "'" not in m.group(2):
-        return {"name": m.group(1), "arguments": m.group(2)}
-    return _MISS
+        return _MISS
 
 
 def call_object(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> Any:
@@ -151,8 +160,11 @@ def call_object(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> Any:
     verdict, sources' bad row)."""
     text = text.strip()
     value = _quick_object(text)
-    if value is not _MISS:
-        return value
+    return value if value is not _MISS else _literal_object(text, limits)
+
+
+def _literal_object(text: str, limits: TextCallLimits) -> Any:
+    """`call_object` past the cheap readings (`text` stripped): a literal, or glaive's quoted shape."""
     if len(text) > limits.max_literal_chars:
         raise TextCallError(f"is {len(text)} characters, over the {limits.max_literal_chars} limit")
     try:
@@ -178,9 +190,11 @@ def call_parts(obj: Any) -> tuple[str, Any, str | None]:
     return obj["name"], args, str(call_id) if call_id else None
 
 
-def object_calls(fmt: CallFormat, value: Any, start: int = 0, end: int = 0) -> list[TextCall]:
+def object_calls(fmt: CallFormat, value: Any, start: int = 0, end: int = 0, json_values: bool = False,
+                 ) -> list[TextCall]:
     """The calls of one decoded call object, or of a list of them (parallel calls); an item that is
-    not a call is one with its problem. Arguments stay as decoded (from a literal, maybe not JSON)."""
+    not a call is one with its problem. Arguments stay as decoded (from a literal, maybe not JSON;
+    `json_values`: `value` holds JSON's own types only)."""
     items, listed = (value, True) if isinstance(value, list) else ([value], False)
     if not items:
         return [TextCall(fmt, None, None, start, end, "holds no call")]
@@ -192,13 +206,18 @@ def object_calls(fmt: CallFormat, value: Any, start: int = 0, end: int = 0) -> l
         except TextCallError as e:
             out.append(TextCall(fmt, None, None, start, end, str(e), item=item))
             continue
-        out.append(TextCall(fmt, name, args, start, end, id=cid, item=item))
+        out.append(TextCall(fmt, name, args, start, end, id=cid, item=item, json_values=json_values))
     return out
 
 
 def _block_calls(fmt: CallFormat, text: str, start: int, end: int, limits: TextCallLimits) -> list[TextCall]:
+    """`call_object`'s reading of one block, as calls (JSON's readings known to hold JSON values)."""
+    stripped = text.strip()
+    value = _quick_object(stripped)
+    if value is not _MISS:
+        return object_calls(fmt, value, start, end, json_values=True)
     try:
-        value = call_object(text, limits)
+        value = _literal_object(stripped, limits)
     except TextCallError as e:
         return [TextCall(fmt, _named(text), None, start, end, str(e))]
     return object_calls(fmt, value, start, end)
@@ -296,7 +315,7 @@ def parse_glaive(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> lis
         whole = text[a:stop].rstrip()
         value = _quick_object(whole)  # the usual case: the object is all there is before the next marker
         if value is not _MISS:
-            out.extend(object_calls(CallFormat.GLAIVE, value, p, a + len(whole)))
+            out.extend(object_calls(CallFormat.GLAIVE, value, p, a + len(whole), json_values=True))
             p = nxt
             continue
         b = _json_end(text, a, stop) if a < stop and text[a] in _OPENS else -1
@@ -374,39 +393,30 @@ def _marked_calls(fmt: CallFormat, text: str, span: tuple[int, int], begin: str,
         p = text.find(begin, end, stop)
 
 
-class _Finder:
-    """`text.find(marker, pos)` for a few markers, each remembered until `pos` passes it, so a
-    scan that asks again and again stays linear (a marker absent from the text is looked for once)."""
-
-    def __init__(self, text: str, markers: tuple[str, ...]):
-        self.text = text
-        self.at = {m: -2 for m in markers}
-
-    def first(self, pos: int) -> tuple[int, str] | None:
-        """The earliest (position, marker) at or after `pos`."""
-        best: tuple[int, str] | None = None
-        for m, at in self.at.items():
-            if at != -1 and at < pos:
-                at = self.at[m] = self.text.find(m, pos)
-            if at != -1 and (best is None or at < best[0]):
-                best = (at, m)
-        return best
+def _any_of(*markers: str) -> re.Pattern[str]:
+    """One search for the earliest of a few markers (no two of which can start at one place)."""
+    return re.compile("|".join(map(re.escape, markers)))
 
 
-def _sections(text: str, begins: tuple[str, ...], ends: tuple[str, ...], call_begin: str) -> list[tuple[int, int]]:
-    """Spans of the native sections (begin .. end, or to the text's end when unclosed); a call
-    marker outside any section (its section begin lost) opens one of its own."""
+_KIMI_OPENS = _any_of(*KIMI_SECTION_BEGINS, kimi.CALL_BEGIN)
+_KIMI_CLOSES = _any_of(*KIMI_SECTION_ENDS)
+_DS_OPENS = _any_of(DS_CALLS_BEGIN, DS_CALL_BEGIN)
+_DS_CLOSES = _any_of(DS_CALLS_END)
+
+
+def _sections(text: str, opens: re.Pattern[str], closes: re.Pattern[str]) -> list[tuple[int, int]]:
+    """Spans of the native sections (from a section's begin or a call's, `opens`, to the first of
+    `closes` after it, or to the text's end when unclosed); a call marker outside any section (its
+    section begin lost) opens one of its own. Each search starts where the last ended: linear."""
     spans: list[tuple[int, int]] = []
-    opens, closes = _Finder(text, (*begins, call_begin)), _Finder(text, ends)
-    pos = 0
-    while (o := opens.first(pos)) is not None:
-        a, b = o
-        c = closes.first(a + len(b))
+    o = opens.search(text)
+    while o is not None:
+        c = closes.search(text, o.end())
         if c is None:
-            spans.append((a, len(text)))
+            spans.append((o.start(), len(text)))
             break
-        spans.append((a, c[0] + len(c[1])))
-        pos = c[0] + len(c[1])
+        spans.append((o.start(), c.end()))
+        o = opens.search(text, c.end())
     return spans
 
 
@@ -415,7 +425,7 @@ def parse_kimi(text: str, declared: Collection[str] = (), limits: TextCallLimits
     """Kimi K2's native call sections, and (NAME declared, no section) `functions.NAME:IDX{...}` left
     by a decoder that dropped the markers; returns (calls, the spans of the sections)."""
     out: list[TextCall] = []
-    spans = _sections(text, KIMI_SECTION_BEGINS, KIMI_SECTION_ENDS, kimi.CALL_BEGIN) \
+    spans = _sections(text, _KIMI_OPENS, _KIMI_CLOSES) \
         if kimi.CALL_BEGIN in text or "section_begin|>" in text else []
     for span in spans:
         _marked_calls(CallFormat.KIMI, text, span, kimi.CALL_BEGIN, kimi.CALL_END, _kimi_call, limits, out)
@@ -429,7 +439,7 @@ def parse_kimi(text: str, declared: Collection[str] = (), limits: TextCallLimits
                 if m.group(1) in declared and o in objects and text[o] == "{" and len(out) <= limits.max_calls:
                     out.append(TextCall(CallFormat.KIMI, m.group(1), text[o:objects[o]], m.start(), objects[o],
                                         id=m.group(0)))
-    out.sort(key=lambda c: c.start)
+    out.sort(key=_START)
     return out, spans
 
 
@@ -465,7 +475,7 @@ def parse_deepseek(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS,
     """DeepSeek's native calls (V3.1 and the older V3/R1 form); returns (calls, the sections' spans)."""
     if DS_CALL_BEGIN not in text and DS_CALLS_BEGIN not in text:
         return [], []
-    spans = _sections(text, (DS_CALLS_BEGIN,), (DS_CALLS_END,), DS_CALL_BEGIN)
+    spans = _sections(text, _DS_OPENS, _DS_CLOSES)
     out: list[TextCall] = []
     for span in spans:
         _marked_calls(CallFormat.DEEPSEEK, text, span, DS_CALL_BEGIN, DS_CALL_END, _deepseek_call, limits, out)
@@ -477,30 +487,34 @@ def _json_calls(value: Any, declared: Collection[str], start: int, end: int) -> 
     wrapped = isinstance(value, dict) and ("tool_calls" in value or "function_call" in value)
     if wrapped:
         value = value.get("tool_calls", value.get("function_call"))
-    items = value if isinstance(value, list) else [value]
-    shaped = []
-    for obj in items:
-        fn = obj.get("function") if isinstance(obj, dict) and isinstance(obj.get("function"), dict) else obj
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+    listed = isinstance(value, list)
+    shaped = []  # (name, the call's object, its id): call_parts' reading of each
+    for obj in value if listed else (value,):
+        if not isinstance(obj, dict):
+            continue
+        fn, cid = obj, None
+        if isinstance(obj.get("function"), dict):
+            fn, cid = obj["function"], obj.get("id")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
             continue
         if "description" in fn and "arguments" not in fn:
             continue  # a declaration echoed back, not a call
-        shaped.append((obj, fn["name"]))
-    if not (wrapped and shaped) and not any(name in declared for _obj, name in shaped):
+        shaped.append((name, fn, cid))
+    if not (wrapped and shaped) and not any(name in declared for name, _fn, _cid in shaped):
         return []
-    listed = isinstance(value, list)
-    out = []
-    for j, (obj, _name) in enumerate(shaped):
-        name, args, cid = call_parts(obj)
-        out.append(TextCall(CallFormat.JSON, name, args, start, end, id=cid, item=j if listed else None))
-    return out
+    return [TextCall(CallFormat.JSON, name, fn.get("arguments", fn.get("parameters", {})), start, end,
+                     id=str(cid) if cid else None, item=j if listed else None, json_values=True)
+            for j, (name, fn, cid) in enumerate(shaped)]
 
 
 def _json_spans(text: str, start: int, stop: int) -> list[tuple[int, int, Any]]:
     """`_outer_spans` with each span's value (_MISS: not decoded yet), and a fast path for the usual
     answer (prose, then one JSON value, fenced or not, then prose without brackets): when the text
     from its first opener to its last closer is valid JSON, that is the one outermost span."""
-    a = min((i for i in (text.find("{", start, stop), text.find("[", start, stop)) if i != -1), default=-1)
+    a, a2 = text.find("{", start, stop), text.find("[", start, stop)
+    if a == -1 or (a2 != -1 and a2 < a):
+        a = a2
     b = max(text.rfind("}", start, stop), text.rfind("]", start, stop)) + 1
     if a != -1 and b > a:
         try:
@@ -534,7 +548,7 @@ def parse_json(text: str, declared: Collection[str], start: int = 0, stop: int |
         if len(out) > limits.max_calls:
             break
     if text.find("```", start, stop) != -1:
-        out = sorted([*out, *_unbalanced_fences(text, start, stop, declared, out)], key=lambda c: c.start)
+        out = sorted([*out, *_unbalanced_fences(text, start, stop, declared, out)], key=_START)
     return out
 
 
@@ -583,12 +597,27 @@ def _gaps(spans: list[tuple[int, int]], start: int, stop: int) -> Iterator[tuple
 def _disjoint(calls: list[TextCall]) -> list[TextCall]:
     """Calls in text order; one inside another's span (a Hermes tag inside a glaive payload) is
     part of that call, not one of its own. Calls of one block share its span."""
+    if len(calls) < 2:
+        return calls[:]
     out: list[TextCall] = []
     end = -1
-    for c in sorted(calls, key=lambda c: c.start):
+    for c in sorted(calls, key=_START):
         if c.start >= end or (out and (c.start, c.end) == (out[-1].start, out[-1].end)):
             out.append(c)
             end = max(end, c.end)
+    return out
+
+
+def _json_outside(text: str, declared: Collection[str], claimed: list[tuple[int, int]],
+                  limits: TextCallLimits) -> list[TextCall]:
+    """`parse_json` on each part of the text outside the sorted `claimed` spans (`_gaps`) that
+    holds a `"name"`."""
+    out: list[TextCall] = []
+    if not declared:
+        return out
+    for a, b in _gaps(claimed, 0, len(text)) if claimed else ((0, len(text)),):
+        if text.find('"name"', a, b) != -1:
+            out += parse_json(text, declared, a, b, limits)
     return out
 
 
@@ -601,15 +630,18 @@ def find_calls(text: str | None, declared: Collection[str] = (),
         return []
     text = text[: limits.max_text_chars]
     found: list[TextCall] = []
-    claimed: list[tuple[int, int]] = []
+    claimed: list[tuple[int, int]] = []  # the native sections' spans, then every call's
     if "<" in text or "functions." in text:
-        k_calls, k_spans = parse_kimi(text, declared, limits)
-        d_calls, d_spans = parse_deepseek(text, limits)
-        found = [*k_calls, *d_calls, *parse_hermes(text, limits), *parse_glaive(text, limits)]
-        claimed = [*k_spans, *d_spans]
-    found = _disjoint(found)
-    claimed = sorted([*claimed, *((c.start, c.end) for c in found)])
-    written = [c for a, b in _gaps(claimed, 0, len(text)) for c in parse_json(text, declared, a, b, limits)]
+        # each parser is asked only when its markers can be there (Kimi's all open with "<|",
+        # DeepSeek's are not ASCII); it looks for them itself
+        if "<|" in text or "functions." in text:
+            found, claimed = parse_kimi(text, declared, limits)
+        if not text.isascii():
+            d_calls, d_spans = parse_deepseek(text, limits)
+            found, claimed = [*found, *d_calls], [*claimed, *d_spans]
+        found = _disjoint([*found, *parse_hermes(text, limits), *parse_glaive(text, limits)])
+        claimed = sorted([*claimed, *[(c.start, c.end) for c in found]])
+    written = _json_outside(text, declared, claimed, limits)
     if written:
         found = _disjoint([*found, *written])
     if len(found) > limits.max_calls:

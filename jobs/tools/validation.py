@@ -166,37 +166,40 @@ class ToolValidator:
             if c.problem is not None:
                 out.append(self._bad(i, name, c.message()[: self.limits.max_message_chars], c.format.value))
             else:
-                out.append(self._check(i, name or "", c.arguments, c.format.value))
+                out.append(self._check(i, name or "", c.arguments, c.format.value, c.json_values))
         return out
 
-    def _decode(self, args: Any, fmt: str) -> tuple[Any, str | None]:
-        """(the arguments' value, or _NOT_DECODED with the reason). A provider returns the JSON
-        text (some the object); a call written as text may hold any value."""
+    def _decode(self, args: Any, fmt: str) -> tuple[Any, str | None, bytes | None]:
+        """(the arguments' value, or _NOT_DECODED with the reason; the value as JSON when it came
+        decoded, else None). A provider returns the JSON text (some the object); a call written as
+        text may hold any value."""
         cap = self.limits.max_message_chars
         most = self.limits.max_argument_depth
         if fmt == CallFormat.STRUCTURED and not isinstance(args, (str, dict)):
-            return _NOT_DECODED, f"arguments must be a JSON string, got {json_type_name(args)}"
+            return _NOT_DECODED, f"arguments must be a JSON string, got {json_type_name(args)}", None
+        dumped = None
         if isinstance(args, str):
             if len(args) > self.limits.max_argument_chars:
                 return _NOT_DECODED, (f"arguments are {len(args)} characters, over the "
-                                      f"{self.limits.max_argument_chars} limit")
+                                      f"{self.limits.max_argument_chars} limit"), None
             deep = args.count("{") + args.count("[") > most  # cheap: nesting needs that many brackets
             try:
                 args = orjson.loads(args)
             except orjson.JSONDecodeError as e:
-                return _NOT_DECODED, f"arguments are not valid JSON: {e}"[:cap]
+                return _NOT_DECODED, f"arguments are not valid JSON: {e}"[:cap], None
         else:  # decoded already (a provider's object, a call written as text): JSON values, not too deep?
             try:
                 dumped = orjson.dumps(args)
             except TypeError:  # sets, bytes, int keys, huge ints (a Python literal); orjson's depth cap
-                return _NOT_DECODED, "arguments are not JSON values"
+                return _NOT_DECODED, "arguments are not JSON values", None
             deep = dumped.count(b"{") + dumped.count(b"[") > most
         if deep and json_depth(args, most) > most:
-            return _NOT_DECODED, f"arguments nest deeper than {most} levels"
-        return args, None
+            return _NOT_DECODED, f"arguments nest deeper than {most} levels", None
+        return args, None, dumped
 
-    def _check(self, i: int, name: str, args: Any, fmt: str) -> CallVerdict:
-        value, problem = self._decode(args, fmt)
+    def _check(self, i: int, name: str, args: Any, fmt: str, json_values: bool = False) -> CallVerdict:
+        """`json_values`: `args` is known to hold JSON's own types only (`TextCall.json_values`)."""
+        value, problem, dumped = self._decode(args, fmt)
         arguments = None if value is _NOT_DECODED else value
         validator = self._by_name.get(name)
         if validator is None:
@@ -207,9 +210,9 @@ class ToolValidator:
         if not isinstance(value, dict):
             return self._bad(i, name, f"arguments must be a JSON object, got {json_type_name(value)}", fmt,
                              arguments)
-        # decoded from JSON text: JSON's types only; else (a provider's object, a call written as
-        # text) only if it survives a round trip through JSON unchanged
-        plain = isinstance(args, str) or orjson.loads(orjson.dumps(value)) == value
+        # decoded from JSON text (here or by the text call's reader): JSON's types only; else (a
+        # provider's object, a literal written as text) only if it survives a round trip through JSON
+        plain = dumped is None or json_values or orjson.loads(dumped) == value
         try:
             errors = validator.errors(value, self.limits.max_errors_per_call, cap, plain)
         except (Unresolvable, RecursionError) as e:
