@@ -219,13 +219,16 @@ def test_the_cli_spreads_the_parser_over_the_cores_by_default_with_the_same_byte
 
     store, _ = samples_store(tmp_path / "run", deepseek, "deepseek-v3", conversations(False))
     monkeypatch.setattr(specforge_online, "CHUNK", 2)  # three chunks, in flight across the processes at once
-    keep = "--keep-mismatched"  # data.jsonl holds every row: in order whichever process parsed it
-    assert export_main(["specforge-online", store.uri, str(tmp_path / "one"), keep, "--workers", "1"]) == 0
+    # data.jsonl holds every row (in order whichever process parsed it); no probe: all parsing is the processes'
+    keep = ["--keep-mismatched", "--chat-template", "deepseek-v3"]
+    assert export_main(["specforge-online", store.uri, str(tmp_path / "one"), *keep, "--workers", "1"]) == 0
     monkeypatch.setattr(specforge_online, "usable_cores", lambda: 2)  # a two-core machine, whatever this one is
     monkeypatch.setattr(specforge_online, "ROWS_PER_WORKER", 2)  # so that five rows pay for two processes
-    assert export_main(["specforge-online", store.uri, str(tmp_path / "two"), keep]) == 0  # the default workers
+    assert export_main(["specforge-online", store.uri, str(tmp_path / "two"), *keep]) == 0  # the default workers
     one, two = (json.loads((tmp_path / d / "eyrie_export.json").read_text()) for d in ("one", "two"))
     assert (one["workers"], two["workers"]) == (1, 2)
+    for doc in (one, two):  # the processes' CPU, and of it SpecForge's parser (in the workers too)
+        assert 0 < doc["parserCpuSeconds"] < doc["cpuSeconds"], doc
     assert (two["exact"], two["mismatched"]) == (one["exact"], one["mismatched"]) and two["mismatched"]
     for name in ("data.jsonl", "tokens.jsonl", "mismatched.jsonl"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
@@ -249,6 +252,7 @@ def test_without_specforge_the_rows_are_written_unchecked_and_verify_is_refused(
     r = export(store, tmp_path / "sf")
     assert (r.verified, r.written, r.summary["exact"], r.chat_template, r.chosen_by) == (
         False, 5, None, "qwen3-thinking", "format")
+    assert r.summary["parserCpuSeconds"] is None and r.summary["cpuSeconds"] > 0
 
 
 def target_config(folder: Path, vocab: int) -> Path:
@@ -366,6 +370,7 @@ def test_cli_prints_what_specforge_will_train_on_and_refuses_a_used_folder(tmp_p
     text = capsys.readouterr().out
     assert "SpecForge 0.2.0 will train on 0 of 5 rows exactly as eyrie rebuilt them" in text
     assert "5 mask_boundary" in text and "first difference: sample" in text
+    assert "inside SpecForge's own parser" in text
     with pytest.raises(ExportError, match="not empty"):
         export_main(["specforge-online", store.uri, out])
     (tmp_path / "sf" / "notes.txt").write_text("mine")

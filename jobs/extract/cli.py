@@ -163,6 +163,10 @@ def online_summary(s: dict) -> str:
                                               else ""))
     for cause, n in s["mismatched"].items():
         lines.append(f"  {n} {cause}: {s['causes'][cause]}")
+    if s.get("parserCpuSeconds") is not None and s.get("cpuSeconds"):
+        lines.append(f"CPU: {s['cpuSeconds']:.1f} s (this process and its parser processes: {s['workers']}), "
+                     f"{s['parserCpuSeconds']:.1f} s of it ({s['parserCpuSeconds'] / s['cpuSeconds']:.0%}) inside "
+                     "SpecForge's own parser")
     first = next((e for e in s["examples"] if "eyrie" in e), None)
     if first:
         lines += [f"first difference: sample {first['id']} at token {first['position']} ({first['cause']}); "

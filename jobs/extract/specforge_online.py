@@ -113,6 +113,8 @@ class OnlineResult:
     max_length: int = 0
     verified: bool = False
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's (from the export's start) and its parser processes' (start-up too)
+    parser_cpu_seconds: float | None = None  # of which inside SpecForge's parser (None: not verified)
     draft: dict[str, Any] | None = None  # draft-config.json's content (with model)
     model: str | None = None  # the target model as SpecForge is told it (model.target_model_path)
     loss_tokens: Counter[int] = field(default_factory=Counter)  # counted for the vocab mapping (with model)
@@ -176,6 +178,7 @@ class Checker:
                                                     trustRemoteCode=cfg.trust_remote_code))
         self.hf = hf if hf is not None else _hf_tokenizer(self.tok, cfg.trust_remote_code)
         self.template = TEMPLATE_REGISTRY.get(cfg.template)
+        self.parser_cpu = 0.0  # CPU seconds inside SpecForge's parser: the export's cost that is not eyrie's
 
     def texts(self, rows: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[str]:
         return [self.tok.decode(ids.tolist()) for ids, _ in rows]
@@ -186,9 +189,11 @@ class Checker:
         from specforge.data.preprocessing import preprocess_conversations
 
         texts = self.texts(rows)
+        c0 = time.process_time()
         out = preprocess_conversations(self.hf, texts, self.template, self.cfg.max_length, is_preformatted=True,
                                        train_only_last_turn=self.cfg.train_only_last_turn,
                                        tools=[[] for _ in texts])
+        self.parser_cpu += time.process_time() - c0
         if len(out["input_ids"]) != len(texts):  # SpecForge skips empty texts; eyrie's samples have tokens
             raise ExportError(f"SpecForge's parser returned {len(out['input_ids'])} rows for {len(texts)}")
         n = self.cfg.max_length
@@ -206,9 +211,12 @@ def _init_worker(cfg: ParserConfig) -> None:
     _WORKER = Checker(cfg)
 
 
-def _check_in_worker(rows: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[str, Difference | None]]:
+def _check_in_worker(rows: list[tuple[np.ndarray, np.ndarray]]
+                     ) -> tuple[list[tuple[str, Difference | None]], int, float, float]:
+    """The rows' verdicts, and this process's CPU so far (pid, in SpecForge's parser, in all: start-up too)."""
     assert _WORKER is not None
-    return _WORKER.check(rows)
+    results = _WORKER.check(rows)
+    return results, os.getpid(), _WORKER.parser_cpu, time.process_time()
 
 
 class Pool:
@@ -220,6 +228,19 @@ class Pool:
         self.ex = None if workers <= 1 else concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker, initargs=(cfg,))
         self.depth = 2 * max(1, workers)
+        self.seen: dict[int, tuple[float, float]] = {}  # worker pid -> its last (parser, all) CPU seconds
+
+    def cpu(self) -> tuple[float, float]:
+        """(CPU seconds in SpecForge's parser, CPU seconds of the worker processes in all): with the export's
+        own process time, the whole tree's cost and the share of it that is SpecForge's."""
+        if self.local is not None:
+            return self.local.parser_cpu, 0.0
+        return sum(p for p, _ in self.seen.values()), sum(a for _, a in self.seen.values())
+
+    def _take(self, done: concurrent.futures.Future) -> list[tuple[str, Difference | None]]:
+        results, pid, parser, total = done.result()
+        self.seen[pid] = max(self.seen.get(pid, (0.0, 0.0)), (parser, total))  # cumulative: the latest is largest
+        return results
 
     def run(self, chunks: Iterator[list[tuple[np.ndarray, np.ndarray]]]
             ) -> Iterator[list[tuple[str, Difference | None]]]:
@@ -232,9 +253,9 @@ class Pool:
         for c in chunks:
             pending.append(self.ex.submit(_check_in_worker, c))
             if len(pending) >= self.depth:
-                yield pending.popleft().result()
+                yield self._take(pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield self._take(pending.popleft())
 
     def close(self) -> None:
         if self.ex is not None:
@@ -351,19 +372,19 @@ def _candidates(fmt: str, first_text: str) -> list[str]:
 
 
 def _choose(fmt: str, tok: LoadedTokenizer, hf: Any, probe: list[SampleRow], opts: OnlineOptions, max_length: int,
-            last_turn: bool, verify: bool) -> tuple[str, str, dict[str, int]]:
-    """(template, how it was chosen, exact rows of the probe per candidate)."""
+            last_turn: bool, verify: bool) -> tuple[str, str, dict[str, int], float]:
+    """(template, how it was chosen, exact rows of the probe per candidate, CPU seconds in SpecForge's parser)."""
     names = specforge_templates() if verify else []
     if opts.chat_template:
         if verify and opts.chat_template not in names:
             raise ExportError(f"--chat-template {opts.chat_template!r}: SpecForge {SPECFORGE_VERSION} has no such "
                               f"template; it has: {', '.join(names)}")
-        return opts.chat_template, "given", {}
+        return opts.chat_template, "given", {}, 0.0
     if not verify:
         if fmt not in FORMAT_TEMPLATES:
             raise ExportError(f"chat format {fmt!r} has no SpecForge template eyrie knows to name without checking: "
                               "pass --chat-template NAME (or let the export verify the rows: install specforge)")
-        return FORMAT_TEMPLATES[fmt][0], "format", {}
+        return FORMAT_TEMPLATES[fmt][0], "format", {}, 0.0
     text = tok.decode(probe[0].input_ids.tolist()) if probe else ""
     cands = _candidates(fmt, text)
     if not cands:
@@ -372,14 +393,16 @@ def _choose(fmt: str, tok: LoadedTokenizer, hf: Any, probe: list[SampleRow], opt
                           f"{', '.join(names)}. Name one with --chat-template (the verification then says how its "
                           "rows compare), or train on tokens.jsonl (data.prompts_path), which needs no template")
     if len(cands) == 1:
-        return cands[0], "format", {}
+        return cands[0], "format", {}, 0.0
     scores: dict[str, int] = {}
     rows = [(r.input_ids, r.loss_mask) for r in probe]
+    cpu = 0.0
     for name in cands:
         checker = Checker(ParserConfig(str(tok.folder), opts.trust_remote_code, name, max_length, last_turn), tok, hf)
         scores[name] = sum(d is None for _t, d in checker.check(rows))
+        cpu += checker.parser_cpu
     best = max(cands, key=lambda n: scores[n])  # the first listed among equals
-    return best, "probe", scores
+    return best, "probe", scores, cpu
 
 
 def _yaml(path: Path, header: str, doc: dict[str, Any]) -> None:
@@ -426,7 +449,7 @@ def auto_workers(rows: int, cores: int) -> int:
 def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptions = OnlineOptions()
                             ) -> OnlineResult:
     """Write the run's samples for SpecForge's online training into `out_dir`, checked row by row."""
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     if opts.truncate and not opts.max_length:
         raise ExportError("--truncate needs --max-length N (SpecForge's data.max_length)")
     why = specforge_importable()
@@ -456,8 +479,8 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
         if len(probe) == PROBE_ROWS:
             break
     hf = _hf_tokenizer(tok, opts.trust_remote_code) if verify else None  # loaded once: a large vocabulary takes s
-    r.chat_template, r.chosen_by, r.probe = _choose(fmt, tok, hf, probe, opts, r.max_length, r.train_only_last_turn,
-                                                    verify)
+    r.chat_template, r.chosen_by, r.probe, probe_cpu = _choose(fmt, tok, hf, probe, opts, r.max_length,
+                                                               r.train_only_last_turn, verify)
     out = Path(out_dir)
     prepare_dir(out, opts.overwrite, ours=_OURS)
     cfg = ParserConfig(str(tok.folder), opts.trust_remote_code, r.chat_template, r.max_length,
@@ -468,6 +491,9 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
         with (out / DATA).open("wb") as data, (out / TOKENS).open("wb") as tokens, \
                 (out / MISMATCHED).open("wb") as mism:
             _write(store, shards, r, opts, tok, pool, data, tokens, mism)
+        if pool is not None:
+            parser_cpu, r.cpu_seconds = pool.cpu()  # the workers' CPU; this process's is added below
+            r.parser_cpu_seconds = probe_cpu + parser_cpu
     finally:
         if pool is not None:
             pool.close()
@@ -476,6 +502,7 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
         _vocab_mapping(out, r)
     _configs(out, r, tok, opts)
     r.seconds = round(time.monotonic() - t0, 3)
+    r.cpu_seconds = round(r.cpu_seconds + time.process_time() - c0, 3)  # this process's and its workers'
     r.summary = _summary(store, out, r, run, tok, opts, workers)
     doc = orjson.dumps(r.summary, option=orjson.OPT_INDENT_2)
     (out / SUMMARY).write_bytes(doc + b"\n")
@@ -575,5 +602,8 @@ def _summary(store: Store, out: Path, r: OnlineResult, run: dict[str, Any], tok:
         "model": r.model,
         "draftVocabSize": r.draft["draft_vocab_size"] if r.draft else None,
         "workers": workers, "seconds": r.seconds,
+        # CPU of the export's processes, and of it inside SpecForge's own parser: what is not eyrie's
+        "cpuSeconds": r.cpu_seconds,
+        "parserCpuSeconds": None if r.parser_cpu_seconds is None else round(r.parser_cpu_seconds, 3),
         "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
