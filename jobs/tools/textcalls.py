@@ -186,7 +186,7 @@ def call_parts(obj: Any) -> tuple[str, Any, str | None]:
         obj = obj["function"]
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise TextCallError("has no function name")
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
     return obj["name"], args, str(call_id) if call_id else None
 
 
@@ -206,7 +206,7 @@ def object_calls(fmt: CallFormat, value: Any, start: int = 0, end: int = 0, json
         except TextCallError as e:
             out.append(TextCall(fmt, None, None, start, end, str(e), item=item))
             continue
-        out.append(TextCall(fmt, name, args, start, end, id=cid, item=item, json_values=json_values))
+        out.append(TextCall(fmt, name, args, start, end, None, cid, item, json_values))
     return out
 
 
@@ -365,9 +365,10 @@ def _kimi_call(text: str, start: int, end: int, limits: TextCallLimits) -> TextC
         return TextCall(CallFormat.KIMI, None, None, start, end,
                         f"has a call id of {len(head)} characters, over the {limits.max_id_chars} limit")
     m = _KIMI_ID.fullmatch(head)
-    name = m.group(1) if m else head.strip()
+    call_id = head.strip()
+    name = m.group(1) if m else call_id
     return TextCall(CallFormat.KIMI, name or None, args.strip(), start, end,
-                    None if name else "has no function name", id=head.strip() or None)
+                    None if name else "has no function name", call_id or None)
 
 
 def _marked_calls(fmt: CallFormat, text: str, span: tuple[int, int], begin: str, end_marker: str,
@@ -503,8 +504,8 @@ def _json_calls(value: Any, declared: Collection[str], start: int, end: int) -> 
         shaped.append((name, fn, cid))
     if not (wrapped and shaped) and not any(name in declared for name, _fn, _cid in shaped):
         return []
-    return [TextCall(CallFormat.JSON, name, fn.get("arguments", fn.get("parameters", {})), start, end,
-                     id=str(cid) if cid else None, item=j if listed else None, json_values=True)
+    return [TextCall(CallFormat.JSON, name, fn["arguments"] if "arguments" in fn else fn.get("parameters", {}),
+                     start, end, None, str(cid) if cid else None, j if listed else None, True)
             for j, (name, fn, cid) in enumerate(shaped)]
 
 

@@ -163,10 +163,11 @@ class ToolValidator:
         out = []
         for i, c in enumerate(calls, first):
             name = c.name[:MAX_NAME_CHARS] if c.name is not None else None
+            fmt = str(c.format)  # a StrEnum's value (its `.value` is a property: 3x the cost)
             if c.problem is not None:
-                out.append(self._bad(i, name, c.message()[: self.limits.max_message_chars], c.format.value))
+                out.append(self._bad(i, name, c.message()[: self.limits.max_message_chars], fmt))
             else:
-                out.append(self._check(i, name or "", c.arguments, c.format.value, c.json_values))
+                out.append(self._check(i, name or "", c.arguments, fmt, c.json_values))
         return out
 
     def _decode(self, args: Any, fmt: str) -> tuple[Any, str | None, bytes | None]:
