@@ -14,7 +14,11 @@ and fenced JSON, two calls, invalid and undeclared calls, prose, no call).
 Checking an answer costs several times what reading its row does, so `--from` checks a large file
 in one process per core (generate/audit_from.py); the ratio therefore depends on the cores, and on
 what else runs on them (a shared machine's load takes the cores the checking processes would use).
-Also printed: the CPU time a row costs each, which the load changes far less.
+Also printed: the CPU time a row costs each, which the load changes far less, and where a row's
+CPU goes: each step `--from` takes with a row, timed alone in this process on rows already in
+memory, the figures computed over all the rows, the start-up's imports, and what is left of the
+command's CPU (reading the file, handing rows to the checking processes and their tallies back,
+and the steps' cost together beyond their costs alone: caches a lone step keeps warm).
 Target: ratio >= 0.8.
 
 Run: python benchmarks/audit_from.py [--rows N]
@@ -38,13 +42,22 @@ from _common import eyrie_python
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fake_provider import TEXT_ANSWERS
+from tool_validation import best_of
 
+from eyrie.jobs import sources
+from eyrie.jobs.api import reported_cost
+from eyrie.jobs.generate.audit import declarations_of
 from eyrie.jobs.generate.audit_from import analyse_recorded, workers_for
-from eyrie.jobs.generate.budget import Pricing
+from eyrie.jobs.generate.budget import Pricing, actual_cost
+from eyrie.jobs.generate.recorded import iter_lines, parse_line
 from eyrie.jobs.sources import iter_source
 from eyrie.jobs.spec import SourceSpec
+from eyrie.jobs.tools import audit_stats, checks
 
 TARGET = 0.8
+STAGE_ROWS = 10_000  # rows the step-by-step breakdown times (in memory, this process)
+STEPS = ("decode + prompt (the reader's own work)", "the answer read (parse_line's rest)", "sample id",
+         "declarations looked up (cached per set)", "priced", "checked (text calls found, validated)", "its fact made")
 SETS = 2000  # distinct function sets the rows' system prompts declare (a dataset reuses its functions)
 PREAMBLE = "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -\n"
 
@@ -88,6 +101,40 @@ def reader_rate(path: Path, repeats: int = 2) -> tuple[float, float]:
     return best, cpu
 
 
+def step_costs(path: Path, rows: int = STAGE_ROWS, repeats: int = 3) -> list[float]:
+    """CPU us a row of each of STEPS (the calls `generate/audit_from._add` makes), each timed alone
+    over `rows` rows held in memory, on the inputs the step before it made: best of `repeats`."""
+    lines = [item[1] for item, _ in zip(iter_lines(path), range(rows), strict=False)]
+    pricing = Pricing(Decimal("0.60"), Decimal("2.50"))
+    name = path.name
+    read = [parse_line(line, name, i) for i, line in enumerate(lines, 1)]
+    got = [declarations_of(r.prompt, r.mode) for r in read]
+    costs = [actual_cost(pricing, r.usage, reported_cost(r.usage)) for r in read]
+    found = [checks.check_response(g.prepared, r.response, g.validator) for g, r in zip(got, read, strict=True)]
+    sids = [r.prompt.sample_id() for r in read]
+    steps = [
+        lambda: [sources.prompt_from_row(name, "glaive", i, sources.decode_line(line)) for i, line in enumerate(lines)],
+        lambda: [parse_line(line, name, i) for i, line in enumerate(lines, 1)],
+        lambda: [r.prompt.sample_id() for r in read],
+        lambda: [declarations_of(r.prompt, r.mode) for r in read],
+        lambda: [actual_cost(pricing, r.usage, reported_cost(r.usage)) for r in read],
+        lambda: [checks.check_response(g.prepared, r.response, g.validator) for g, r in zip(got, read, strict=True)],
+        lambda: [audit_stats.fact_from_check(sid, r.prompt.source, r.mode, c, g.names, r.usage,
+                                             float(cost) if cost is not None else None)
+                 for sid, r, c, g, cost in zip(sids, read, found, got, costs, strict=True)],
+    ]
+    best = [1e6 * t / len(lines) for t, _ in best_of(steps, repeats, time.process_time)]
+    best[1] -= best[0]  # parse_line reads the prompt as the reader does, then the answer
+    return best
+
+
+def import_cpu() -> float:
+    """CPU seconds of the command's imports (a process that only imports what `eyrie audit` does)."""
+    before = children_cpu()
+    subprocess.run([eyrie_python(), "-c", "import eyrie.jobs.cli.run, eyrie.jobs.generate.audit_from"], check=True)
+    return children_cpu() - before
+
+
 def children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -114,6 +161,12 @@ def main() -> None:
         tally = analyse_recorded(path, Pricing(Decimal("0.60"), Decimal("2.50")))
         inproc = tally.rows / (time.perf_counter() - t0)
         assert tally.rows == args.rows and tally.bad_rows == 0, (tally.rows, tally.bad_rows)
+        c0 = time.process_time()
+        judged = sum(1 for f in tally.facts if f.status != "unparsable")
+        audit_stats.summarize(tally.facts, {"prompts": tally.rows, "declaredPrompts": judged})
+        figures = 1e6 * (time.process_time() - c0) / tally.rows
+        steps = step_costs(path, min(STAGE_ROWS, args.rows))
+        imports = import_cpu()
     ours = args.rows / wall
     ratio = ours / peer
     print(f"rows: {args.rows:,} ({size / 2**20:.0f} MiB), checked by {workers} processes")
@@ -123,6 +176,19 @@ def main() -> None:
     print(f"CPU a row (all its processes, start-up included): eyrie audit --from {1e6 * cpu:.0f} us, "
           f"the reader {1e6 * peer_cpu:.0f} us ({cpu / peer_cpu:.1f}x); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    per_row = 1e6 * cpu
+    startup = 1e6 * imports / args.rows
+    left = per_row - sum(steps) - figures - startup
+    print(f"where a row's CPU goes (each step timed alone in this process on {min(STAGE_ROWS, args.rows):,} rows "
+          f"in memory, best of 3; the figures over all {args.rows:,}):")
+    for name, us in zip(STEPS, steps, strict=True):
+        print(f"  {name:44s} {us:6.1f} us")
+    print(f"  {'the figures and intervals (summarize)':44s} {figures:6.1f} us")
+    print(f"  {'start-up imports':44s} {startup:6.1f} us ({imports:.2f} s at {args.rows:,} rows)")
+    print(f"  {'the rest (file, hand-off, merging, the steps together)':44s} {left:6.1f} us")
+    reader_us = 1e6 * peer_cpu
+    print(f"  checking alone is {steps[5]:.1f} us, {steps[5] / reader_us:.1f}x the reader's whole {reader_us:.0f} us; "
+          f"on {os.cpu_count()} cores {TARGET} needs everything within {os.cpu_count() / TARGET:.1f}x it")
     ok = ratio >= TARGET
     print(f"ratio eyrie/peer: {ratio:.2f}  (target >= {TARGET})  {'OK' if ok else 'MISSED'}")
     print(f"RESULT audit_from ratio={ratio:.2f} target>={TARGET} processes={workers} {'PASS' if ok else 'MISS'}")
