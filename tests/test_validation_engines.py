@@ -18,6 +18,7 @@ from referencing.exceptions import Unresolvable
 
 from eyrie.jobs.tools import declarations, validation
 from eyrie.jobs.tools.declarations import _canonical, _meta_valid, _pointer
+from eyrie.jobs.tools.textcalls import find_calls
 from eyrie.jobs.tools.validation import ToolValidator, _Schema
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-5, 5, allow_nan=False, width=32),
@@ -170,3 +171,19 @@ def test_arguments_holding_python_values_are_judged_by_python_jsonschema(args: d
     got = ToolValidator([tool]).check_calls([{"function": {"name": "f", "arguments": args}}])[0]
     expected = python_errors(schema, args)
     assert expected and (got.valid, got.errors) == (False, expected)
+
+
+@pytest.mark.parametrize("args", ["{'a': (1, 2)}", "{'a': [1, (2,)], 'b': (3,)}"])
+def test_a_literal_written_as_text_is_judged_by_python_jsonschema_too(args: str) -> None:
+    """A Hermes block read as a Python literal is not known to hold JSON's values (`json_values`
+    False), so its tuple reaches python-jsonschema as in a structured call; a block read as JSON is."""
+    schema = {"type": "object", "properties": {"a": {"type": "array"}, "b": {"type": "array"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    found = find_calls(f"<tool_call>{{'name': 'f', 'arguments': {args}}}</tool_call>", {"f"})
+    assert [c.json_values for c in found] == [False]
+    got = ToolValidator([tool]).check_text_calls(found)[0]
+    expected = python_errors(schema, found[0].arguments)
+    assert expected and (got.valid, got.errors) == (False, expected)
+    as_json = find_calls('<tool_call>{"name": "f", "arguments": {"a": [1, 2]}}</tool_call>', {"f"})
+    assert [c.json_values for c in as_json] == [True]
+    assert ToolValidator([tool]).check_text_calls(as_json)[0].valid
