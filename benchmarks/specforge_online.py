@@ -8,13 +8,13 @@ Timed on the same samples, one after the other:
   write data.jsonl, tokens.jsonl and the rest);
 - SpecForge's parser alone on the same texts in the same batches: the floor of any export SpecForge
   checks; the export against it is the share of the cost that is eyrie's;
-- where SpecForge's parser spends its time, on the first `--breakdown` texts (best of two): the
+- where SpecForge's parser spends its time, on the first `--breakdown` texts (interleaved): the
   tokenizer's own encode (Rust, `tokenizers`) of the three strings it tokenizes per row (the whole
   text, then for the answer span the text before it and the text up to its end, to find token
   positions), transformers' wrappers around those calls (BatchEncoding, tensors), and SpecForge's
   own Python (regex, masks, tensors);
 - the path users run: `eyrie export specforge-online OUTPUT DIR` as a subprocess with its defaults
-  (parser processes: one per core for 2,000 rows each), wall and CPU seconds of the whole process tree;
+  (parser processes: one per core for 5,000 rows each), wall and CPU seconds of the whole process tree;
 - eyrie's share within one pass: each export's summary gives its processes' CPU seconds and, of them,
   those inside SpecForge's parser (`cpuSeconds`, `parserCpuSeconds`), free of the load changing
   between passes (on a shared machine two passes' CPU seconds differ by tens of percent).
@@ -120,7 +120,8 @@ def children_cpu() -> float:
 def breakdown(hf, template, texts: list[str], max_length: int) -> dict[str, float]:
     """ms of CPU per row inside SpecForge's parser: the tokenizer's own encode of the three strings it
     tokenizes (found with its own assistant pattern), transformers' wrappers around those calls, and
-    the rest, SpecForge's Python; the best of two passes of each."""
+    the rest, SpecForge's Python. The three are timed in turn on each slice of 50 rows, twice over, so
+    that a load changing on a shared machine falls on all three alike."""
     import re
 
     from specforge.data.parse import GeneralParser
@@ -133,34 +134,33 @@ def breakdown(hf, template, texts: list[str], max_length: int) -> dict[str, floa
         parts.append((t, t[:m.start(1)], t[:m.end(1)]))
     rust = hf._tokenizer  # the `tokenizers` object transformers wraps
 
-    def best(fn) -> float:
-        out = []
-        for _ in range(2):
-            c = time.process_time()
-            fn()
-            out.append(time.process_time() - c)
-        return 1e3 * min(out) / len(texts)
-
-    def own() -> None:
-        for whole, before, to_end in parts:
+    def own(rows) -> None:
+        for whole, before, to_end in rows:
             for x in (whole, before, to_end):
                 rust.encode(x, add_special_tokens=False)
 
-    def wrapped() -> None:  # the calls the parser makes, as it makes them
-        for whole, before, to_end in parts:
+    def wrapped(rows) -> None:  # the calls the parser makes, as it makes them
+        for whole, before, to_end in rows:
             hf(whole, max_length=max_length, truncation=True, return_tensors="pt", add_special_tokens=False)
             for x in (before, to_end):
                 hf.encode(x, add_special_tokens=False, truncation=True, max_length=max_length)
 
-    def parser() -> None:
-        for i in range(0, len(texts), 128):
-            batch = texts[i:i + 128]
-            preprocess_conversations(hf, batch, template, max_length, is_preformatted=True,
-                                     train_only_last_turn=True, tools=[[] for _ in batch])
+    def parser(rows) -> None:
+        batch = [whole for whole, _, _ in rows]
+        preprocess_conversations(hf, batch, template, max_length, is_preformatted=True, train_only_last_turn=True,
+                                 tools=[[] for _ in batch])
 
-    tokenize, calls, whole = best(own), best(wrapped), best(parser)
-    return {"parser": whole, "tokenizer": tokenize, "transformers": max(0.0, calls - tokenize),
-            "specforge": max(0.0, whole - calls)}
+    spent = {"tokenizer": 0.0, "calls": 0.0, "parser": 0.0}
+    for _ in range(2):
+        for i in range(0, len(parts), 50):
+            rows = parts[i:i + 50]
+            for name, fn in (("tokenizer", own), ("calls", wrapped), ("parser", parser)):
+                c = time.process_time()
+                fn(rows)
+                spent[name] += time.process_time() - c
+    ms = {k: 1e3 * v / (2 * len(texts)) for k, v in spent.items()}
+    return {"parser": ms["parser"], "tokenizer": ms["tokenizer"], "transformers": ms["calls"] - ms["tokenizer"],
+            "specforge": ms["parser"] - ms["calls"]}
 
 
 def cli(store, out: Path, n: int) -> tuple[float, float, dict]:
@@ -295,8 +295,8 @@ def main() -> None:
     print(f"per sample (CPU): reading {ms['read']:.3f} ms, SpecForge's parser {ms[PARSER]:.2f} ms, "
           f"the verified export {ms[one]:.2f} ms, the CLI's process tree {ms[cli_name]:.2f} ms")
     if parts:
-        print(f"inside SpecForge's parser, per sample ({args.breakdown:,} texts, best of 2): {parts['parser']:.2f} ms "
-              "= "
+        print(f"inside SpecForge's parser, per sample ({args.breakdown:,} texts, interleaved): "
+              f"{parts['parser']:.2f} ms = "
               f"the tokenizer's own encode of the 3 strings it tokenizes per row {parts['tokenizer']:.2f} ms "
               f"({parts['tokenizer'] / parts['parser']:.0%}) + transformers' wrappers {parts['transformers']:.2f} ms "
               f"+ SpecForge's Python {parts['specforge']:.2f} ms")

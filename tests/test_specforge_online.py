@@ -206,7 +206,7 @@ def test_longer_rows_are_counted_and_left_out_or_cut_and_compared_cut(tmp_path, 
 def test_the_default_is_a_parser_process_per_core_when_the_rows_pay_for_it():
     from eyrie.jobs.extract.specforge_online import ROWS_PER_WORKER, auto_workers
 
-    assert auto_workers(50_000, 2) == 2 and auto_workers(50_000, 16) == 16
+    assert auto_workers(50_000, 2) == 2 and auto_workers(16 * ROWS_PER_WORKER, 16) == 16
     assert auto_workers(3 * ROWS_PER_WORKER + 1, 16) == 3  # each process gets at least ROWS_PER_WORKER rows
     assert auto_workers(2 * ROWS_PER_WORKER - 1, 2) == 1 and auto_workers(10, 1) == 1
 

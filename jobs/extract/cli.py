@@ -130,7 +130,7 @@ def export_online_main(argv: list[str]) -> int:
                    help="the target model (folder or HF id; its config.json is read): also write vocab-mapping.pt "
                         "and draft-config.json, which SpecForge's online training needs (model.vocab_mapping_path)")
     p.add_argument("--workers", type=int, metavar="N",
-                   help="processes running SpecForge's parser (default: one per core, each with at least 2,000 rows; "
+                   help="processes running SpecForge's parser (default: one per core, each with at least 5,000 rows; "
                         "fewer rows are parsed in this process)")
     p.add_argument("--overwrite", action="store_true", help="remove an earlier export in DIR first")
     args = p.parse_args(argv)
