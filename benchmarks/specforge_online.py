@@ -187,6 +187,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0, help="also time the export with N parser processes here")
     args = ap.parse_args()
 
+    from eyrie.jobs.context import usable_cores
     from eyrie.jobs.extract.layers import hidden_bytes_per_token
     from eyrie.jobs.extract.specforge_online import (
         Checker,
@@ -195,7 +196,6 @@ def main() -> None:
         auto_workers,
         export_specforge_online,
         specforge_importable,
-        usable_cores,
     )
 
     for name, hidden in (("Kimi K2.5 / DeepSeek-V3 (H 7168)", 7168), ("an 8B Llama (H 4096)", 4096),

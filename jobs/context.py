@@ -12,6 +12,12 @@ from datetime import UTC, datetime
 API_KEY_ENV = "EYRIE_API_KEY"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (what taskset or a container's cpuset leaves it),
+    not the host's count: what a pool of worker processes is sized by."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def api_key_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     """Under Ray, workers call this in their own process: the key never travels as an argument
     (Ray records those); it reaches them through their environment (a local cluster) or their pod's."""

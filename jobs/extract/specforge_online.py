@@ -53,6 +53,7 @@ import orjson
 import torch
 import yaml
 
+from eyrie.jobs.context import usable_cores
 from eyrie.jobs.contract import layout
 from eyrie.jobs.extract.layers import resolve_layers
 from eyrie.jobs.extract.run import SampleRow, builtin_model, list_sample_shards, read_samples
@@ -432,12 +433,6 @@ def _configs(out: Path, r: OnlineResult, tok: LoadedTokenizer, opts: OnlineOptio
           f"SpecForge {SPECFORGE_VERSION} run config: the data section for {TOKENS}, eyrie's ids and loss mask read "
           "as they are\n(pre-tokenized records: no chat template, no re-tokenization).\n" + tail,
           {**model, "data": {"prompts_path": str((out / TOKENS).resolve()), "max_length": r.max_length}})
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its affinity (what taskset or a container's cpuset leaves it), not
-    the host's count."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def auto_workers(rows: int, cores: int) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -29,7 +28,7 @@ from typing import Any
 
 from eyrie.jobs import sources
 from eyrie.jobs.api import reported_cost
-from eyrie.jobs.context import RunContext
+from eyrie.jobs.context import RunContext, usable_cores
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import now_iso
@@ -179,7 +178,7 @@ def _batches(path: Path) -> Iterator[list[tuple[int, bytes] | RowProblem]]:
 def workers_for(path: Path) -> int:
     if path.stat().st_size < PARALLEL_BYTES:
         return 1
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return usable_cores()
 
 
 def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun: int = 0,
