@@ -925,6 +925,18 @@ class _Sim:
         self.endpoints = SimEndpoints(cfg)
         self.reset()
 
+    def warm(self) -> None:
+        """Load what the first answer needs (the target's tokenizer and format; `answerModel`'s weights) before
+        it is asked for: otherwise the first requests wait for it, ~10 s of torch and the model on a loaded 2-core
+        machine, while the client starting up (a local run's Ray) leaves the simulator idle."""
+        if self.prompt_counter is None:
+            return
+        self.prompt_counter._format()
+        if self.cfg.answer_model:
+            from eyrie.jobs.extract import tiny
+
+            tiny.preload(tiny.model_folder(str(self.cfg.answer_model)))
+
     def reset(self) -> None:
         self.rng = random.Random(self.cfg.seed)
         self.requests = 0
@@ -1211,6 +1223,12 @@ class SimulatorServer:
     def reset(self) -> None:
         self._sim.reset()
 
+    def warm(self) -> None:
+        """_Sim.warm, for a background thread: a failure is left to the request that needs the load, which
+        reports it to the client."""
+        with contextlib.suppress(Exception):
+            self._sim.warm()
+
     async def close(self) -> None:
         await self._runner.cleanup()
 
@@ -1345,6 +1363,8 @@ def _raise_nofile_limit() -> None:
 async def _serve(config: SimulatorConfig, host: str, port: int, parent_pid: int | None) -> None:
     server = await start_simulator(config, host, port)
     print(f"eyrie simulator (a demo/test tool, not a real model) listening on {server.base_url}", flush=True)
+    # the tokenizer and answer model load while the client starts (a local run's Ray), not on its first requests
+    threading.Thread(target=server.warm, name="simulator-warm", daemon=True).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -397,6 +397,12 @@ def _load(folder: str | Path) -> tuple[Any, int, threading.Lock]:
         return _LOADED[key]
 
 
+def preload(folder: str | Path) -> None:
+    """Load the model's weights now rather than at the first decode (torch and transformers' import
+    and the load take ~10 s of a loaded 2-core machine): a server can do it before its first request."""
+    _load(folder)
+
+
 def decode(folder: str | Path, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
            seed: int = 0) -> list[int]:
     """The model's answer to `prompt_ids` (ending with its end-of-turn id unless cut at
