@@ -70,6 +70,10 @@ def node_kuberay(node: Node) -> Node:
 
 
 RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
+# The node's release polls each DatasetGeneration every second (the chart's `operator.interval`, default 5 s), as
+# the operator the other end-to-end tests run as a process polls every 0.5 s: every step of a run the operator
+# follows (RayJob finished -> extraction Job -> Succeeded; a suspension; a resume) otherwise waits a 5-s poll.
+NODE_RELEASE_VALUES: dict[str, Any] = {"operator": {"interval": 1}}
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,8 @@ class Release:
 
     def install(self, values: dict[str, Any] | None = None) -> None:
         with self.helm() as cfg:  # what `helm install --wait` does: returns once the Deployment is available
-            cfg.install(CHART, self.name, values or {}, namespace=self.namespace, wait="watcher", timeout=300)
+            cfg.install(CHART, self.name, {**NODE_RELEASE_VALUES, **(values or {})}, namespace=self.namespace,
+                        wait="watcher", timeout=300)
 
     def uninstall(self) -> None:
         with self.helm() as cfg:
