@@ -186,8 +186,12 @@ def call_parts(obj: Any) -> tuple[str, Any, str | None]:
         obj = obj["function"]
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise TextCallError("has no function name")
-    args = obj["arguments"] if "arguments" in obj else obj.get("parameters", {})
-    return obj["name"], args, str(call_id) if call_id else None
+    return obj["name"], _arguments(obj), str(call_id) if call_id else None
+
+
+def _arguments(fn: dict[str, Any]) -> Any:
+    """A call object's arguments: `arguments`, else `parameters` (some models' word), else none."""
+    return fn["arguments"] if "arguments" in fn else fn.get("parameters", {})
 
 
 def object_calls(fmt: CallFormat, value: Any, start: int = 0, end: int = 0, json_values: bool = False,
@@ -504,8 +508,8 @@ def _json_calls(value: Any, declared: Collection[str], start: int, end: int) -> 
         shaped.append((name, fn, cid))
     if not (wrapped and shaped) and not any(name in declared for name, _fn, _cid in shaped):
         return []
-    return [TextCall(CallFormat.JSON, name, fn["arguments"] if "arguments" in fn else fn.get("parameters", {}),
-                     start, end, None, str(cid) if cid else None, j if listed else None, True)
+    return [TextCall(CallFormat.JSON, name, _arguments(fn), start, end, None, str(cid) if cid else None,
+                     j if listed else None, True)
             for j, (name, fn, cid) in enumerate(shaped)]
 
 
