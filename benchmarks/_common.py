@@ -17,10 +17,10 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from proc_tree import children_of, cmdline  # noqa: F401  (the benchmarks import them from here)
 
-from eyrie.jobs.generate.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.plan import plan_shards
-from eyrie.jobs.generate.requests import build_body
-from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
+from eyrie.jobs.generate.sending.requests import build_body
+from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.sources import Prompt
 from eyrie.jobs.spec import parse_spec
 from eyrie.jobs.store import FileStore

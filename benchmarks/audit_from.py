@@ -12,7 +12,7 @@ and fenced JSON, two calls, invalid and undeclared calls, prose, no call).
   figures with their intervals computed and printed. Also printed: the analysis in this process.
 
 Checking an answer costs several times what reading its row does, so `--from` checks a large file
-in one process per core (generate/audit_from.py); the ratio therefore depends on the cores, and on
+in one process per core (generate/audit/from_recorded.py); the ratio therefore depends on the cores, and on
 what else runs on them (a shared machine's load takes the cores the checking processes would use).
 Also printed: the CPU time a row costs each, which the load changes far less, and where a row's
 CPU goes: each step `--from` takes with a row, timed alone in this process on rows already in
@@ -46,13 +46,14 @@ from tool_validation import best_of
 
 from eyrie.jobs import sources
 from eyrie.jobs.api import reported_cost
-from eyrie.jobs.generate.audit import declarations_of
-from eyrie.jobs.generate.audit_from import analyse_recorded, workers_for
-from eyrie.jobs.generate.budget import Pricing, actual_cost
-from eyrie.jobs.generate.recorded import iter_lines, parse_line
+from eyrie.jobs.generate.audit import stats
+from eyrie.jobs.generate.audit.from_recorded import analyse_recorded, workers_for
+from eyrie.jobs.generate.audit.recorded import iter_lines, parse_line
+from eyrie.jobs.generate.audit.run import declarations_of
+from eyrie.jobs.generate.budget.pricing import Pricing, actual_cost
 from eyrie.jobs.sources import iter_source
 from eyrie.jobs.spec import SourceSpec
-from eyrie.jobs.tools import audit_stats, checks
+from eyrie.jobs.tools import checks
 
 TARGET = 0.8
 STAGE_ROWS = 10_000  # rows the step-by-step breakdown times (in memory, this process)
@@ -119,7 +120,7 @@ def step_costs(path: Path, rows: int = STAGE_ROWS, repeats: int = 3) -> list[flo
         lambda: [declarations_of(r.prompt, r.mode) for r in read],
         lambda: [actual_cost(pricing, r.usage, reported_cost(r.usage)) for r in read],
         lambda: [checks.check_response(g.prepared, r.response, g.validator) for g, r in zip(got, read, strict=True)],
-        lambda: [audit_stats.fact_from_check(sid, r.prompt.source, r.mode, c, g.names, r.usage,
+        lambda: [stats.fact_from_check(sid, r.prompt.source, r.mode, c, g.names, r.usage,
                                              float(cost) if cost is not None else None)
                  for sid, r, c, g, cost in zip(sids, read, found, got, costs, strict=True)],
     ]
@@ -131,7 +132,8 @@ def step_costs(path: Path, rows: int = STAGE_ROWS, repeats: int = 3) -> list[flo
 def import_cpu() -> float:
     """CPU seconds of the command's imports (a process that only imports what `eyrie audit` does)."""
     before = children_cpu()
-    subprocess.run([eyrie_python(), "-c", "import eyrie.jobs.cli.run, eyrie.jobs.generate.audit_from"], check=True)
+    subprocess.run([eyrie_python(), "-c", "import eyrie.jobs.cli.run, eyrie.jobs.generate.audit.from_recorded"],
+                   check=True)
     return children_cpu() - before
 
 
@@ -163,7 +165,7 @@ def main() -> None:
         assert tally.rows == args.rows and tally.bad_rows == 0, (tally.rows, tally.bad_rows)
         c0 = time.process_time()
         judged = sum(1 for f in tally.facts if f.status != "unparsable")
-        audit_stats.summarize(tally.facts, {"prompts": tally.rows, "declaredPrompts": judged})
+        stats.summarize(tally.facts, {"prompts": tally.rows, "declaredPrompts": judged})
         figures = 1e6 * (time.process_time() - c0) / tally.rows
         steps = step_costs(path, min(STAGE_ROWS, args.rows))
         imports = import_cpu()

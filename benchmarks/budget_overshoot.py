@@ -22,9 +22,9 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 
 from eyrie.jobs.context import RunContext
-from eyrie.jobs.generate.budget import Pricing, worst_case
+from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
 from eyrie.jobs.generate.driver import run_generation
-from eyrie.jobs.generate.requests import estimate_prompt_tokens
+from eyrie.jobs.generate.sending.requests import estimate_prompt_tokens
 from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.spec import parse_spec

@@ -1,7 +1,7 @@
 """What template-variant detection costs a worker: for each provider's first `canarySamples` answers
 the worker renders the request's prompt with every variant of the chat format and counts its
-tokens (`reconstruct/variants.CanaryProbe.lengths`); past the canary it only asks whether an answer
-is still in it (`CanaryProbe.wants`, on every answer).
+tokens (`reconstruct/variants.TemplateCanary.lengths`); past the canary it only asks whether an answer
+is still in it (`TemplateCanary.wants`, on every answer).
 
 Kimi K2.5 (two variants: current, release) with its real special ids and split pattern (the
 synthetic vocabulary the tests use, tests/data/kimi_synthetic), on requests shaped like agentic
@@ -34,7 +34,7 @@ from typing import Any
 from eyrie.jobs.reconstruct.formats import resolve_format
 from eyrie.jobs.reconstruct.reconstructor import turn_of
 from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
-from eyrie.jobs.reconstruct.variants import CanaryProbe
+from eyrie.jobs.reconstruct.variants import TemplateCanary
 from eyrie.jobs.spec import TargetSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def main() -> None:
     work = requests(args.requests)
 
     def canary() -> int:
-        probe = CanaryProbe(spec, lambda: tok)  # a fresh worker: every answer is in its canary
+        probe = TemplateCanary(spec, lambda: tok)  # a fresh worker: every answer is in its canary
         return sum(_readings(probe.lengths(*w)) for w in work)
 
     def peer() -> int:  # the default variant's prompt, rendered once and tokenized
@@ -109,7 +109,7 @@ def main() -> None:
                    for r, resp, _u in work)
 
     readings = canary() / len(work)  # prompt lengths the probe reports per answer (variants x thinking)
-    past = CanaryProbe(spec, lambda: tok)
+    past = TemplateCanary(spec, lambda: tok)
     for w in work:  # its canary measured
         past.lengths(*w)
     answers = [resp for _r, resp, _u in work] * 50

@@ -65,7 +65,7 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
     with ExitStack() as stack:
         base_url = stack.enter_context(provider(spec))
         if spec.tools.mode == "audit":
-            from eyrie.jobs.generate.audit import AuditError, run_audit
+            from eyrie.jobs.generate.audit.run import AuditError, run_audit
 
             try:
                 doc = run_audit(dg, spec.tools.gate.canary_samples, ctx, base_url)  # reuses what it has

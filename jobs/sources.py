@@ -2,7 +2,7 @@
 
 Two readings of a row: the conversation up to its last user turn (`generation.turns: last`, the
 answer to it is what is bought), or the whole conversation (`turns: all`, every assistant turn is
-regenerated; see `eyrie.jobs.generate.conversation`). A whole conversation is normalized to the
+regenerated; see `eyrie.jobs.generate.sending.conversation`). A whole conversation is normalized to the
 OpenAI form: assistant `tool_calls` (each with an id and `arguments` as a string) and `tool`
 messages with the `tool_call_id` they answer, whatever the row used (sharegpt `function_call` /
 `observation`, glaive `<functioncall>` / `FUNCTION RESPONSE:`, Hermes `<tool_call>` /

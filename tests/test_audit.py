@@ -20,16 +20,16 @@ from fake_provider import CASES_IN_ORDER, CATEGORY, TOOLS, FakeProvider
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.generate.audit import pick_prompts, run_audit
-from eyrie.jobs.generate.checkpoint import read_checkpoint
-from eyrie.jobs.generate.requests import build_body
+from eyrie.jobs.generate.audit.intervals import wilson
+from eyrie.jobs.generate.audit.run import pick_prompts, run_audit
+from eyrie.jobs.generate.audit.stats import fmt_rate
+from eyrie.jobs.generate.budget.checkpoint import read_checkpoint
+from eyrie.jobs.generate.sending.requests import build_body
 from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, make_answer
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import open_store
 from eyrie.jobs.tools import declarations
-from eyrie.jobs.tools.audit_stats import fmt_rate
-from eyrie.jobs.tools.intervals import wilson
 
 ROOT = Path(__file__).resolve().parents[1]
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
@@ -299,7 +299,7 @@ def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_p
 
 
 def test_declarations_are_read_once_per_distinct_set():
-    from eyrie.jobs.generate.audit import declarations_of
+    from eyrie.jobs.generate.audit.run import declarations_of
     from eyrie.jobs.sources import Prompt
 
     system = {"role": "system", "content": glaive_system().removeprefix("SYSTEM: ")}

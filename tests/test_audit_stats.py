@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from eyrie.jobs.generate.audit import stats as st
+from eyrie.jobs.generate.audit.intervals import bootstrap_mean, bootstrap_ratio, paired_difference, wilson
 from eyrie.jobs.sources import Prompt
-from eyrie.jobs.tools import audit_stats as st
 from eyrie.jobs.tools.checks import check_response
 from eyrie.jobs.tools.declarations import prepare_prompt
-from eyrie.jobs.tools.intervals import bootstrap_mean, bootstrap_ratio, paired_difference, wilson
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_provider import CASES_IN_ORDER, TEXT_ANSWERS, TOOLS

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eyrie.jobs.generate.budget import Pricing, UnpriceableRequest, actual_cost, worst_case
-from eyrie.jobs.generate.coordinator import Counts, Observation, RunCoordinator
-from eyrie.jobs.generate.holder import LeaseHolder
-from eyrie.jobs.generate.lease import Lease, LeaseBook, Report, Verdict
+from eyrie.jobs.generate.budget.coordinator import Counts, RequestResult, RunCoordinator
+from eyrie.jobs.generate.budget.holder import LeaseHolder
+from eyrie.jobs.generate.budget.lease import Lease, LeaseBook, Renewal, Report
+from eyrie.jobs.generate.budget.pricing import Pricing, UnpriceableRequest, actual_cost, worst_case
 
 D = Decimal
 cents = st.integers(min_value=1, max_value=500).map(lambda c: D(c) / 100)
@@ -32,7 +32,7 @@ def test_a_lease_reserves_and_settles_locally_and_renews_through_the_book():
     lease = Lease()
     assert lease.reserve(D("0.10")) is None  # nothing leased yet: renew
     r = lease.take_report("w", [])
-    assert book.report(r) and book.renew("w", D("0.10"), D("0.30"), None) is Verdict.GRANTED
+    assert book.report(r) and book.renew("w", D("0.10"), D("0.30"), None) is Renewal.GRANTED
     lease.apply(grant_of(book, "w"))
     assert lease.granted == D("0.30")  # min(hint, free / (2 x workers)) = min(0.30, 0.50)
     a, b, c = (lease.reserve(D("0.10")) for _ in range(3))
@@ -51,17 +51,17 @@ def test_a_renewal_waits_while_reservations_may_settle_and_exhausts_only_when_no
     book = LeaseBook(max_usd=D("1.00"), workers=2)
     book.report(Report("a", 0, D("0"), D("0.60"), 1))  # a holds 0.60 in flight
     book.report(Report("b", 0))
-    assert book.renew("b", D("0.50"), D("0.50"), None) is Verdict.WAIT  # a may settle cheaper
+    assert book.renew("b", D("0.50"), D("0.50"), None) is Renewal.WAIT  # a may settle cheaper
     book.report(Report("a", 1, D("0.55"), D("0"), 0))  # it did not: 0.55 spent
-    assert book.renew("b", D("0.50"), D("0.50"), None) is Verdict.EXHAUSTED
-    assert book.exhausted and book.renew("a", D("0.01"), D("0.01"), None) is Verdict.EXHAUSTED
+    assert book.renew("b", D("0.50"), D("0.50"), None) is Renewal.EXHAUSTED
+    assert book.exhausted and book.renew("a", D("0.01"), D("0.01"), None) is Renewal.EXHAUSTED
 
 
 def test_the_canary_never_allows_more_requests_than_it_still_needs():
     book = LeaseBook(max_usd=D("100"), workers=3)
     for w in "abc":
         book.report(Report(w, 0))
-        assert book.renew(w, D("0.1"), D("1"), canary_left=10) is Verdict.GRANTED
+        assert book.renew(w, D("0.1"), D("1"), canary_left=10) is Renewal.GRANTED
     assert [book.quota(w) for w in "abc"] == [3, 2, 1]  # a share each of what is left
     for w in "defgh":
         book.report(Report(w, 0))
@@ -70,16 +70,16 @@ def test_the_canary_never_allows_more_requests_than_it_still_needs():
     assert sum(book.quotas.values()) == 10
     # a reports its 3 requests in flight: they stay counted against the canary
     book.report(Report("a", 1, D("0"), D("0.3"), 3))
-    assert book.renew("a", D("0.1"), D("1"), canary_left=10) is Verdict.WAIT
+    assert book.renew("a", D("0.1"), D("1"), canary_left=10) is Renewal.WAIT
     assert book.quota("a") == 0  # a wait during the canary lets no request start, whatever money is left
-    assert book.renew("a", D("0.1"), D("1"), canary_left=None) is Verdict.GRANTED  # judged: no quota
+    assert book.renew("a", D("0.1"), D("1"), canary_left=None) is Renewal.GRANTED  # judged: no quota
     assert book.quota("a") is None
 
 
 def grant_of(book: LeaseBook, w: str):
-    from eyrie.jobs.generate.lease import Grant
+    from eyrie.jobs.generate.budget.lease import Grant
 
-    return Grant(Verdict.GRANTED, book.grants.get(w, D(0)), book.quota(w), book.price_factor)
+    return Grant(Renewal.GRANTED, book.grants.get(w, D(0)), book.quota(w), book.price_factor)
 
 
 @settings(max_examples=300, deadline=None)
@@ -107,7 +107,7 @@ def test_leases_never_overspend_and_stop_early_by_less_than_one_reservation(cap,
             elif pending[i] is None:
                 book.report(lease.take_report(w, []))
                 verdict = book.renew(w, amount, amount * 4, None)
-                if verdict is Verdict.EXHAUSTED:
+                if verdict is Renewal.EXHAUSTED:
                     assert book.leased == 0 or book.exhausted
                     assert cap - book.spent < amount  # no false early stop
                     stopped = [True] * workers
@@ -163,7 +163,7 @@ def test_concurrent_workers_share_one_cap_through_the_coordinator(seed, cap, wor
                 await asyncio.sleep(rng.random() / 2000)
                 cost = (worst * D(str(round(rng.random(), 3)))).quantize(D("0.001"))
                 paid[0] += cost
-                h.settle(rid, cost, Observation("ok"))
+                h.settle(rid, cost, RequestResult("ok"))
 
         await asyncio.wait_for(asyncio.gather(*(requester(h) for h in holders for _ in range(16))), 60)
         for h in holders:
@@ -185,7 +185,7 @@ def test_unpriceable_reservations_are_refused():
 
 
 def test_prompt_token_bounds_with_and_without_the_target_tokenizer():
-    from eyrie.jobs.generate.requests import estimate_prompt_tokens
+    from eyrie.jobs.generate.sending.requests import estimate_prompt_tokens
     from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
     from eyrie.jobs.spec import TargetSpec
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from eyrie.jobs.generate.conversation import (
+from eyrie.jobs.generate.sending.conversation import (
     AgenticSummary,
     Divergence,
     End,

@@ -1,4 +1,4 @@
-"""Durable before release (jobs/generate/journal.py): at every moment, answers paid but not durable
+"""Durable before release (jobs/generate/sending/journal.py): at every moment, answers paid but not durable
 <= maxConcurrency; readers see a store left in any state once per sample; and any failing task
 stops the worker with outcome Failed instead of a hang.
 
@@ -22,9 +22,9 @@ from fault_helpers import API_KEY, assert_exactly_once, simple_rows, spec_doc, w
 from eyrie.jobs.api import ChatClient
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.generate.coordinator import RunCoordinator
+from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.driver import GenerationResult, run_generation
-from eyrie.jobs.generate.journal import ShardState, compact_shard, scan_shard
+from eyrie.jobs.generate.sending.journal import ShardState, compact_shard, scan_shard
 from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.spec import load_spec

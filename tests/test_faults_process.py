@@ -40,9 +40,9 @@ from fault_helpers import (
 )
 from proc_tree import children_of, cmdline, kill_all
 
-from eyrie.jobs.generate.budget import Pricing, worst_case
-from eyrie.jobs.generate.coordinator import COMMIT_SHARE
-from eyrie.jobs.generate.holder import LEASE_REQUESTS
+from eyrie.jobs.generate.budget.coordinator import COMMIT_SHARE
+from eyrie.jobs.generate.budget.holder import LEASE_REQUESTS
+from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
 

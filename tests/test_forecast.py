@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eyrie.jobs.generate.forecast import MAX_KEPT, CostStats, Forecaster, over_message, project
+from eyrie.jobs.generate.budget.forecast import MAX_KEPT, CostStats, Forecaster, over_message, project
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_generate import make_spec, persisted, progress, run_cli, write_prompts

@@ -37,8 +37,8 @@ def write_prompts(path: Path, n: int, tools_every: int = 3) -> Path:
 
 def largest_reservation(prompts: Path, max_tokens: int) -> Decimal:
     """The worst case eyrie reserves for the largest of these prompts."""
-    from eyrie.jobs.generate.budget import Pricing, worst_case
-    from eyrie.jobs.generate.requests import estimate_prompt_tokens
+    from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
+    from eyrie.jobs.generate.sending.requests import estimate_prompt_tokens
 
     pricing = Pricing(Decimal(PRICING["inputPerMillion"]), Decimal(PRICING["outputPerMillion"]))
     rows = [json.loads(line) for line in prompts.read_text().splitlines()]

@@ -21,7 +21,7 @@ from provider_fake import MODEL, Behaviour, ProviderFake, rows
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.generate.probe import ProbeError, ProbeSettings, run_probe
+from eyrie.jobs.generate.probe.run import ProbeError, ProbeSettings, run_probe
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import open_output
 
@@ -366,7 +366,7 @@ def test_a_probe_killed_mid_way_resumes_paying_at_most_what_was_in_flight(tmp_pa
     # maxConcurrency 4 over 3 endpoints: one slot each, so at most 3 answers paid but not durable
     assert len(per_pair) == 90 and repaid <= 3 and len(fake.log) == 90 + repaid
     assert len(fake.log) - asked_before == 90 - len(durable)  # the rerun sent exactly what was not stored
-    from eyrie.jobs.generate.checkpoint import read_checkpoint
+    from eyrie.jobs.generate.budget.checkpoint import read_checkpoint
 
     assert read_checkpoint(out).spent >= fake.billed >= billed_before  # the bound covers what was paid
     doc = orjson.loads(out.get(layout.PROVIDERS))
@@ -455,7 +455,7 @@ def test_eyrie_run_killed_mid_probe_resumes_paying_at_most_what_was_in_flight(tm
     gen = [b["messages"][-1]["content"] for _, b in fake.generation_requests()]
     probed = {content for _, content in probe_pairs}
     assert len(gen) == len(set(gen)) == 6 and not probed & set(gen)  # the probe's prompts are not bought again
-    from eyrie.jobs.generate.checkpoint import read_checkpoint
+    from eyrie.jobs.generate.budget.checkpoint import read_checkpoint
 
     final = progress(out)
     assert final["outcome"] == "Done" and len(final["attempts"]) == 2  # the killed attempt is remembered

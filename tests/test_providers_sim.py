@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from eyrie.jobs.api.endpoints import parse_listing
-from eyrie.jobs.generate.verdict import limits_failure, routing, trigger_f1
+from eyrie.jobs.generate.probe.verdict import limits_failure, routing, trigger_f1
 from eyrie.jobs.spec import ProviderSpec
 
 ROOT = Path(__file__).resolve().parents[1]

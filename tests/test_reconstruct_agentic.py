@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.generate.conversation import NextTurn, next_turn
+from eyrie.jobs.generate.sending.conversation import NextTurn, next_turn
 from eyrie.jobs.reconstruct.formats import PackingRefused, resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Reconstructor, Sample
 from eyrie.jobs.reconstruct.samples import build_samples, pack

@@ -121,7 +121,7 @@ def test_reservoir_is_exact_below_its_size_and_uniform_above():
 def _audit_doc() -> dict:
     """audit.json as `eyrie audit` writes it: 20 prompts both ways (figures from audit_stats)."""
     from eyrie.jobs.contract.audit import with_entry
-    from eyrie.jobs.tools import audit_stats as st
+    from eyrie.jobs.generate.audit import stats as st
 
     facts = []
     for i in range(20):

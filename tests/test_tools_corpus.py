@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from eyrie.jobs.generate.audit import stats
+from eyrie.jobs.generate.audit.intervals import wilson
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
 from eyrie.jobs.spec import GateSpec, SourceSpec
-from eyrie.jobs.tools import audit_stats
 from eyrie.jobs.tools.checks import check_response, policy
 from eyrie.jobs.tools.declarations import Prepared, Rejected, prepare_prompt
 from eyrie.jobs.tools.gate import ToolGate
-from eyrie.jobs.tools.intervals import wilson
 
 CORPUS = Path(__file__).parent / "data" / "tools"
 SOURCES = [("glaive", "glaive"), ("hermes", "sharegpt"), ("xlam", "openai")]
@@ -187,11 +187,11 @@ def test_text_mode_reads_native_markers_as_calls_not_leaks():
     assert {v.format for c in checks for v in c.calls} == {"kimi"}
     assert checks[0].calls[0].arguments == VALID["get_news_headlines"]
     assert [policy(c, "drop") for c in checks].count("drop") == 1
-    facts = [audit_stats.fact_from_record({"status": "ok", "toolsMode": "text", "checks": c.to_record(),
+    facts = [stats.fact_from_record({"status": "ok", "toolsMode": "text", "checks": c.to_record(),
                                            "costUSD": "0.001", "usage": {"completion_tokens": 40}},
                                           [t["function"]["name"] for t in p.declared_tools])
              for p, c in zip(prepared, checks, strict=True) if p.declared]
-    column = audit_stats.summarize(facts)["modes"]["text"]  # the audit's column of these answers
+    column = stats.summarize(facts)["modes"]["text"]  # the audit's column of these answers
     assert (column["answers"], column["calls"], column["callRate"]["value"]) == (12, 12, 1.0)
     assert column["invalidRate"] == column["hallucinatedRate"] == wilson(1, 12).to_dict()
     assert column["leakRate"]["value"] == 0 and column["outputTokens"]["value"] == 40 and column["costUSD"] == "0.012"

@@ -48,7 +48,7 @@ def providers_main(argv: list[str]) -> int:
         raise InputError("--samples must be at least 1")
     dg = load_spec(args.spec)
     from eyrie.jobs.generate.preflight import preflight
-    from eyrie.jobs.generate.probe import ProbeSettings, run_probe
+    from eyrie.jobs.generate.probe.run import ProbeSettings, run_probe
     from eyrie.jobs.pipeline import provider
     from eyrie.jobs.report.providers import listing_table, routing_yaml, tables
     from eyrie.jobs.store import open_output

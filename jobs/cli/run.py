@@ -233,8 +233,8 @@ sampling and provider settings reuses them. Results: <output>/audit.json (the hi
 
 
 def audit_main(argv: list[str]) -> int:
-    from eyrie.jobs.generate.audit import DEFAULT_SAMPLES, DEFAULT_SEED, AuditError, run_audit
-    from eyrie.jobs.generate.audit_from import run_audit_from
+    from eyrie.jobs.generate.audit.from_recorded import run_audit_from
+    from eyrie.jobs.generate.audit.run import DEFAULT_SAMPLES, DEFAULT_SEED, AuditError, run_audit
 
     ap = argparse.ArgumentParser(
         prog="eyrie audit", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=AUDIT_EPILOG,

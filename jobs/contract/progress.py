@@ -69,7 +69,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class ProbeProgress:
-    """progress.json's `probe` while the provider probe runs (generate/probe.py writes it): the
+    """progress.json's `probe` while the provider probe runs (generate/probe/run.py writes it): the
     endpoints probed, the answers durable of those its verdict needs, what the probe has cost."""
 
     endpoints: tuple[str, ...]
@@ -120,7 +120,7 @@ def _probe(doc: dict[str, Any]) -> ProbeProgress | None:
 
 
 def _providers(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """progress.json's `providers.endpoints` (generate/probe.py writes it), each entry checked."""
+    """progress.json's `providers.endpoints` (generate/probe/run.py writes it), each entry checked."""
     section = doc.get("providers")
     if section is None:
         return []

@@ -1,5 +1,5 @@
 """What a spec's extraction will store per token, known before extraction runs: the canary multiplies
-it by the projected tokens (generate/forecast.py), so the bytes show beside the dollars."""
+it by the projected tokens (generate/budget/forecast.py), so the bytes show beside the dollars."""
 
 from __future__ import annotations
 

@@ -1,2 +1,2 @@
-"""Stage 1, generation: driver, shard workers, run coordinator, budget ledger, request building,
-preflight, checkpoint and the text-vs-structured audit (DESIGN §3-§5)."""
+"""Stage 1, generation (DESIGN §3-§5): the run (`driver.py`, the shard plan, preflight) and its
+features, one package each: `sending/`, `budget/`, `probe/` (the provider probe), `audit/`."""

@@ -28,14 +28,14 @@ from eyrie.jobs.contract.money import usd
 from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress, write_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.extract.projection import stored_bytes_per_token
-from eyrie.jobs.generate.checkpoint import BudgetCommitter, Checkpoint, read_checkpoint, read_committed
-from eyrie.jobs.generate.conversation import AgenticSummary
-from eyrie.jobs.generate.coordinator import RunCoordinator
-from eyrie.jobs.generate.forecast import forecaster
-from eyrie.jobs.generate.plan import Plan, plan_shards
+from eyrie.jobs.generate.budget.checkpoint import BudgetCommitter, Checkpoint, read_checkpoint, read_committed
+from eyrie.jobs.generate.budget.coordinator import RunCoordinator
+from eyrie.jobs.generate.budget.forecast import forecaster
+from eyrie.jobs.generate.plan import ShardPlan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
-from eyrie.jobs.generate.probe import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
-from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig, run_loop
+from eyrie.jobs.generate.probe.run import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
+from eyrie.jobs.generate.sending.conversation import AgenticSummary
+from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
@@ -99,7 +99,7 @@ class _Run:
     ctx: RunContext
     base_url: str
     coordinator: dict[str, Any]  # RunCoordinator's keyword arguments
-    plan: Plan  # the shards' row ranges: each worker reads its own
+    plan: ShardPlan  # the shards' row ranges: each worker reads its own
     store: Store
     stopper: _Stopper
     monitor: _Monitor
@@ -120,7 +120,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                    binding: Binding | None = None) -> GenerationResult:
     """Generate until every prompt is persisted or the run stops; returns the final snapshot.
     `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`).
-    With `api.providerProbe` the probe runs first (generate/probe.py) and generation is routed to
+    With `api.providerProbe` the probe runs first (generate/probe/run.py) and generation is routed to
     the endpoints that pass. Refuses (FingerprintChanged, before anything is sent) an output whose
     answers were bought under another fingerprint, unless `accept_changed` names every field that
     changed."""
@@ -212,7 +212,7 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
     return figures
 
 
-def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: Plan,
+def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: ShardPlan,
            notify: Callable[[str], None], fingerprint: str, prev: dict | None,
            on_progress: Callable[[dict], None]) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
     """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;

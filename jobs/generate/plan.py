@@ -36,7 +36,7 @@ class Span:
 
 
 @dataclass
-class Plan:
+class ShardPlan:
     shards: dict[int, list[Span]]
     indexes: dict[str, sources.SourceIndex] = field(default_factory=dict)
 
@@ -45,7 +45,7 @@ class Plan:
         return sum(s.stop - s.start for spans in self.shards.values() for s in spans)
 
 
-def plan_shards(spec: DatasetGenerationSpec, store: Store) -> Plan:
+def plan_shards(spec: DatasetGenerationSpec, store: Store) -> ShardPlan:
     """Scan the sources and return the shards: the stored plan, clipped to the rows there are now,
     plus new shards for rows no stored shard covers (then stored). A stored shard is never
     renumbered or dropped: its persisted ids are skipped only by the worker that reads that shard."""
@@ -67,7 +67,7 @@ def plan_shards(spec: DatasetGenerationSpec, store: Store) -> Plan:
     added = {first + i: spans for i, spans in enumerate(cut(new, spec.generation.shards))}
     if added:  # the stored shards are written back whole: clipped rows may come back later
         write_plan(store, {**stored, **added})
-    return Plan({**shards, **added}, indexes)
+    return ShardPlan({**shards, **added}, indexes)
 
 
 def cut(spans: list[Span], n: int) -> list[list[Span]]:

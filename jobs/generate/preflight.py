@@ -82,7 +82,7 @@ def inspect_sources(spec: DatasetGenerationSpec, shown: int = 20) -> list[Source
     would reject, without sending anything. Raises PreflightError for a source that is missing,
     unreadable or holds no rows (a run refuses those too)."""
     from eyrie.jobs.contract.fingerprint import generated_mode
-    from eyrie.jobs.generate.requests import prepare_row
+    from eyrie.jobs.generate.sending.requests import prepare_row
     from eyrie.jobs.sources import SourceError, iter_source
 
     whole = spec.generation.turns == "all"

@@ -253,13 +253,13 @@ def detector_for(spec: DatasetGenerationSpec) -> VariantDetector | None:
                            t.template_variant, t.on_template_mismatch)
 
 
-class CanaryProbe:
-    """A worker's side of detection: the prompt length under every variant for the first `canary`
-    answers of each provider it sees, then nothing (None), so the cost stays the canary's."""
+class TemplateCanary:
+    """A worker's side of template detection: the prompt length under every variant for the first
+    `per_provider` answers of each provider it sees, then nothing (None), so the cost stays the canary's."""
 
     def __init__(self, spec: DatasetGenerationSpec, tokenizer: Callable[[], LoadedTokenizer | None]):
         self.spec = spec
-        self.canary = max(1, spec.tools.gate.canary_samples)
+        self.per_provider = max(1, spec.tools.gate.canary_samples)
         self._tokenizer = tokenizer
         self._formats: dict[str, ChatFormat] | None = None
         self._seen: Counter[str] = Counter()
@@ -270,7 +270,7 @@ class CanaryProbe:
 
     def wants(self, response: dict[str, Any]) -> bool:
         """Is this answer one of its provider's canary (cheap: checked for every answer)?"""
-        return bool(self.spec.target.tokenizer) and self._seen[self._provider(response)] < self.canary
+        return bool(self.spec.target.tokenizer) and self._seen[self._provider(response)] < self.per_provider
 
     def lengths(self, request: dict[str, Any], response: dict[str, Any],
                 usage: dict[str, Any]) -> dict[str, dict[bool, int]] | None:

@@ -1,6 +1,6 @@
 """The provider probe as tables (`eyrie providers`, `eyrie run`'s report): the endpoint listing, one
 row per endpoint with pass/fail and why, and the `api.provider` block that pins the passing ones.
-Pure: from `providers.json` (generate/probe.py writes it) to rich renderables and text."""
+Pure: from `providers.json` (generate/probe/run.py writes it) to rich renderables and text."""
 
 from __future__ import annotations
 

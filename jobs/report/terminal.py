@@ -14,10 +14,10 @@ from rich.table import Table
 from rich.text import Text
 
 from eyrie.jobs.contract.money import dollars
+from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import human_bytes, num, rate
 from eyrie.jobs.report.verdict import scoring_model, verdict
-from eyrie.jobs.tools.audit_stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.tools.gate import Tally
 
 pct = rate  # every rate the report prints, in one format
@@ -251,7 +251,7 @@ def _audit_main(doc: dict[str, Any]) -> Table:
 
 
 def _audit_formats(doc: dict[str, Any]) -> Table:
-    from eyrie.jobs.tools.audit_stats import CATEGORIES
+    from eyrie.jobs.generate.audit.stats import CATEGORIES
 
     figs = doc["figures"]["modes"]
     modes = [m for m in ("text", "structured") if m in figs]

@@ -1,4 +1,4 @@
-"""Run-level tool semantics: the drift gate and the progress metrics. Pure (the audit: `audit_stats.py`).
+"""Run-level tool semantics: the drift gate and the progress metrics. Pure (the audit's: `generate/audit/stats.py`).
 
 The gate exists so a run with the wrong tool semantics (a model that stops calling tools, calls them
 badly, or a provider that leaks raw markers) stops after `canarySamples` answers, not after the

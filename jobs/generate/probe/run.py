@@ -44,14 +44,14 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import InputError
-from eyrie.jobs.generate.budget import usd
-from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
-from eyrie.jobs.generate.coordinator import Counts, RunCoordinator
-from eyrie.jobs.generate.journal import Journal
-from eyrie.jobs.generate.plan import Plan
-from eyrie.jobs.generate.requests import build_body
-from eyrie.jobs.generate.verdict import Verdict, decide, limits_failure, measure, probe_routing, routing
-from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
+from eyrie.jobs.generate.budget.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.budget.pricing import usd
+from eyrie.jobs.generate.plan import ShardPlan
+from eyrie.jobs.generate.probe.verdict import ProviderVerdict, decide, limits_failure, measure, probe_routing, routing
+from eyrie.jobs.generate.sending.journal import Journal
+from eyrie.jobs.generate.sending.requests import build_body
+from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.spec import DatasetGenerationSpec, PricingSpec, ProbeThresholds, ProviderProbeSpec, ProviderSpec
 from eyrie.jobs.store import NotFound, Store
 from eyrie.jobs.tools import declarations
@@ -310,7 +310,7 @@ async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url:
         config = WorkerConfig(job.spec.model_dump_json(by_alias=True), f"probe-{i}", attempt, base_url, share,
                               rpm, tpm)
         worker = ShardWorker(config, coord, None, store, api_key=api_key)
-        worker.probe.canary = 0  # template fit is judged per endpoint here, not per answer's provider name
+        worker.canary.per_provider = 0  # template fit is judged per endpoint here, not per answer's provider name
         slots = asyncio.Semaphore(share)
         async with worker.open_client(), asyncio.TaskGroup() as tg:
             for sid, prompt, key in job.todo:
@@ -406,7 +406,7 @@ def template_choices(spec: DatasetGenerationSpec, by_tag: Mapping[str, list[reco
 
 
 def _document(spec: DatasetGenerationSpec, settings: ProbeSettings, h: str, listing: Listing,
-              verdict: Verdict, prompts: list[tuple[str, sources.Prompt]], spent: Decimal) -> dict[str, Any]:
+              verdict: ProviderVerdict, prompts: list[tuple[str, sources.Prompt]], spent: Decimal) -> dict[str, Any]:
     passing = verdict.passing
     block = routing(spec.api.provider, passing, listing.tags()).dump() if listing.listed and passing else None
     return {"version": PROBE_VERSION, "probeHash": h, "model": spec.target.model, "listed": listing.listed,
@@ -508,7 +508,7 @@ async def _listing(spec: DatasetGenerationSpec, base_url: str, api_key: str | No
 # -------------------------------------------------------------------------------------- adoption
 
 
-def adopt(store: Store, plan: Plan, outcome: ProbeOutcome, fingerprint: str | None = None) -> list[records.Record]:
+def adopt(store: Store, plan: ShardPlan, outcome: ProbeOutcome, fingerprint: str | None = None) -> list[records.Record]:
     """Write each probe prompt's answer from the first passing endpoint (routing order) into the
     shard holding its row, unless that row already has a record there; returns the records written.
     Idempotent: a second call (a resume) finds them in the shard and writes nothing. `fingerprint`:
@@ -537,15 +537,15 @@ def adopt(store: Store, plan: Plan, outcome: ProbeOutcome, fingerprint: str | No
 
 def seed_variants(spec: DatasetGenerationSpec, detector: Any, kept: list[records.Record]) -> str | None:
     """Count the answers kept as samples in the run's template-variant detector, as a worker counts
-    the canary's (`CanaryProbe`): they are answers of their provider like any other. Returns the
+    the canary's (`TemplateCanary`): they are answers of their provider like any other. Returns the
     detector's stop message if one fits no variant (the probe judged them fitting: a change between
     the probe and the run)."""
     if detector is None or not kept:
         return None
     from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
-    from eyrie.jobs.reconstruct.variants import CanaryProbe
+    from eyrie.jobs.reconstruct.variants import TemplateCanary
 
-    canary = CanaryProbe(spec, lambda: load_tokenizer(spec.target, spec.output.endpoint))
+    canary = TemplateCanary(spec, lambda: load_tokenizer(spec.target, spec.output.endpoint))
     for r in kept:
         response, usage = r["response"] or {}, r.get("usage") or {}
         lengths = canary.lengths(r["request"], response, usage)
@@ -558,7 +558,7 @@ def seed_variants(spec: DatasetGenerationSpec, detector: Any, kept: list[records
     return None
 
 
-def _shard_of(plan: Plan, source: str, row: int) -> int | None:
+def _shard_of(plan: ShardPlan, source: str, row: int) -> int | None:
     for shard, spans in plan.shards.items():
         if any(sp.source == source and sp.start <= row < sp.stop for sp in spans):
             return shard

@@ -31,7 +31,7 @@ from typing import Any
 
 from eyrie.jobs.api.endpoints import Endpoint
 from eyrie.jobs.contract.records import Record
-from eyrie.jobs.generate.budget import usd
+from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.reconstruct.reconstructor import opaque_reasoning
 from eyrie.jobs.spec import ProbeThresholds, ProviderSpec
 from eyrie.jobs.tools.checks import ResponseCheck
@@ -277,7 +277,7 @@ def limits_failure(endpoint: Endpoint, max_tokens: int) -> Failure | None:
 
 
 @dataclass
-class Verdict:
+class ProviderVerdict:
     """The probe's result over every candidate; `measures` passing first, cheapest first."""
 
     measures: list[Measures]
@@ -301,7 +301,8 @@ def _order_key(m: Measures) -> tuple[int, Decimal, str]:
 
 
 def decide(measures: list[Measures], reference: str | None, thresholds: ProbeThresholds,
-           templates: Mapping[str, dict[str, Any] | None], pre_failed: Mapping[str, Failure] | None = None) -> Verdict:
+           templates: Mapping[str, dict[str, Any] | None],
+           pre_failed: Mapping[str, Failure] | None = None) -> ProviderVerdict:
     """Trigger agreement against the reference, every threshold, then the order (passing, cheapest
     first). `templates`: each endpoint's template choice (absent: not measured); `pre_failed`: endpoints
     judged from the listing alone (never sent)."""
@@ -314,7 +315,7 @@ def decide(measures: list[Measures], reference: str | None, thresholds: ProbeThr
         judge(m, thresholds)
         if pre_failed and m.tag in pre_failed:
             m.failures.insert(0, pre_failed[m.tag])
-    return Verdict(sorted(measures, key=_order_key), reference)
+    return ProviderVerdict(sorted(measures, key=_order_key), reference)
 
 
 def routing(base: ProviderSpec | None, passing: Sequence[str], listed: Sequence[str]) -> ProviderSpec:

@@ -18,13 +18,13 @@ from typing import Any
 
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome
-from eyrie.jobs.generate.budget import usd
-from eyrie.jobs.generate.forecast import Forecaster
-from eyrie.jobs.generate.lease import Grant, LeaseBook, Report, Verdict
+from eyrie.jobs.generate.budget.forecast import Forecaster
+from eyrie.jobs.generate.budget.lease import Grant, LeaseBook, Renewal, Report
+from eyrie.jobs.generate.budget.pricing import usd
 
 
 @dataclass
-class Observation:
+class RequestResult:
     """What a worker learned from one prompt; plain data so it crosses Ray cheaply."""
 
     status: str  # ok | failed | rejected
@@ -57,7 +57,7 @@ class Counts:
     failures: Counter[str] = field(default_factory=Counter)  # failed samples by error type
     resend: int = 0  # failed samples a resume sends again (only transient errors), part of `failed`
 
-    def add(self, obs: Observation) -> None:
+    def add(self, obs: RequestResult) -> None:
         if obs.status == "ok":
             if obs.policy == "drop":
                 self.discarded += 1
@@ -150,30 +150,30 @@ class RunCoordinator:
         self.calls += 1
         w = report.worker
         if not self._account(report):  # a late report (its worker failed meanwhile): no new slice
-            return self._grant(w, Verdict.EXHAUSTED)
+            return self._grant(w, Renewal.EXHAUSTED)
         async with self._changed:
             self._changed.notify_all()  # what this report returned may be what another waits for
             while True:
                 if self.outcome != Outcome.RUNNING:
-                    return self._grant(w, Verdict.EXHAUSTED)
-                verdict = self.book.renew(w, want, hint, self._canary_left())
-                if verdict is Verdict.EXHAUSTED:
+                    return self._grant(w, Renewal.EXHAUSTED)
+                renewal = self.book.renew(w, want, hint, self._canary_left())
+                if renewal is Renewal.EXHAUSTED:
                     self._stop(Outcome.BUDGET_EXHAUSTED,
                                f"budget exhausted: spent {dollars(self.book.spent)} of {dollars(self.book.max_usd)}; "
                                f"the next request could cost up to {dollars(want)}")
                     self._changed.notify_all()
-                    return self._grant(w, verdict)
-                if verdict is Verdict.GRANTED:
+                    return self._grant(w, renewal)
+                if renewal is Renewal.GRANTED:
                     break
                 if report.in_flight > 0:
-                    return self._grant(w, verdict)
+                    return self._grant(w, renewal)
                 await self._changed.wait()
         if self._commit is not None and self.book.exposure > self.committed:
             await self._raise_commit(hint)
-        return self._grant(w, Verdict.GRANTED)
+        return self._grant(w, Renewal.GRANTED)
 
-    def _grant(self, worker: str, verdict: Verdict) -> Grant:
-        return Grant(verdict, self.book.grants.get(worker, Decimal(0)), self.book.quota(worker),
+    def _grant(self, worker: str, renewal: Renewal) -> Grant:
+        return Grant(renewal, self.book.grants.get(worker, Decimal(0)), self.book.quota(worker),
                      self.book.price_factor, stop=self.outcome != Outcome.RUNNING)
 
     def _canary_left(self) -> int | None:
@@ -231,7 +231,7 @@ class RunCoordinator:
                 await asyncio.to_thread(self._commit, self.book.spent)
                 self.committed = self.book.spent
 
-    def observe(self, obs: Observation) -> bool:
+    def observe(self, obs: RequestResult) -> bool:
         self.counts.add(obs)
         self.retries += obs.retries
         if obs.status != "rejected":

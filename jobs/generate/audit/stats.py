@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from eyrie.jobs.tools.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
+from eyrie.jobs.generate.audit.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
 
 if TYPE_CHECKING:
     from eyrie.jobs.tools.checks import ResponseCheck
@@ -129,7 +129,7 @@ def arguments_key(value: Any) -> int | None:
     return int.from_bytes(hashlib.blake2b(dumped, digest_size=8).digest(), "big")
 
 
-def _structured_arguments(record: dict[str, Any], index: Any) -> Any:
+def structured_arguments(record: dict[str, Any], index: Any) -> Any:
     """A structured call's arguments parsed from the response, for records without `arguments`."""
     calls = (record.get("response") or {}).get("tool_calls") or []
     if not isinstance(index, int) or not 0 <= index < len(calls):
@@ -162,7 +162,7 @@ def fact_from_record(record: dict[str, Any], declared: Iterable[str], *, referen
     calls = []
     for c in checks.get("calls") or ():
         name = c.get("name")
-        args = c["arguments"] if "arguments" in c else _structured_arguments(record, c.get("index"))
+        args = c["arguments"] if "arguments" in c else structured_arguments(record, c.get("index"))
         calls.append(CallFact(name, bool(c.get("valid")), str(c.get("format") or "structured"), arguments_key(args),
                               name in names))
     return AnswerFact(

@@ -15,13 +15,13 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from eyrie.jobs.contract import records
-from eyrie.jobs.generate.conversation import Finished, annotate, next_turn
+from eyrie.jobs.generate.sending.conversation import Finished, annotate, next_turn
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools import declarations
 
 if TYPE_CHECKING:
-    from eyrie.jobs.generate.worker import ShardWorker
+    from eyrie.jobs.generate.sending.worker import ShardWorker
 
 
 def earlier_turns(store: Store, shard: int) -> dict[str, list[records.Record]]:

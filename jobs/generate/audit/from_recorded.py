@@ -31,8 +31,10 @@ from eyrie.jobs.api import reported_cost
 from eyrie.jobs.context import RunContext, usable_cores
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import records
-from eyrie.jobs.contract.progress import now_iso
-from eyrie.jobs.generate.audit import (
+from eyrie.jobs.contract.progress import Outcome, now_iso
+from eyrie.jobs.generate.audit import stats
+from eyrie.jobs.generate.audit.recorded import RecordedRow, RowProblem, iter_lines, parse_line, recorded_path
+from eyrie.jobs.generate.audit.run import (
     DEFAULT_SEED,
     MAX_PROBLEMS,
     MODES,
@@ -45,12 +47,10 @@ from eyrie.jobs.generate.audit import (
     finish,
     priority,
 )
-from eyrie.jobs.generate.budget import Pricing, actual_cost, usd
-from eyrie.jobs.generate.coordinator import Outcome
-from eyrie.jobs.generate.recorded import RecordedRow, RowProblem, iter_lines, parse_line, recorded_path
+from eyrie.jobs.generate.budget.pricing import Pricing, actual_cost, usd
 from eyrie.jobs.spec import DatasetGeneration
 from eyrie.jobs.store import open_output
-from eyrie.jobs.tools import audit_stats, checks, declarations
+from eyrie.jobs.tools import checks, declarations
 
 BATCH_LINES = 2000
 PARALLEL_BYTES = 8 << 20  # smaller files are checked in this process: starting workers would cost more
@@ -72,7 +72,7 @@ class RecordedPass:
     """What a pass over (part of) a recorded file found; `merge` adds a later part to it."""
 
     rerun: int = 0
-    facts: list[audit_stats.AnswerFact] = field(default_factory=list)
+    facts: list[stats.AnswerFact] = field(default_factory=list)
     problems: list[dict[str, Any]] = field(default_factory=list)
     bad_rows: int = 0
     rows: int = 0
@@ -140,13 +140,13 @@ def _add(tally: RecordedPass, item: RecordedRow | RowProblem, job: _Job) -> None
         tally.unparsable_rows += 1
         if len(tally.unparsable) < MAX_PROBLEMS:
             tally.unparsable.append({"row": item.line, "error": got.reason})
-        tally.facts.append(audit_stats.AnswerFact(sid, item.prompt.source, item.mode, "unparsable"))
+        tally.facts.append(stats.AnswerFact(sid, item.prompt.source, item.mode, "unparsable"))
         return
     if not got.names:
         tally.no_tools += 1
         return
     check = None if item.response is None else checks.check_response(got.prepared, item.response, got.validator)
-    tally.facts.append(audit_stats.fact_from_check(sid, item.prompt.source, item.mode, check, got.names, item.usage,
+    tally.facts.append(stats.fact_from_check(sid, item.prompt.source, item.mode, check, got.names, item.usage,
                                                    float(cost) if cost is not None else None))
     if job.rerun and check is not None:
         rec: dict[str, Any] = {"sample_id": sid, "source": item.prompt.source, "toolsMode": item.mode,
@@ -240,20 +240,20 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
         sent, spent, outcome, message = buy(dg, ctx, base_url, answers, todo)
         by_id = {c.sample_id: c for c in picked}
         pairs = answers.load(set(by_id))
-        bought = [audit_stats.fact_from_record(rec, by_id[sid].declared)
+        bought = [stats.fact_from_record(rec, by_id[sid].declared)
                   for m in MODES for sid, rec in pairs[m].items()]
         facts += bought
         sides: dict[str, dict[str, records.Record]] = {m: dict(pairs[m]) for m in MODES}
-        side_facts: dict[str, dict[str, audit_stats.AnswerFact]] = {m: {} for m in MODES}
+        side_facts: dict[str, dict[str, stats.AnswerFact]] = {m: {} for m in MODES}
         for f in bought:
             side_facts[f.mode][f.sample_id] = f
         for c in picked:
             sides[c.mode][c.sample_id] = c.record  # type: ignore[assignment]
-            side_facts[c.mode][c.sample_id] = audit_stats.fact_from_record(c.record, c.declared)
+            side_facts[c.mode][c.sample_id] = stats.fact_from_record(c.record, c.declared)
         examples_doc = examples({c.sample_id: c.prompt for c in picked}, sides, side_facts)
     judged = sum(1 for f in tally.facts if f.status != "unparsable")
     population = {"prompts": tally.rows, "declaredPrompts": judged}
-    figures = audit_stats.summarize(facts, population)
+    figures = stats.summarize(facts, population)
     entry = {
         "kind": "from", "at": now_iso(), "samples": len(picked), "seed": seed,
         "model": dg.spec.target.model if dg is not None else None, "fingerprint": fp, "changedSince": changed,
@@ -262,7 +262,7 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
         "from": {"file": str(path), "rows": tally.rows, "badRows": tally.bad_rows, "problems": tally.problems,
                  "modes": tally.modes, "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows,
                  "unparsable": tally.unparsable, "costUSD": usd(tally.cost), "priced": tally.priced},
-        "figures": figures, "verdict": audit_stats.verdict(figures, recorded=p.name),
+        "figures": figures, "verdict": stats.verdict(figures, recorded=p.name),
         "examples": examples_doc, "sampleIds": [c.sample_id for c in picked],
     }
     return finish(store, entry)

@@ -3,7 +3,7 @@
 This is the measurement the project exists for: does the model call tools as often, as validly and
 in the same way when they are only described in the system prompt as when they are declared
 natively, and what does the difference cost at the size of the whole dataset? The figures and the
-verdict come from `tools/audit_stats.py`; this module picks the prompts, buys the answers once and
+verdict come from `generate/audit/stats.py`; this module picks the prompts, buys the answers once and
 keeps them.
 
 What it promises:
@@ -41,20 +41,21 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.fingerprint import audit_fingerprint, diff
-from eyrie.jobs.contract.progress import now_iso
+from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.generate.budget import usd
-from eyrie.jobs.generate.checkpoint import BudgetCommitter, read_checkpoint
-from eyrie.jobs.generate.coordinator import Counts, Outcome, RunCoordinator
-from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
+from eyrie.jobs.generate.audit import stats
+from eyrie.jobs.generate.budget.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.generate.preflight import preflight
-from eyrie.jobs.generate.worker import ShardWorker, WorkerConfig
+from eyrie.jobs.generate.sending.journal import Journal, ShardState, compact_shard, scan_shard
+from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
-from eyrie.jobs.tools import audit_stats, declarations
+from eyrie.jobs.tools import declarations
 from eyrie.jobs.tools.validation import ToolValidator
 
-MODES = audit_stats.MODES
+MODES = stats.MODES
 DEFAULT_SAMPLES = 50
 DEFAULT_SEED = 0
 EXAMPLES = 3  # side-by-side answers kept in audit.json for the report
@@ -339,7 +340,7 @@ def buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: A
 
 
 def _call_text(rec: records.Record, c: dict[str, Any]) -> str:
-    args = c.get("arguments") if "arguments" in c else audit_stats._structured_arguments(rec, c.get("index"))
+    args = c.get("arguments") if "arguments" in c else stats.structured_arguments(rec, c.get("index"))
     shown = orjson.dumps(args).decode() if args is not None else "(arguments do not parse)"
     mark = "" if c.get("valid") else " INVALID"
     return f"{c.get('name')}({shown[:200]}){mark} [{c.get('format') or 'structured'}]"
@@ -363,7 +364,7 @@ def _last_user(prompt: sources.Prompt) -> str:
 
 
 def examples(prompts: dict[str, sources.Prompt], pairs: dict[str, dict[str, records.Record]],
-             facts: dict[str, dict[str, audit_stats.AnswerFact]]) -> list[dict[str, Any]]:
+             facts: dict[str, dict[str, stats.AnswerFact]]) -> list[dict[str, Any]]:
     """A few prompts with both modes' answers side by side: where the modes differ first (one
     called and the other did not, then different calls), then one where they agree."""
     def kind(sid: str) -> int:
@@ -390,8 +391,8 @@ def examples(prompts: dict[str, sources.Prompt], pairs: dict[str, dict[str, reco
 
 
 def _facts(pairs: dict[str, dict[str, records.Record]], declared: dict[str, frozenset[str]],
-           references: dict[str, frozenset[str] | None]) -> dict[str, dict[str, audit_stats.AnswerFact]]:
-    return {m: {sid: audit_stats.fact_from_record(rec, declared.get(sid, ()), reference=references.get(sid))
+           references: dict[str, frozenset[str] | None]) -> dict[str, dict[str, stats.AnswerFact]]:
+    return {m: {sid: stats.fact_from_record(rec, declared.get(sid, ()), reference=references.get(sid))
                 for sid, rec in pairs[m].items()} for m in MODES}
 
 
@@ -425,14 +426,14 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
     sids = {sid for sid, _ in picked.prompts}
     pairs = answers.load(sids)
     facts = _facts(pairs, picked.declared, picked.references)
-    figures = audit_stats.summarize([f for m in MODES for f in facts[m].values()], picked.population)
+    figures = stats.summarize([f for m in MODES for f in facts[m].values()], picked.population)
     entry = {
         "kind": "prompts", "at": now_iso(), "samples": len(picked.prompts), "seed": seed,
         "model": spec.target.model, "fingerprint": answers.fingerprint.to_json(),
         "changedSince": answers.changed_since(stored.read_audit(store)),
         "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
         "reused": 2 * len(picked.prompts) - wanted, "population": picked.population,
-        "figures": figures, "verdict": audit_stats.verdict(figures),
+        "figures": figures, "verdict": stats.verdict(figures),
         "examples": examples(dict(picked.prompts), pairs, facts),
         "sampleIds": [sid for sid, _ in picked.prompts],
     }

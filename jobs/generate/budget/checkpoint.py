@@ -12,8 +12,8 @@ from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.audit import audit_spend
 from eyrie.jobs.contract.progress import now_iso, read_progress
 from eyrie.jobs.contract.tally import Tally, cost_of
-from eyrie.jobs.generate.budget import usd
-from eyrie.jobs.generate.coordinator import Counts, Observation
+from eyrie.jobs.generate.budget.coordinator import Counts, RequestResult
+from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.store import NotFound, Store
 from eyrie.jobs.tools.checks import ResponseCheck
 from eyrie.jobs.tools.gate import ToolGate
@@ -53,7 +53,7 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
         transient = records.resend_on_resume(rec)
         if transient and resuming:
             continue
-        counts.add(Observation(str(rec.get("status")), policy=rec.get("policy", "keep"),
+        counts.add(RequestResult(str(rec.get("status")), policy=rec.get("policy", "keep"),
                                input_tokens=int(usage.get("prompt_tokens") or 0),
                                output_tokens=int(usage.get("completion_tokens") or 0),
                                error_kind=(rec.get("error") or {}).get("type"), transient=transient,

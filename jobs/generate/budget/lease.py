@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from enum import StrEnum
 
-from eyrie.jobs.generate.budget import UnpriceableRequest
+from eyrie.jobs.generate.budget.pricing import UnpriceableRequest
 
 
-class Verdict(StrEnum):
+class Renewal(StrEnum):
     GRANTED = "granted"
     WAIT = "wait"  # retry once something changed (an own settlement, another worker's call)
     EXHAUSTED = "exhausted"
@@ -59,7 +59,7 @@ class Report:
     held: Decimal = Decimal(0)  # what its open reservations hold now
     in_flight: int = 0  # its open reservations
     price_factor: Decimal = Decimal(1)
-    observations: list = field(default_factory=list)  # coordinator.Observation, in order
+    observations: list = field(default_factory=list)  # coordinator.RequestResult, in order
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Grant:
     """The coordinator's answer: the worker's whole grant now (held + new slice), its request quota
     (None: unlimited) and whether the run stopped."""
 
-    verdict: Verdict
+    renewal: Renewal
     granted: Decimal
     quota: int | None
     price_factor: Decimal
@@ -114,12 +114,12 @@ class LeaseBook:
         self.price_factor = max(self.price_factor, r.price_factor)
         return True
 
-    def renew(self, worker: str, want: Decimal, hint: Decimal, canary_left: int | None) -> Verdict:
+    def renew(self, worker: str, want: Decimal, hint: Decimal, canary_left: int | None) -> Renewal:
         """After `report`: grant `worker` a new slice of at least `want` (its next reservation at
         the price factor), aiming at `hint`. `canary_left`: answers the gate still needs before it
         judges (None once it has judged, or without a gate)."""
         if self.exhausted or worker in self._gone:
-            return Verdict.EXHAUSTED
+            return Renewal.EXHAUSTED
         if want < 0:
             raise UnpriceableRequest(f"invalid reservation {want!r}")
         quota = None
@@ -128,19 +128,19 @@ class LeaseBook:
             self.quotas[worker] = 0  # until granted: no request may start past the canary
             left = canary_left - sum(self.in_flight.values()) - sum(self.quotas.values())
             if left <= 0:
-                return Verdict.WAIT  # the canary's requests are all out: wait for its verdict
+                return Renewal.WAIT  # the canary's requests are all out: wait for its verdict
             quota = max(1, left // self.workers)  # a share, so every worker takes part
         free = self.max_usd - self.spent - self.leased
         if free < want:
             if self.leased > 0:
-                return Verdict.WAIT  # open reservations (this worker's or others') may settle cheaper
+                return Renewal.WAIT  # open reservations (this worker's or others') may settle cheaper
             self.exhausted = True
-            return Verdict.EXHAUSTED
+            return Renewal.EXHAUSTED
         size = min(free, max(want, min(hint, free / (2 * self.workers))))
         self.grants[worker] = self.grants.get(worker, Decimal(0)) + size
         if quota is not None:
             self.quotas[worker] = quota
-        return Verdict.GRANTED
+        return Renewal.GRANTED
 
     def quota(self, worker: str) -> int | None:
         return self.quotas.get(worker)

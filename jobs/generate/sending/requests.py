@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from eyrie.jobs.generate.conversation import tool_result_too_large
+from eyrie.jobs.generate.sending.conversation import tool_result_too_large
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.tools import declarations

@@ -70,7 +70,7 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CallMatch:
     """The model's calls at one turn against the dataset's: `ids` maps dataset call id -> model's."""
 
     divergence: Divergence | None
@@ -142,19 +142,19 @@ def model_calls(response: dict[str, Any], turn: int, declared: Collection[str] |
 
 
 def judge(expected: Message | None, response: dict[str, Any], turn: int,
-          declared: Collection[str] | None = None) -> Verdict:
+          declared: Collection[str] | None = None) -> CallMatch:
     """Compare the model's calls at `turn` with the dataset's turn `expected` (None: the dataset has
     no answer there, so there is nothing to diverge from); `declared`: text mode."""
     got = model_calls(response, turn, declared)
     if expected is None:
-        return Verdict(None, {})
+        return CallMatch(None, {})
     want = expected.get("tool_calls") or []
     if not want and not got:
-        return Verdict(None, {})
+        return CallMatch(None, {})
     if want and not got:
-        return Verdict(Divergence.MISSING_CALL, {})
+        return CallMatch(Divergence.MISSING_CALL, {})
     if got and not want:
-        return Verdict(Divergence.EXTRA_CALL, {})
+        return CallMatch(Divergence.EXTRA_CALL, {})
     unused = list(range(len(got)))
     ids: dict[str, str] = {}
     for w in want:
@@ -165,7 +165,7 @@ def judge(expected: Message | None, response: dict[str, Any], turn: int,
             unused.remove(hit)
             ids[w["id"]] = got[hit]["id"]
     if len(ids) == len(want) and not unused:
-        return Verdict(None, ids)
+        return CallMatch(None, ids)
     names_want = Counter(w["function"]["name"] for w in want)
     names_got = Counter(g["function"]["name"] for g in got)
     if names_want == names_got:
@@ -176,7 +176,7 @@ def judge(expected: Message | None, response: dict[str, Any], turn: int,
         kind = Divergence.EXTRA_CALL
     else:
         kind = Divergence.OTHER_TOOL
-    return Verdict(kind, {})
+    return CallMatch(kind, {})
 
 
 def answer_message(response: dict[str, Any], turn: int) -> Message:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.generate.budget import usd
+from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.spec import DatasetGenerationSpec
 
 MAX_KEPT = 4096  # costs kept for the percentile; beyond it every other one is dropped, evenly

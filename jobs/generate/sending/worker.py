@@ -27,15 +27,15 @@ from eyrie.jobs.api.client import Completion
 from eyrie.jobs.context import api_key_from_env
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.fingerprint import fingerprint, generated_mode
-from eyrie.jobs.contract.progress import now_iso
+from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.generate import agentic
-from eyrie.jobs.generate.budget import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
-from eyrie.jobs.generate.coordinator import Observation, Outcome
-from eyrie.jobs.generate.holder import LeaseHolder
-from eyrie.jobs.generate.journal import Journal, ShardState, compact_shard, scan_shard
-from eyrie.jobs.generate.plan import Plan
-from eyrie.jobs.generate.requests import build_body, estimate_prompt_tokens, max_output_tokens, prepare_row
+from eyrie.jobs.generate.budget.coordinator import RequestResult
+from eyrie.jobs.generate.budget.holder import LeaseHolder
+from eyrie.jobs.generate.budget.pricing import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
+from eyrie.jobs.generate.plan import ShardPlan
+from eyrie.jobs.generate.sending import agentic
+from eyrie.jobs.generate.sending.journal import Journal, ShardState, compact_shard, scan_shard
+from eyrie.jobs.generate.sending.requests import build_body, estimate_prompt_tokens, max_output_tokens, prepare_row
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
@@ -97,7 +97,7 @@ class _ShardRun:
 
 
 class ShardWorker:
-    def __init__(self, config: WorkerConfig, coordinator: Any, plan: Plan | None,
+    def __init__(self, config: WorkerConfig, coordinator: Any, plan: ShardPlan | None,
                  store: Store | None = None, *, api_key: str | None = None, is_actor: bool = False):
         self.spec = DatasetGenerationSpec.model_validate_json(config.spec_json)
         self.worker_id = config.worker_id
@@ -122,9 +122,9 @@ class ShardWorker:
         self.persisted = 0
         self._tok: Any = False  # the target tokenizer; False: not loaded yet, None: none set
         self._counter: Callable[[str], int] | None = None
-        from eyrie.jobs.reconstruct.variants import CanaryProbe
+        from eyrie.jobs.reconstruct.variants import TemplateCanary
 
-        self.probe = CanaryProbe(self.spec, self._tokenizer)
+        self.canary = TemplateCanary(self.spec, self._tokenizer)
 
     @property
     def stopping(self) -> bool:
@@ -300,7 +300,7 @@ class ShardWorker:
 
     def _rejected(self, rec: records.Record, kind: str, reason: str) -> records.Record:
         rec.update(status="rejected", request=None, error={"type": kind, "message": reason})
-        self.budget.observe(Observation("rejected"))
+        self.budget.observe(RequestResult("rejected"))
         return rec
 
     async def reject(self, shard: int, rec: records.Record, kind: str, reason: str) -> None:
@@ -336,8 +336,8 @@ class ShardWorker:
                 self.budget.settle(rid, cost, obs)
             return rec
         cost, obs = self._record_answer(rec, prepared, sent, amount)
-        if self.probe.wants(sent.response):  # each provider's canary: our prompt length per template variant
-            obs.prompt_lengths = await asyncio.to_thread(self.probe.lengths, body, sent.response, sent.usage or {})
+        if self.canary.wants(sent.response):  # each provider's canary: our prompt length per template variant
+            obs.prompt_lengths = await asyncio.to_thread(self.canary.lengths, body, sent.response, sent.usage or {})
         self.budget.settle(rid, cost, obs)
         return rec
 
@@ -360,11 +360,11 @@ class ShardWorker:
             kind, outcome, message = "insufficient-credits", Outcome.INSUFFICIENT_CREDITS, str(e)
         except AuthError as e:
             kind, outcome, message = "auth", Outcome.FAILED, str(e)
-        self.budget.release(rid, Observation("failed", error_kind=kind))
+        self.budget.release(rid, RequestResult("failed", error_kind=kind))
         await self.budget.stop(outcome, message)
         return None
 
-    def _record_failure(self, rec: records.Record, e: RequestFailed) -> tuple[Decimal | None, Observation]:
+    def _record_failure(self, rec: records.Record, e: RequestFailed) -> tuple[Decimal | None, RequestResult]:
         """Fill the record of a failed sample; what it cost (None: nothing billed) and what the
         coordinator learns from it. Usage reported with the failure (a refusal mid-stream) means it
         may have been billed."""
@@ -377,12 +377,12 @@ class ShardWorker:
         rec.update(status="failed", attempts=e.attempts, error=error, usage=e.usage,
                    costUSD=usd(cost) if cost is not None else "0")
         used = e.usage or {}
-        return cost, Observation("failed", retries=max(0, e.attempts - 1), error_kind=e.kind, transient=e.transient,
+        return cost, RequestResult("failed", retries=max(0, e.attempts - 1), error_kind=e.kind, transient=e.transient,
                                  input_tokens=int(used.get("prompt_tokens") or 0),
                                  output_tokens=int(used.get("completion_tokens") or 0), cost=cost)
 
     def _record_answer(self, rec: records.Record, prepared: declarations.Prepared, done: Completion,
-                       amount: Decimal) -> tuple[Decimal | None, Observation]:
+                       amount: Decimal) -> tuple[Decimal | None, RequestResult]:
         """Fill the record of an answer; its actual cost (None: settled at the reservation) and
         what the coordinator learns from it."""
         cost = actual_cost(self.pricing, done.usage, done.cost)
@@ -393,7 +393,7 @@ class ShardWorker:
                    costUSD=usd(cost if cost is not None else amount), checks=check.to_record(),
                    policy=verdict, latencyS=round(done.latency_s, 3))
         reported = usage.get("prompt_tokens")
-        obs = Observation("ok", policy=verdict, input_tokens=int(reported or 0),
+        obs = RequestResult("ok", policy=verdict, input_tokens=int(reported or 0),
                           output_tokens=int(usage.get("completion_tokens") or 0),
                           retries=done.attempts - 1, check=check, provider=done.response.get("provider"),
                           prompt_tokens=reported if isinstance(reported, int) else None,

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
-from eyrie.jobs.generate.coordinator import Observation
-from eyrie.jobs.generate.lease import Grant, Lease, Verdict
+from eyrie.jobs.generate.budget.coordinator import RequestResult
+from eyrie.jobs.generate.budget.lease import Grant, Lease, Renewal
 
 REPORT_SECONDS = 1.0  # progress, the gate's sliding window and stops are at most this late
 LEASE_REQUESTS = 64  # a lease aims at this many answers (at their mean cost) beyond the concurrency
@@ -31,7 +31,7 @@ class LeaseHolder:
         self.concurrency = concurrency
         self.lease = Lease()
         self.stopped = False
-        self._observations: list[Observation] = []
+        self._observations: list[RequestResult] = []
         self._renewing = asyncio.Lock()
         self._settled = asyncio.Event()
         self._closing = asyncio.Event()
@@ -45,9 +45,9 @@ class LeaseHolder:
                 return rid
             want = self.lease.price(amount)
             grant = await self._renew(want, self.hint(want))
-            if grant is None or grant.verdict is Verdict.GRANTED:
+            if grant is None or grant.renewal is Renewal.GRANTED:
                 continue  # another request renewed meanwhile, or we did: try the lease again
-            if grant.verdict is Verdict.EXHAUSTED:
+            if grant.renewal is Renewal.EXHAUSTED:
                 self.stopped = True
             elif self.lease.in_flight:  # WAIT: our own reservations must settle first
                 await self._wait_settled()
@@ -63,21 +63,21 @@ class LeaseHolder:
         extra = want * FIRST_LEASE_REQUESTS if mean is None else mean * LEASE_REQUESTS
         return want * self.concurrency + extra
 
-    def settle(self, rid: int, cost: Decimal | None, obs: Observation) -> None:
+    def settle(self, rid: int, cost: Decimal | None, obs: RequestResult) -> None:
         """A paid request: its actual cost (None: the whole reservation) and what it taught."""
         self.lease.settle(rid, cost)
         self._observe(obs)
 
-    def release(self, rid: int, obs: Observation) -> None:
+    def release(self, rid: int, obs: RequestResult) -> None:
         """A request that was not paid (failed without a charge)."""
         self.lease.release(rid)
         self._observe(obs)
 
-    def observe(self, obs: Observation) -> None:
+    def observe(self, obs: RequestResult) -> None:
         """A prompt that never reserved (a rejected row) still counts."""
         self._observations.append(obs)
 
-    def _observe(self, obs: Observation) -> None:
+    def _observe(self, obs: RequestResult) -> None:
         self._observations.append(obs)
         self._settled.set()
         self._settled = asyncio.Event()
