@@ -1,5 +1,5 @@
-"""`eyrie` command line: run | validate | crd | simulate | audit | providers | report | extract | export |
-operator.
+"""`eyrie` command line: run | validate | crd | simulate | audit | providers | report | evaluate | extract |
+export | operator.
 
 Each subcommand delegates to the module that owns it; heavy imports (ray, torch, kopf) happen only
 inside the subcommand that needs them so `eyrie validate` stays instant.
@@ -20,6 +20,7 @@ commands:
   audit SPEC        A/B the same prompts with tools as text vs structured, print the table
   providers SPEC    compare the target's providers on the same prompts; print which pass and the routing
   report OUTPUT     what a run bought: tables on the terminal, plots with --html FILE
+  evaluate OUTPUT   train small EAGLE-3 drafters (SpecForge) on outputs, compare their acceptance
   extract SPEC      write hidden states for the run's samples (one pod's share with --index)
   export FORMAT     export hidden states (e.g. `export specforge OUTPUT_URI DIR`)
   operator          run the Kubernetes operator (kopf)
@@ -45,6 +46,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "audit": _lazy("eyrie.jobs.cli.run", "audit_main"),
     "providers": _lazy("eyrie.jobs.cli.providers", "providers_main"),
     "report": _lazy("eyrie.jobs.cli.report", "report_main"),
+    "evaluate": _lazy("eyrie.jobs.cli.evaluate", "evaluate_main"),
     "extract": _lazy("eyrie.jobs.extract.cli", "extract_main"),
     "export": _lazy("eyrie.jobs.extract.cli", "export_main"),
     "operator": _lazy("eyrie.operator.main", "operator_main"),

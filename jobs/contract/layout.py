@@ -29,6 +29,7 @@ TIMESERIES = "timeseries.jsonl"  # spend, requests and retries over time, rewrit
 REPORT = "report.html"  # `eyrie report --html`, written by `eyrie run` when it ends
 PROVIDERS = "providers.json"  # the provider probe's measures and verdict per endpoint (generate/probe/run.py)
 SPECFORGE_ONLINE = "exports/specforge-online.json"  # `eyrie export specforge-online`'s summary, for the report
+EVALUATION = "evaluation.json"  # `eyrie evaluate`: drafters trained on this output (and others), their acceptance
 PROBE_ANSWERS = "providers/answers"  # the probe's records, one object per group commit
 FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parquet), when scored
 

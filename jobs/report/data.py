@@ -202,6 +202,7 @@ class ReportData:
     providers: dict[str, Any] | None = None  # providers.json: the provider probe's verdict
     sample: ShownSample | None = None  # one sample rendered with its loss mask (needs the tokenizer)
     specforge_online: dict[str, Any] | None = None  # `eyrie export specforge-online`'s summary
+    evaluation: dict[str, Any] | None = None  # `eyrie evaluate`'s evaluation.json: drafters and their acceptance
 
     @property
     def budget(self) -> Decimal | None:
@@ -359,4 +360,5 @@ def collect(store: Store) -> ReportData:
         providers=read_json(store, layout.PROVIDERS),
         sample=_pick_sample(store, manifest, summary),
         specforge_online=read_json(store, layout.SPECFORGE_ONLINE),
+        evaluation=read_json(store, layout.EVALUATION),
     )

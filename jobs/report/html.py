@@ -278,6 +278,24 @@ def fidelity_figures(d: ReportData) -> list[go.Figure]:
     return out
 
 
+def acceptance_figure(d: ReportData) -> go.Figure | None:
+    """`eyrie evaluate`: each drafter's accuracy at every draft position on the held-out answers, 95% bars."""
+    e = d.evaluation
+    if not e or not e.get("drafters"):
+        return None
+    f = _fig(f"acceptance by draft position ({e['heldout']['samples']:,} held-out answers)",
+             xaxis_title="draft position k", yaxis_title="acc_k", yaxis_range=[0, 1])
+    for r in e["drafters"]:
+        est = r["acceptance"]["accByPosition"]
+        ys = [x["value"] for x in est]
+        f.add_trace(go.Scatter(
+            x=list(range(len(est))), y=ys, mode="lines+markers",
+            name=f"{r['name']}: {r['acceptance']['acceptedLength']['value']:.2f} per step",
+            error_y={"type": "data", "symmetric": False, "array": [x["high"] - y for x, y in zip(est, ys, strict=True)],
+                     "arrayminus": [y - x["low"] for x, y in zip(est, ys, strict=True)]}))
+    return f
+
+
 def figures(d: ReportData) -> list[Figure]:
     """Every plot the run's data supports, in page order."""
     out: list[Figure] = []
@@ -324,6 +342,9 @@ white-space:pre-wrap;word-break:break-word;max-width:1300px}
 .sample .t.k.a,.legend .t.k.a{background:#bfdbfe}.sample .t.k.b{background:#93c5fd}
 .sample .t.r.a,.legend .t.r.a{background:#fde68a}.sample .t.r.b{background:#fcd34d}
 .sample .s{font-weight:700}.sample .gap{color:#9ca3af;font-style:italic}
+table.acceptance{border-collapse:collapse;background:#fff;font-size:13px;margin:6px 0}
+table.acceptance td,table.acceptance th{border:1px solid #e5e7eb;padding:3px 8px;text-align:right}
+table.acceptance td:first-child{text-align:left}
 p.legend{font-size:13px;color:#374151;margin:4px 0 8px}p.legend span{padding:1px 6px;border-radius:2px;margin-right:6px}
 """
 
@@ -407,12 +428,49 @@ def plots_html(d: ReportData) -> str | None:
                    for s, divs in sections.items()) or None
 
 
+def acceptance_html(d: ReportData) -> str | None:
+    """What the data is worth: the drafters `eyrie evaluate` trained, their acceptance by position and
+    accepted length per step (each with its 95% interval), the verdict, the plot."""
+    e = d.evaluation
+    fig = acceptance_figure(d)
+    if not e or fig is None:
+        return None
+    k = len(e["drafters"][0]["acceptance"]["accByPosition"])
+    diffs = {x["name"]: x["minusReference"] for x in e.get("differences") or []}
+
+    def span(x: dict[str, Any], signed: bool = False) -> str:
+        f = "{:+.3f}" if signed else "{:.3f}"
+        return f"{f.format(x['value'])} [{f.format(x['low'])}, {f.format(x['high'])}]"
+
+    head = "".join(f"<th>acc_{j}</th>" for j in range(k))
+    rows = "".join(
+        f"<tr data-drafter='{html.escape(r['name'])}' data-length='{r['acceptance']['acceptedLength']['value']}'>"
+        f"<td>{html.escape(r['name'])}</td><td>{r['training']['samples']:,}</td>"
+        + "".join(f"<td>{x['value']:.3f}</td>" for x in r["acceptance"]["accByPosition"])
+        + f"<td>{span(r['acceptance']['acceptedLength'])}</td>"
+        + f"<td>{span(diffs[r['name']], True) if r['name'] in diffs else '-'}</td></tr>"
+        for r in e["drafters"])
+    div = fig.to_html(full_html=False, include_plotlyjs=False, div_id="plot-acceptance",
+                      config={"displaylogo": False, "responsive": False, "displayModeBar": "hover"})
+    return (
+        "<section id='acceptance'><h2>What the data is worth: acceptance of drafters trained on it</h2>"
+        f"<p class='verdict'>{html.escape(e['verdict'])}</p>"
+        f"<table class='acceptance'><tr><th>drafter trained on</th><th>samples</th>{head}"
+        f"<th>accepted per step [95%]</th><th>minus the first</th></tr>{rows}</table>"
+        f"<p class='legend'>SpecForge {html.escape(str(e.get('specforgeVersion')))}'s EAGLE-3 draft, "
+        f"{e['settings']['steps']:,} steps of {e['settings']['tokens_per_step']:,} "
+        f"loss tokens each; held out: {e['heldout']['samples']:,} answers of {html.escape(e['heldout']['uri'])}, "
+        "never trained on.</p>"
+        f"<div class='grid'><div class='card'>{div}</div></div></section>")
+
+
 def tables_html(d: ReportData) -> str | None:
     return f"<section id='tables'><h2>Every table</h2>{terminal_html(d)}</section>"
 
 
 # The page, top to bottom; the first three are its first screen.
-SECTIONS: tuple[Section, ...] = (verdict_html, audit_verdict_html, sample_html, plots_html, audit_html, tables_html)
+SECTIONS: tuple[Section, ...] = (verdict_html, audit_verdict_html, sample_html, acceptance_html, plots_html,
+                                 audit_html, tables_html)
 
 
 def render(d: ReportData, sections: tuple[Section, ...] = SECTIONS) -> str:

@@ -5,7 +5,9 @@ are printed as the tables print them.
 2. reconstruction: are the samples' tokens what the provider counted (prompt and completion);
 3. fidelity: did the provider serve the model (left out until extraction scored the answers);
 4. money: what it bought: dollars per kept sample and per trained token, on discarded answers, and
-   the projected total.
+   the projected total;
+5. what the data is worth (only after `eyrie evaluate`): the accepted length per step of a drafter
+   trained on it, on held-out target answers, and the evaluation's verdict against other outputs.
 
 Pure: `verdict(ReportData)` reads only what `collect` gathered. Each line keeps its figures by name
 (`Line.figures`) so the page can mark them and a browser test can read them back.
@@ -184,7 +186,31 @@ def money_line(d: ReportData) -> Line:
     return Line("money", "What the money bought", status, text + ".", figures)
 
 
+def worth_line(d: ReportData) -> Line | None:
+    """`eyrie evaluate`'s answer: what a drafter trained on this output accepts, and against the others."""
+    e = d.evaluation
+    if not e or not e.get("drafters"):
+        return None
+    first = e["drafters"][0]
+    length = first["acceptance"]["acceptedLength"]
+    figures = {"acceptedLength": num(length["value"]), "low": num(length["low"]), "high": num(length["high"]),
+               "heldout": f"{e['heldout']['samples']:,}"}
+    text = (f"A drafter trained on {first['name']} accepts {figures['acceptedLength']} [{figures['low']}-"
+            f"{figures['high']}] tokens per step on {figures['heldout']} held-out answers")
+    against = [x for x in e.get("differences") or [] if x.get("kind") == "against"]
+    status = INFO
+    if against:
+        text += f"; {e['verdict']}"
+        if any(x["separates"] and x["minusReference"]["value"] > 0 for x in against):
+            status = WARN  # another output's drafter serves this target's traffic better than this one's
+        elif all(x["separates"] for x in against):
+            status = OK
+    else:
+        text += "."
+    return Line("worth", "What the data is worth", status, text if text.endswith(".") else text + ".", figures)
+
+
 def verdict(d: ReportData) -> list[Line]:
     """The lines the run has data for, in the order above."""
-    lines = [tools_line(d), reconstruction_line(d), fidelity_line(d), money_line(d)]
+    lines = [tools_line(d), reconstruction_line(d), fidelity_line(d), money_line(d), worth_line(d)]
     return [x for x in lines if x is not None]

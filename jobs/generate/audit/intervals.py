@@ -57,7 +57,7 @@ def wilson(k: int, n: int, z: float = Z95) -> Estimate:
     return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
 
 
-def _resampled_sums(columns: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+def resampled_sums(columns: np.ndarray, resamples: int, seed: int) -> np.ndarray:
     """Column sums of `resamples` bootstrap resamples of the rows of `columns` (units x values):
     shape (resamples, values). Resampling units with replacement is the same as drawing how often
     each distinct unit is taken from a multinomial; when units repeat (counts, 0/1 outcomes) that is
@@ -118,7 +118,7 @@ def bootstrap_ratio(num: Sequence[float], den: Sequence[float] | None = None, *,
         return Estimate(None, None, None, n_units)
     value = float(a.sum() / d.sum())
     cols, (ia, id_) = _columns(a, den)
-    sums = _resampled_sums(cols, resamples, seed)
+    sums = resampled_sums(cols, resamples, seed)
     lo, hi = _percentile(_ratio(_pick(sums, ia, a.size), _pick(sums, id_, a.size)))
     return Estimate(value, lo, hi, n_units)
 
@@ -140,7 +140,7 @@ def paired_difference(num_a: Sequence[float], den_a: Sequence[float] | None, num
         return Estimate(None, None, None, int(na.size))
     value = float(nb.sum() / db.sum() - na.sum() / da.sum())
     cols, (ia, ida, ib, idb) = _columns(na, den_a, nb, den_b)
-    sums = _resampled_sums(cols, resamples, seed)
+    sums = resampled_sums(cols, resamples, seed)
     n = na.size
     stats = _ratio(_pick(sums, ib, n), _pick(sums, idb, n)) - _ratio(_pick(sums, ia, n), _pick(sums, ida, n))
     lo, hi = _percentile(stats)

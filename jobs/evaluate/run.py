@@ -1,0 +1,185 @@
+"""`eyrie evaluate`: does the data matter for the drafter? One drafter per output, the same budget,
+the same held-out serving traffic (the reference output's own answers), SpecForge's acceptance.
+
+The steps, each in its module: read the outputs (`data.py`: refuses outputs without hidden states and
+outputs of different targets), choose the held-out samples and every drafter's training set and
+steps (`plan.py`: seeded, prompt-disjoint, the same loss tokens per step), train and evaluate each
+drafter with SpecForge's code (`drafter.py`), turn the counts into figures and a verdict
+(`figures.py`), and keep them in `evaluation.json` under the reference output, keyed by everything
+that decides them (the inputs' fingerprints, the sizes, the seeds, SpecForge's version): the same
+evaluation asked again is read back, not retrained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from eyrie.jobs.contract import layout
+from eyrie.jobs.evaluate import figures
+from eyrie.jobs.evaluate.data import Corpus, check_same_target, open_corpus
+from eyrie.jobs.evaluate.plan import (
+    EvaluationError,
+    Heldout,
+    check_disjoint,
+    choose_heldout,
+    passes,
+    steps_plan,
+    training_set,
+)
+
+FORMAT = "eyrie-evaluation/1"
+CODE_VERSION = 1  # bump when what an evaluation computes changes: a stored one is then recomputed
+MIN_TRAIN = 5  # samples the reference drafter needs at least besides the held-out set
+CONTROL = "control: shuffled token ids"
+MAX_CURVE = 1000  # loss-curve points kept per drafter (evenly spaced when there are more steps)
+
+
+@dataclass(frozen=True)
+class Request:
+    output: str
+    against: tuple[str, ...] = ()
+    heldout: int | None = None  # None: a fifth of the reference's samples, at most 500
+    settings: Any = None  # drafter.TrainSettings (None: its defaults)
+    control: bool = False  # also train the shuffled-token control on the reference's training samples
+    endpoint: str | None = None
+    device: str = "cpu"
+
+
+@dataclass
+class Result:
+    doc: dict[str, Any]
+    reused: bool
+    key: str = field(default="")
+
+
+def default_heldout(samples: int) -> int:
+    return max(1, min(500, samples // 5))
+
+
+def _name(uri: str, taken: set[str]) -> str:
+    base = uri.rstrip("/").rsplit("/", 1)[-1] or uri
+    return base if base not in taken else uri
+
+
+def evaluation_key(inputs: Sequence[dict[str, Any]], heldout: int, settings: dict[str, Any], control: bool,
+                   target: dict[str, Any], specforge: str) -> str:
+    doc = {"format": FORMAT, "code": CODE_VERSION, "inputs": [(i["uri"], i["fingerprint"]) for i in inputs],
+           "heldout": heldout, "settings": settings, "control": control, "target": target, "specforge": specforge}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def read_evaluation(corpus: Corpus) -> dict[str, Any] | None:
+    if not corpus.store.exists(layout.EVALUATION):
+        return None
+    try:
+        doc = orjson.loads(corpus.store.get(layout.EVALUATION))
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+
+
+def _curve(losses: list[float]) -> list[list[float]]:
+    """[step, loss] pairs, at most MAX_CURVE of them (the last step always kept)."""
+    n = len(losses)
+    every = max(1, -(-n // MAX_CURVE))
+    picks = sorted({*range(0, n, every), n - 1}) if n else []
+    return [[i + 1, round(losses[i], 5)] for i in picks]
+
+
+def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None) -> Result:
+    """Evaluate (or read back) the drafters of `req`; the document is stored under the reference output."""
+    import torch
+
+    from eyrie.jobs.evaluate import drafter
+
+    settings = req.settings or drafter.TrainSettings()
+    ref = open_corpus(req.output, req.endpoint)
+    others = [open_corpus(u, req.endpoint) for u in req.against]
+    check_same_target(ref, others)
+    n_held = req.heldout if req.heldout is not None else default_heldout(len(ref.samples))
+    held = choose_heldout(ref.samples, n_held, settings.seed, MIN_TRAIN)
+    heldout = Heldout.of(ref.samples[i] for i in held)
+
+    taken: set[str] = set()
+    drafters: list[tuple[str, str, Corpus, Any]] = []  # (name, kind, corpus, transform)
+    for kind, corpus in [("reference", ref), *(("against", o) for o in others)]:
+        name = _name(corpus.uri, taken)
+        taken.add(name)
+        drafters.append((name, kind, corpus, None))
+    if req.control:
+        drafters.append((CONTROL, "control", ref, drafter.shuffled))
+    inputs = [{"uri": c.uri, "fingerprint": c.fingerprint, "samples": len(c.samples)} for c in [ref, *others]]
+    key = evaluation_key(inputs, n_held, settings.to_dict(), req.control, ref.target.to_dict(),
+                         drafter.SPECFORGE_VERSION)
+    stored = read_evaluation(ref)
+    if stored is not None and stored.get("key") == key:
+        notify(f"evaluation {key} of these inputs is stored in {ref.store.url(layout.EVALUATION)}: reused")
+        return Result(stored, True, key)
+
+    model_path = drafter.target_folder(ref.target.name, ref.target.model)
+    device = torch.device(req.device)
+    counts: dict[str, drafter.Counts] = {}
+    rows: list[dict[str, Any]] = []
+    for name, kind, corpus, transform in drafters:
+        train, left_out = training_set(corpus.samples, heldout)
+        check_disjoint((corpus.samples[i] for i in train), heldout, name)
+        loss = [s.loss_tokens for s in corpus.samples]
+        plan = steps_plan(loss, train, settings.steps, settings.tokens_per_step, settings.seed,
+                          lengths=[s.tokens for s in corpus.samples])
+        notify(f"training the drafter of {name}: {len(train):,} samples, {settings.steps:,} steps of "
+               f"{settings.tokens_per_step:,} loss tokens ({passes(plan, loss, train):.1f} passes)")
+        d = drafter.train(corpus, plan, train, model_path, settings, device, transform)
+        got = drafter.evaluate(d, ref, held, settings)
+        counts[name] = got
+        acc = figures.acceptance(got.correct, got.denom, seed=settings.seed)
+        notify(f"{name}: accepted length {acc.length.value:.3f} [{acc.length.low:.3f}, {acc.length.high:.3f}] "
+               f"per step on {acc.samples:,} held-out samples ({d.seconds:.0f} s of training)")
+        rows.append({
+            "name": name, "kind": kind, "uri": corpus.uri,
+            "training": {"samples": len(train), "heldoutPromptsLeftOut": left_out,
+                         "lossTokens": sum(loss[i] for i in train), "passes": round(passes(plan, loss, train), 3),
+                         "steps": len(plan), "tokensPerStep": settings.tokens_per_step, "seconds": round(d.seconds, 2)},
+            "loss": _curve(d.losses),
+            "acceptance": acc.to_dict(),
+            "specforge": {k: v for k, v in got.specforge.items()
+                          if k in ("eval/avg_loss", "eval/avg_acc", "eval/per_position_acc", "eval/simulated_acc_len")},
+        })
+
+    reference = rows[0]["name"]
+    ref_counts = (counts[reference].correct, counts[reference].denom)
+    ref_len = figures.acceptance(*ref_counts, seed=settings.seed).length
+    diffs = []
+    for row in rows[1:]:
+        c = counts[row["name"]]
+        diff = figures.length_difference(ref_counts, (c.correct, c.denom), seed=settings.seed)
+        other_len = figures.acceptance(c.correct, c.denom, seed=settings.seed).length
+        diffs.append({"name": row["name"], "kind": row["kind"], "minusReference": diff.to_dict(),
+                      "separates": figures.separates(diff), "samplesToSeparate": figures.samples_to_separate(diff),
+                      "verdict": figures.verdict_sentence(reference, row["name"], ref_len, other_len, diff)})
+    first = next((d for d in diffs if d["kind"] == "against"), None) or (diffs[0] if diffs else None)
+    verdict = first["verdict"] if first else (
+        f"a drafter trained on {reference} accepts {ref_len.value:.2f} [{ref_len.low:.2f}-{ref_len.high:.2f}] "
+        f"tokens per step on {len(held):,} of its held-out answers (nothing to compare it with: pass --against)")
+    doc = {
+        "format": FORMAT, "key": key, "specforgeVersion": drafter.SPECFORGE_VERSION, "code": CODE_VERSION,
+        "target": ref.target.to_dict(), "inputs": inputs,
+        "heldout": {"uri": ref.uri, "samples": len(held), "seed": settings.seed,
+                    "tokens": int(counts[reference].denom[:, 0].sum()),
+                    "idsSha256": hashlib.sha256("\n".join(ref.samples[i].sample_id for i in held).encode())
+                    .hexdigest()},
+        "settings": settings.to_dict(), "control": req.control, "device": str(device),
+        "drafters": rows, "differences": diffs, "verdict": verdict,
+        "createdAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    ref.store.put(layout.EVALUATION, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    return Result(doc, False, key)
+
+
+__all__ = ["CONTROL", "EvaluationError", "Request", "Result", "default_heldout", "read_evaluation",
+           "run_evaluation"]
