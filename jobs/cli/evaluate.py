@@ -64,9 +64,9 @@ def evaluate_main(argv: list[str]) -> int:
                     "one drafter each")
     ap.add_argument("--heldout", type=_positive, metavar="N", help="held-out samples of OUTPUT (seeded; never "
                     "trained on by any drafter; default a fifth of its samples, at most 500)")
-    ap.add_argument("--steps", type=_positive, metavar="S", help="training steps per drafter (default 200)")
+    ap.add_argument("--steps", type=_positive, metavar="S", help="training steps per drafter (default 300)")
     ap.add_argument("--tokens-per-step", type=_positive, metavar="T", help="loss tokens per step, exact "
-                    "(default 1024)")
+                    "(default 256)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the held-out choice, the order and the weights")
     ap.add_argument("--control", action="store_true", help="also train a control on OUTPUT's samples with their "
                     "token ids shuffled (it should rank last: a check that the evaluation tells drafters apart)")
