@@ -116,11 +116,23 @@ def extraction_count(spec: DatasetGenerationSpec) -> int:
 def drain_seconds(spec: DatasetGenerationSpec) -> int:
     """How long a stopping job may take: its in-flight requests finish (or time out), then it flushes.
 
-    Ray's job supervisor SIGKILLs a stopped driver after RAY_JOB_STOP_WAIT_TIME_S (default 3 s) and
-    Kubernetes a deleted pod after terminationGracePeriodSeconds (default 30 s); both would lose
-    responses already paid for, so both are set to this.
+    Ray's job supervisor SIGKILLs a stopped driver after RAY_JOB_STOP_WAIT_TIME_S (default 3 s), which
+    would lose responses already paid for, so it is set to this. The Ray pods' grace period is this too:
+    an upper bound only, since they leave as soon as Ray has torn down (RAY_POD_ENV).
     """
     return math.ceil(spec.api.request_timeout_seconds) + 30
+
+
+# The env of every Ray container. `ray start --block` is the container's PID 1 (KubeRay runs `bash -c "ulimit ...;
+# ray start ..."`, and bash execs its last command) and Ray 2.60 handles SIGTERM by draining the node first: it
+# waits, up to RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (default 30 s), for the node to become idle, which a node
+# running a shard worker (a live actor) never does; with the head already gone (a deleted RayCluster's head pod
+# leaves in about 4 s) its drain call to the GCS hangs that long instead. Measured (tests/test_ray_pod_stop.py:
+# Ray 2.60, each node PID 1 of its own PID and network namespace, as in a pod): a worker node with an actor left
+# 31-35 s after SIGTERM, an idle one with the head gone 33 s, against 1.4-2.5 s with 0. The drain is for Ray
+# Serve's proxies; eyrie drains the job itself before the pods go (the operator's graceful stop, StopGeneration),
+# so 0: the pods leave as soon as Ray has torn down.
+RAY_POD_ENV = ({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"},)
 
 
 def stop_env(spec: DatasetGenerationSpec) -> dict[str, str]:
@@ -207,7 +219,7 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
     if not ray.image:
         raise ChildSpecError("spec.generation.ray.image", "required when generation.ray.mode is RayJob")
     volume, mount = _spec_volume(name)
-    env = _env(spec, attempt, uid, accept_fingerprint)
+    env = [*RAY_POD_ENV, *_env(spec, attempt, uid, accept_fingerprint)]
     worker_resources: dict[str, Any] = {"cpu": str(ray.cpus_per_worker)}
     if ray.memory_per_worker:
         worker_resources["memory"] = ray.memory_per_worker
