@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,6 +210,109 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_sep("=", f"{len(nodes)} tests skipped for missing {what}", yellow=True)
         for node in nodes:
             terminalreporter.write_line(f"  {node}")
+
+
+# Test tiers (README "Tests"), kopf's and crate-operator's way: one marker per test, applied here by folder or by
+# fixture, so a test file never has to remember its tier. `integration` starts something real on this machine (the
+# simulator, MinIO, Ray, the tiny model, Chromium, a subprocess); `cluster` needs the control plane; `node` needs the
+# kubelet running pods; `gpu` needs an accelerator; everything else is `unit`, and `unit_guard` makes a unit test
+# that starts a process, Ray or a socket raise, so the fast tier cannot grow slow by accident.
+TIERS = ("unit", "integration", "cluster", "node")
+# fixtures that start a real component: a test using one is `integration` at least
+INTEGRATION_FIXTURES = frozenset({"s3_server", "s3_env", "s3_bucket", "start_sim", "ray_tmp"})
+# fixtures of tests/cluster/conftest.py that run pods on the real node (the rest of that folder is `cluster`)
+NODE_FIXTURES = frozenset({"node", "node_kuberay", "release"})
+CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"
+ACCELERATOR = Path("/dev/nvidia0").exists()  # a `gpu` test is skipped, and named, where there is none
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The one tier of a test: a marker written on the test (or its module) wins, then its folder, then its fixtures."""
+    for tier in reversed(TIERS):
+        if item.get_closest_marker(tier) is not None:
+            return tier
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & NODE_FIXTURES:
+        return "node"
+    if CLUSTER_DIR in Path(str(item.path)).resolve().parents:
+        return "cluster"
+    if fixtures & INTEGRATION_FIXTURES:
+        return "integration"
+    return "unit"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's tier marker; under pytest-xdist (`-n`), every `cluster` test on one worker and every `node` test on
+    one worker (`--dist loadgroup`), so each session's control plane and node is started once, not once per worker."""
+    grouped = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(getattr(pytest.mark, tier))
+        if grouped and tier in ("cluster", "node"):
+            item.add_marker(pytest.mark.xdist_group(tier))
+        if item.get_closest_marker("gpu") is not None and not ACCELERATOR:
+            item.add_marker(pytest.mark.skip(reason="needs an accelerator (no /dev/nvidia0 here)"))
+
+
+class UnitTierViolation(AssertionError):
+    """A `unit` test started a process, Ray or a socket: mark it (or its module) `integration`, or fake the thing."""
+
+
+def _refuse(what: str):
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise UnitTierViolation(f"unit tests start no {what}: mark the test `integration` (tests/conftest.py tiers)")
+    return refuse
+
+
+@contextmanager
+def unit_guard(item: pytest.Item) -> Iterator[None]:
+    """What Ray Serve's unit conftest does for `ray.init`, for every slow thing: while a `unit` test and its
+    fixtures (of any scope) are set up and while it runs, starting a subprocess, Ray, a listening or connecting inet
+    socket, an asyncio server or a name lookup raises instead. Teardown is left alone: the session's last test tears
+    down the session's servers."""
+    if item.get_closest_marker("unit") is None:
+        yield
+        return
+    import asyncio.base_events
+    import multiprocessing.process
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess"))  # asyncio's subprocesses too
+        for name in ("fork", "posix_spawn", "posix_spawnp", "system"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _refuse(f"process (os.{name})"))
+        mp.setattr(multiprocessing.process.BaseProcess, "start", _refuse("process (multiprocessing)"))
+        inet = (socket.AF_INET, socket.AF_INET6)
+        for name in ("connect", "connect_ex", "bind"):
+            original = getattr(socket.socket, name)
+
+            def guarded(self: socket.socket, *args: object, _original=original, _name=name) -> object:
+                if self.family in inet:
+                    raise UnitTierViolation(f"unit tests open no network socket (socket.{_name}): mark the test "
+                                            "`integration` (tests/conftest.py tiers)")
+                return _original(self, *args)
+            mp.setattr(socket.socket, name, guarded)
+        mp.setattr(socket, "getaddrinfo", _refuse("name lookup (network)"))
+        for name in ("create_server", "create_connection"):
+            mp.setattr(asyncio.base_events.BaseEventLoop, name, _refuse(f"network (loop.{name})"))
+        ray = sys.modules.get("ray")
+        if ray is not None:
+            mp.setattr(ray, "init", _refuse("Ray (ray.init)"))
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with unit_guard(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with unit_guard(item):
+        return (yield)
 
 
 def _terminated(signum: int, frame: object) -> None:

@@ -12,6 +12,8 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from eyrie.jobs.simulated_text import TextBehaviour
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess, planned_calls
 
@@ -77,6 +79,7 @@ def by_conversation(recs: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+@pytest.mark.integration
 def test_three_tool_calls_regenerated_turn_by_turn_with_spliced_results_under_the_models_ids(tmp_path):
     prompts = write(tmp_path / "c.jsonl", 4)
     dataset = [json.loads(line) for line in prompts.read_text().splitlines()]
@@ -114,6 +117,7 @@ def test_three_tool_calls_regenerated_turn_by_turn_with_spliced_results_under_th
     assert prog["samples"] == {"total": 4, "done": 4, "rejected": 0, "discarded": 0, "failed": 0}  # conversations
 
 
+@pytest.mark.integration
 def test_divergence_stop_ends_the_conversation_and_keep_original_flags_the_rest(tmp_path):
     prompts = write(tmp_path / "c.jsonl", 3)
     dataset = [json.loads(line) for line in prompts.read_text().splitlines()]
@@ -205,6 +209,7 @@ def test_budget_exhaustion_mid_conversation_then_resume(tmp_path, ray_tmp):
     assert final["agentic"]["turnsRegenerated"] == 36
 
 
+@pytest.mark.integration
 def test_a_turn_that_failed_on_transient_errors_is_asked_again_on_resume(tmp_path):
     """maxRetries 0 against 503s: a conversation whose turn failed on a transient error ends there,
     recorded failed (`error.transient`); the resume (the provider answers now) goes on from that
@@ -246,6 +251,7 @@ def test_the_agentic_example_is_current():
         "run: python hack/agentic_example.py"
 
 
+@pytest.mark.integration
 def test_text_mode_conversations_read_the_calls_written_as_text_and_splice_results_as_text(tmp_path):
     """tools.mode: text: the functions are described in the system prompt, the simulated model writes
     its calls into the content (Hermes, Kimi, JSON: formats that keep parallel calls); they are

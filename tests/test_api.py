@@ -372,6 +372,7 @@ async def test_preflight_errors(start_sim: StartSim) -> None:
         await c.preflight()
 
 
+@pytest.mark.integration
 async def test_the_key_never_appears_in_errors(app_server: Callable[[web.Application], Awaitable[str]]) -> None:
     seen: list[str] = []
 
@@ -405,6 +406,7 @@ async def test_the_key_never_appears_in_errors(app_server: Callable[[web.Applica
         assert KEY not in str(err) and KEY not in repr(err) and "bad Bearer ***" in str(err)
 
 
+@pytest.mark.integration
 async def test_a_json_answer_to_a_stream_request_is_accepted(
         app_server: Callable[[web.Application], Awaitable[str]]) -> None:
     async def plain(request: web.Request) -> web.Response:
@@ -422,6 +424,7 @@ async def test_a_json_answer_to_a_stream_request_is_accepted(
     assert d.response["content"] == "hi" and d.cost is None and d.usage == {"prompt_tokens": 1}
 
 
+@pytest.mark.integration
 async def test_request_flags_added_to_the_body(app_server: Callable[[web.Application], Awaitable[str]]) -> None:
     got: list[dict[str, Any]] = []
 
@@ -445,6 +448,7 @@ async def test_request_flags_added_to_the_body(app_server: Callable[[web.Applica
                                                     "stream_options": {"include_usage": True}}
 
 
+@pytest.mark.integration
 async def test_preflight_asks_openrouter_about_the_key(app_server: Callable[[web.Application], Awaitable[str]]) -> None:
     asked: list[str] = []
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from packaging.requirements import Requirement
 
@@ -192,6 +193,7 @@ sys.meta_path[:] = [Hide(f) if hasattr(f, 'find_spec') else f for f in sys.meta_
 """
 
 
+@pytest.mark.integration
 def test_the_generation_job_runs_where_torch_cannot_be_found(tmp_path):
     """What a RayJob's head runs (`eyrie run SPEC --until samples`): generation and reconstruction, end to end on
     the simulator with the bundled tokenizer, with torch out of the import system's reach."""
@@ -220,6 +222,7 @@ def test_the_generation_job_runs_where_torch_cannot_be_found(tmp_path):
     assert manifest["reconstruction"]["samples"]["kept"] == 6, manifest["reconstruction"]["samples"]
 
 
+@pytest.mark.integration
 def test_eyrie_operator_runs_where_torch_and_transformers_cannot_be_imported():
     code = ("import sys\n"
             "for m in ('torch', 'transformers', 'safetensors', 'tokenizers'): sys.modules[m] = None\n"

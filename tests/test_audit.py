@@ -12,6 +12,7 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -68,6 +69,7 @@ def fake_spec(tmp_path: Path, base_url: str, cases: list[str], **over) -> Path:
     return p
 
 
+@pytest.mark.integration
 def test_each_text_format_is_counted_exactly(tmp_path):
     """Every case once per source: the format of each text answer, its validity and whether it made
     the structured answer's calls are known by construction."""
@@ -102,6 +104,7 @@ def test_each_text_format_is_counted_exactly(tmp_path):
     assert doc["examples"] and all(e["text"] and e["structured"] for e in doc["examples"])
 
 
+@pytest.mark.integration
 def test_a_repeated_audit_pays_nothing_and_samples_extend(tmp_path):
     with FakeProvider() as fake:
         path = fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER)
@@ -133,6 +136,7 @@ def test_a_repeated_audit_pays_nothing_and_samples_extend(tmp_path):
     assert stored.audit_spend(store) == fake.billed
 
 
+@pytest.mark.integration
 def test_audit_spend_is_in_the_report_and_the_budget_at_once(tmp_path):
     from eyrie.jobs.report import collect
     from eyrie.jobs.report.terminal import run_table
@@ -170,6 +174,7 @@ def simulator_spec(tmp_path: Path, max_usd: str = "1.00") -> Path:
     return p
 
 
+@pytest.mark.integration
 def test_figures_match_what_the_simulator_did(tmp_path):
     dg = load_spec(simulator_spec(tmp_path))
     picked = pick_prompts(dg, 20)
@@ -200,6 +205,7 @@ def test_figures_match_what_the_simulator_did(tmp_path):
                                            for r in stored.iter_audit_records(open_store(dg.spec.output.uri)))
 
 
+@pytest.mark.integration
 def test_audit_spend_counts_against_the_run_budget(tmp_path):
     path = simulator_spec(tmp_path)
     dg = load_spec(path)
@@ -216,6 +222,7 @@ def test_audit_spend_counts_against_the_run_budget(tmp_path):
     assert Decimal(prog["spentUSD"]) == audit_spent + sum(Decimal(x["costUSD"]) for x in recs)
 
 
+@pytest.mark.integration
 def test_audit_cli_prints_the_verdict_and_refuses_without_tool_prompts(tmp_path):
     path = simulator_spec(tmp_path)
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(path), "--samples", "6"],
@@ -240,6 +247,7 @@ def test_audit_cli_prints_the_verdict_and_refuses_without_tool_prompts(tmp_path)
     assert r.returncode == 2 and "declares tools" in r.stderr
 
 
+@pytest.mark.integration
 def test_run_in_audit_mode_prints_the_audit_without_a_terminal(tmp_path):
     path = simulator_spec(tmp_path)
     doc = yaml.safe_load(path.read_text())
@@ -258,6 +266,7 @@ def test_run_in_audit_mode_prints_the_audit_without_a_terminal(tmp_path):
     assert sections == sorted(sections) and report.index("<h2>") == sections[0]
 
 
+@pytest.mark.integration
 def test_audit_killed_with_sigkill_leaves_a_bound_the_next_run_starts_from(tmp_path):
     """kill -9 mid-audit: what the audit may have paid is already in budget.json, so the run that
     follows starts from at least the provider's bill and cannot spend past maxUSD; the answers

@@ -13,6 +13,7 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -111,6 +112,7 @@ def test_the_reader_names_each_bad_row_and_reads_the_rest(tmp_path):
     assert sum(r.error is not None for r in rows) == 1  # the provider's 502: a failed request, not a bad row
 
 
+@pytest.mark.integration
 def test_from_counts_like_a_run_and_sends_nothing(tmp_path):
     path, expect = recorded_file(tmp_path)
     with FakeProvider(refuse=True) as fake:
@@ -136,6 +138,7 @@ def test_from_counts_like_a_run_and_sends_nothing(tmp_path):
     assert "1 prompt declared functions that could not be parsed" in doc["verdict"]
 
 
+@pytest.mark.integration
 def test_from_counts_each_text_format_exactly(tmp_path):
     path, _ = recorded_file(tmp_path)
     prices = Pricing(Decimal("0.60"), Decimal("2.50"))
@@ -148,6 +151,7 @@ def test_from_counts_each_text_format_exactly(tmp_path):
     assert len(calls) == 24 and sum(not c.valid for c in calls) == 4 and sum(not c.declared for c in calls) == 2
 
 
+@pytest.mark.integration
 def test_from_without_a_spec_prints_and_writes_nothing(tmp_path):
     path, _ = recorded_file(tmp_path)
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", "--from", str(path)],
@@ -163,6 +167,7 @@ def test_from_without_a_spec_prints_and_writes_nothing(tmp_path):
     assert r.returncode == 2 and "--rerun needs a SPEC" in r.stderr
 
 
+@pytest.mark.integration
 def test_rerun_buys_the_other_mode_once_under_the_budget(tmp_path):
     path, _ = recorded_file(tmp_path)
     with FakeProvider() as fake:

@@ -63,6 +63,7 @@ def extracted_run(folder: Path, tok, chat_format: str, model: str) -> str:
     return store.uri
 
 
+@pytest.mark.integration
 def test_the_docs_commands_do_what_they_say_eyrie_then_specforge(tmp_path, monkeypatch, capsys):
     need_specforge()
     from specforge.cli import main as specforge_main

@@ -77,6 +77,7 @@ def run(tmp_path: Path, store: FileStore, n: int, monkeypatch: pytest.MonkeyPatc
     return result[0]
 
 
+@pytest.mark.integration
 def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatch):
     # each journal write takes 10x the provider's 30 ms: with the slot freed before its commit, a
     # worker would collect about 3 slots x 10 answers paid but not durable during every write
@@ -105,6 +106,7 @@ def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatc
     assert_exactly_once(list(records.iter_records(store)), range(120))
 
 
+@pytest.mark.integration
 def test_a_failing_store_write_stops_the_worker_with_outcome_failed(tmp_path, monkeypatch):
     store = WatchedStore(tmp_path / "out", fail_after=3)
     result = run(tmp_path, store, 60, monkeypatch, workers=1)
@@ -115,6 +117,7 @@ def test_a_failing_store_write_stops_the_worker_with_outcome_failed(tmp_path, mo
     assert len(list(records.iter_records(store))) == store.durable > 0
 
 
+@pytest.mark.integration
 def test_a_failing_coordinator_call_stops_the_run_instead_of_hanging(tmp_path, monkeypatch):
     def broken(self, shard):
         raise RuntimeError("the coordinator lost its state")
@@ -171,6 +174,7 @@ def test_a_reader_beside_a_running_compaction_still_sees_each_sample_once(tmp_pa
     assert store.compacted and store.list(layout.journal_prefix(0)) == []
 
 
+@pytest.mark.integration
 def test_a_worker_holds_a_few_prompts_not_its_shard(tmp_path, monkeypatch):
     """Shards read their own rows (generate/plan.py): the driver holds none, a worker about its
     concurrency, however many rows its shard has."""

@@ -97,6 +97,7 @@ def test_a_missing_model_is_named():
         HFBackend("/nonexistent/model", device="cpu")
 
 
+@pytest.mark.integration
 def test_model_facts_read_the_config(tiny, backend):
     f = backend.facts
     assert (f.num_layers, f.hidden_size, f.vocab_size, f.max_context) == (4, HIDDEN, VOCAB, CONTEXT)
@@ -136,6 +137,7 @@ def test_assign_shards_cover_each_shard_exactly_once():
 # ------------------------------------------------------------------------------ whole stage
 
 
+@pytest.mark.integration
 def test_float32_equals_a_direct_forward_exactly(tmp_path, tiny, ref_model, backend):
     # a budget of 1 token runs every sample alone: the same matmul shapes as the direct forward
     out, _store, rows, summary = _run(tmp_path, tiny, backend=backend, dtype="float32", maxTokensPerBatch=1)
@@ -152,6 +154,7 @@ def test_float32_equals_a_direct_forward_exactly(tmp_path, tiny, ref_model, back
             assert torch.equal(s["last_hidden"], last)
 
 
+@pytest.mark.integration
 def test_length_batches_match_single_forwards_to_float32_rounding(tmp_path, tiny, ref_model, backend):
     # padded batches change only the summation order of float32 matmuls (a few ulp)
     out, _store, rows, _summary = _run(tmp_path, tiny, backend=backend, dtype="float32", maxTokensPerBatch=80)
@@ -162,6 +165,7 @@ def test_length_batches_match_single_forwards_to_float32_rounding(tmp_path, tiny
         torch.testing.assert_close(s["last_hidden"], last, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_bfloat16_is_the_reference_rounded(tmp_path, tiny, ref_model):
     out, _store, rows, summary = _run(tmp_path, tiny, dtype="bfloat16", maxTokensPerBatch=1)
     assert summary.bytes_per_token == 4 * HIDDEN * 2
@@ -173,6 +177,7 @@ def test_bfloat16_is_the_reference_rounded(tmp_path, tiny, ref_model):
         assert torch.equal(s["last_hidden"], last.to(torch.bfloat16))
 
 
+@pytest.mark.integration
 def test_float8_is_within_e4m3_precision_and_halves_bf16(tmp_path, tiny, ref_model):
     out, _store, rows, summary = _run(tmp_path, tiny, dtype="float8", maxTokensPerBatch=1)
     assert summary.bytes_per_token == 4 * HIDDEN + 4 * 4  # 1 byte per value + one scale per layer
@@ -189,6 +194,7 @@ def test_float8_is_within_e4m3_precision_and_halves_bf16(tmp_path, tiny, ref_mod
             assert float(err.max()) > 0  # really quantized
 
 
+@pytest.mark.integration
 def test_bytes_on_disk_match_bytes_per_token(tmp_path, tiny):
     _out, store, _rows, summary = _run(tmp_path, tiny, dtype="bfloat16")
     layout = Layout(3, HIDDEN, "bfloat16")
@@ -201,6 +207,7 @@ def test_bytes_on_disk_match_bytes_per_token(tmp_path, tiny):
     assert summary.bytes == sum(store.size(k) for s in summary.shards for k in s.files)
 
 
+@pytest.mark.integration
 def test_many_parts_and_a_ranged_read_of_one_sample(tmp_path, tiny, ref_model):
     _out, store, rows, summary = _run(tmp_path, tiny, rows_per_shard=(40,), dtype="float32", shardBytes=1 << 16,
                                       maxTokensPerBatch=1)
@@ -232,6 +239,7 @@ def test_many_parts_and_a_ranged_read_of_one_sample(tmp_path, tiny, ref_model):
     assert sum(c[2] for c in on_parts) == len(ids) * (4 * HIDDEN * 4 + 5)
 
 
+@pytest.mark.integration
 def test_turns_of_one_conversation_are_read_back_by_id_and_turn(tmp_path, tiny, ref_model, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -244,6 +252,7 @@ def test_turns_of_one_conversation_are_read_back_by_id_and_turn(tmp_path, tiny, 
         assert torch.equal(got["aux_hidden"], reference(ref_model, ids, LAYERS)[0])
 
 
+@pytest.mark.integration
 def test_skipped_samples_are_counted_with_reasons(tmp_path, tiny, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -269,6 +278,7 @@ def test_skipped_samples_are_counted_with_reasons(tmp_path, tiny, backend):
     assert manifest["layerConvention"].startswith("eagle3-shallow")
 
 
+@pytest.mark.integration
 def test_a_model_whose_vocabulary_is_too_small_is_an_error(tmp_path, tiny, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -280,12 +290,14 @@ def test_a_model_whose_vocabulary_is_too_small_is_an_error(tmp_path, tiny, backe
     assert store.exists(index_key(0)) and not store.exists(index_key(1))  # shard 0 kept
 
 
+@pytest.mark.integration
 def test_explicit_out_of_range_layer_fails_before_writing(tmp_path, tiny, backend):
     with pytest.raises(LayerError, match="layer id 7 is out of range for a model with 4"):
         _run(tmp_path, tiny, backend=backend, layers=[1, 2, 7])
     assert open_store(f"file://{tmp_path}/out").list(layout.HIDDEN) == []
 
 
+@pytest.mark.integration
 def test_missing_or_corrupt_shards_and_unknown_ids_are_named(tmp_path, tiny, backend):
     out, store, _rows, summary = _run(tmp_path, tiny, backend=backend, rows_per_shard=(8,), dtype="float32",
                                      shardBytes=1 << 16)
@@ -310,6 +322,7 @@ def test_missing_or_corrupt_shards_and_unknown_ids_are_named(tmp_path, tiny, bac
         extract_shard(store, 7, backend, plan, 1 << 30, 1024)
 
 
+@pytest.mark.integration
 def test_index_count_split_covers_every_shard_once(tmp_path, tiny, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -333,6 +346,7 @@ def test_index_count_split_covers_every_shard_once(tmp_path, tiny, backend):
         "hidden/summary-00002-of-00003.json"]
 
 
+@pytest.mark.integration
 def test_rerun_with_other_settings_is_refused(tmp_path, tiny, backend):
     out, store, _rows, _summary = _run(tmp_path, tiny, backend=backend, dtype="float32")
     with pytest.raises(ExtractionError, match="dtype='float32', this run has 'bfloat16'"):
@@ -356,6 +370,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration
 def test_resume_after_the_extractor_is_killed_mid_shard(tmp_path, tiny, ref_model):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -389,6 +404,7 @@ def test_resume_after_the_extractor_is_killed_mid_shard(tmp_path, tiny, ref_mode
     assert [r.resumed for r in again.shards] == [True] and again.samples == 40
 
 
+@pytest.mark.integration
 def test_read_sample_from_s3(s3_bucket, tiny, ref_model, backend):
     out = f"{s3_bucket}/runs/one"
     store = open_store(out)
@@ -422,6 +438,7 @@ def specforge_load(folder: Path) -> list[dict[str, torch.Tensor]]:
     return [ds._open_file(i) for i in range(len(ds))]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8"])
 def test_specforge_export_loads_in_specforges_own_dataset_for_every_stored_dtype(tmp_path, tiny, backend, dtype):
     import torch.nn.functional as F
@@ -464,6 +481,7 @@ def test_specforge_export_loads_in_specforges_own_dataset_for_every_stored_dtype
     assert meta["storedDtype"] == dtype and meta["dtype"] == "bfloat16" and meta["samples"] == 11
 
 
+@pytest.mark.integration
 def test_the_offline_export_is_what_specforge_train_takes_draft_run_config_and_vocab_mapping(tmp_path, tiny,
                                                                                              backend):
     """Beside the features: a draft config of the target's shape, read through SpecForge's own
@@ -522,6 +540,7 @@ def test_the_offline_export_is_what_specforge_train_takes_draft_run_config_and_v
     assert torch.equal(t2d2, t2d) and torch.equal(d2t2, d2t)
 
 
+@pytest.mark.integration
 def test_specforge_export_refuses_other_than_three_aux_layers_before_writing(tmp_path, tiny, backend):
     from eyrie.jobs.extract.specforge import ExportError, export_specforge
 
@@ -531,6 +550,7 @@ def test_specforge_export_refuses_other_than_three_aux_layers_before_writing(tmp
     assert not (tmp_path / "sf").exists() or not any((tmp_path / "sf").iterdir())
 
 
+@pytest.mark.integration
 def test_specforge_export_into_a_non_empty_folder_needs_overwrite(tmp_path, tiny, backend):
     from eyrie.jobs.extract.specforge import ExportError, ExportOptions, export_specforge
 
@@ -548,6 +568,7 @@ def test_specforge_export_into_a_non_empty_folder_needs_overwrite(tmp_path, tiny
     assert (sf / "notes.txt").exists() and len(specforge_load(sf)) == 3  # nothing removed
 
 
+@pytest.mark.integration
 def test_specforge_export_counts_and_truncates_long_samples(tmp_path, tiny, backend):
     from eyrie.jobs.extract.specforge import METADATA, ExportError, ExportOptions, export_specforge
 
@@ -597,6 +618,7 @@ def test_specforge_draft_config_layers_are_converted_to_hf_indices():
         resolve_layers("specforge:c.json", 12, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 5, 11]}})
 
 
+@pytest.mark.integration
 def test_extraction_captures_the_layers_a_specforge_draft_config_serves(tmp_path):
     from eyrie.jobs.extract.layers import read_specforge_config
     from eyrie.jobs.spec import SpecError, load_spec
@@ -630,6 +652,7 @@ def test_extraction_captures_the_layers_a_specforge_draft_config_serves(tmp_path
             load_spec(spec_file)
 
 
+@pytest.mark.integration
 def test_cli_extract_and_export(tmp_path, tiny, capsys):
     from eyrie.jobs.extract.cli import export_main, extract_main
     from eyrie.jobs.extract.specforge import ExportError
@@ -656,6 +679,7 @@ def test_cli_extract_and_export(tmp_path, tiny, capsys):
     assert extract_main([str(bad)]) == 2
 
 
+@pytest.mark.integration
 async def test_an_unusable_specforge_draft_config_fails_the_preflight_before_anything_is_paid(
         tmp_path, tiny, start_sim):
     from eyrie.jobs.generate.preflight import PreflightError, preflight
@@ -681,6 +705,7 @@ async def test_an_unusable_specforge_draft_config_fails_the_preflight_before_any
     await preflight(spec, sim.base_url, store, "key")  # the same spec with auto passes
 
 
+@pytest.mark.integration
 def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp_path, tiny, capsys):
     """In a cluster the generation job's report.html predates extraction: each `eyrie extract` pod,
     once its summary is written, checks for the others', and the one that finds them all moves

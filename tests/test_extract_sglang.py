@@ -477,6 +477,7 @@ def test_engine_runs_prefill_only_without_radix_cache():
 # ------------------------------------------------------------------------------ the plugin
 
 
+@pytest.mark.integration
 def test_the_plugin_is_discoverable_only_through_our_dist_info(tmp_path):
     folder = sb.write_plugin_dist(tmp_path / "plugin")
     probe = ("from importlib.metadata import entry_points;"

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+import pytest
 from fault_helpers import (
     assert_exactly_once,
     persisted,
@@ -28,6 +29,8 @@ from fault_helpers import (
 )
 
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
+
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): `eyrie run` as a process against the simulator
 
 
 def _fn(name: str, params: dict | None = None) -> dict:

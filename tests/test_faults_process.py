@@ -46,6 +46,9 @@ from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
 
+# tier (tests/conftest.py): `eyrie run` as a process on local Ray, its workers killed
+pytestmark = pytest.mark.integration
+
 N = 80
 CONCURRENCY = 8
 LATENCY_MS = 150
@@ -174,6 +177,7 @@ def _start_inline(spec: Path) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.integration
 def test_sigterm_stops_cleanly_and_the_resume_pays_nothing_twice(tmp_path):
     """SIGTERM (Ray's stop_job, a pod's termination): stop dispatching, let in-flight answers land,
     flush, outcome Stopped (exit 6); the resume then completes every prompt, each paid exactly once."""
@@ -203,6 +207,7 @@ def test_sigterm_stops_cleanly_and_the_resume_pays_nothing_twice(tmp_path):
     assert Decimal(progress(open_store(out))["spentUSD"]) == Decimal(stats["billedUSD"]) == spent_sum(recs)
 
 
+@pytest.mark.integration
 def test_kill_minus_9_then_rerun_never_bills_past_the_cap(tmp_path):
     prompts = write_rows(tmp_path / "p.jsonl", simple_rows(400))
     out = f"file://{tmp_path}/out"

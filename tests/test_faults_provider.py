@@ -27,6 +27,9 @@ from fault_helpers import (
 
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
+# tier (tests/conftest.py): the simulator as a process, injecting faults into `eyrie run`
+pytestmark = pytest.mark.integration
+
 N = 24
 STATUS_FAULTS = ["429", "429-no-retry-after", "402-in-flight", "500", "502", "503"]
 BODY_FAULTS = ["stream-cut", "200-error", "malformed-json", "empty-choices"]  # differ between SSE and JSON

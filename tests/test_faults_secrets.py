@@ -36,6 +36,8 @@ from proc_tree import children_of, kill_all
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
 
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): the simulator and MinIO as processes
+
 
 def _leaks(blobs: dict[str, bytes], secrets: list[str]) -> list[tuple[str, str]]:
     """(where, which secret) for every blob holding a secret, raw or gzip-compressed."""

@@ -38,6 +38,9 @@ from fault_helpers import (
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import Store
 
+# tier (tests/conftest.py): a MinIO of its own, stopped and started, and the simulator as a process
+pytestmark = pytest.mark.integration
+
 N = 60
 OUTAGE_S = 20
 

@@ -126,6 +126,7 @@ def _run(tmp_path: Path, models, backend, answers, **fidelity) -> tuple[str, Sto
     return out, store, who
 
 
+@pytest.mark.integration
 def test_the_mechanics_fixture_scores_its_own_answers_1_and_the_others_near_0(tmp_path, models, backend, answers):
     _out, store, who = _run(tmp_path, models, backend, answers)
     rows = {**fidelity_rows(store, 0), **fidelity_rows(store, 1)}
@@ -156,6 +157,7 @@ def impostors(tmp_path_factory) -> dict[str, Any]:
     return {"target": target, **{k: {"answers": [a for a, _ in v], "rows": [r for _, r in v]} for k, v in by.items()}}
 
 
+@pytest.mark.integration
 def test_the_fixture_model_answers_fluently_and_by_its_context(impostors):
     from transformers import AutoTokenizer
 
@@ -171,6 +173,7 @@ def test_the_fixture_model_answers_fluently_and_by_its_context(impostors):
     assert sum("</think>\n\n" in t for t in texts) >= 0.8 * len(texts)  # and mostly closes it (14 of 16 seen)
 
 
+@pytest.mark.integration
 def test_fidelity_tells_another_model_and_a_wrong_template_but_not_a_weight_quantization(impostors):
     """Measured (2026-12-01, this machine; benchmarks/fidelity_impostors.py): own answers 1.000, int8
     1.000 (the same answers), fp8 0.993, another seed 0.866 (NLL 1.30x own), DeepSeek-V3's template
@@ -186,6 +189,7 @@ def test_fidelity_tells_another_model_and_a_wrong_template_but_not_a_weight_quan
     assert max(r["top1_agreement"] for r in impostors["wrong_template"]["rows"]) < 0.95
 
 
+@pytest.mark.integration
 def test_the_fixture_template_rebuilds_the_model_s_answers_exactly(impostors):
     """chatFormat auto on the fixture's own template: eyrie rebuilds a trained answer (reasoning,
     content, tool calls) to the very tokens the template writes."""
@@ -213,6 +217,7 @@ def test_the_fixture_template_rebuilds_the_model_s_answers_exactly(impostors):
         assert s.input_ids == hf.encode(whole.rstrip("\n"), add_special_tokens=False), i
 
 
+@pytest.mark.integration
 def test_low_answers_are_flagged_and_stay_readable(tmp_path, models, backend, answers):
     out, store, who = _run(tmp_path, models, backend, answers, minTop1Agreement=0.8, onLow="flag")
     rows = {**fidelity_rows(store, 0), **fidelity_rows(store, 1)}
@@ -222,6 +227,7 @@ def test_low_answers_are_flagged_and_stay_readable(tmp_path, models, backend, an
         assert read_sample(out, sid)["input_ids"].numel() > N_ANSWER
 
 
+@pytest.mark.integration
 def test_low_answers_are_excluded_from_what_training_reads(tmp_path, models, backend, answers):
     out, store, who = _run(tmp_path, models, backend, answers, minTop1Agreement=0.8, onLow="exclude")
     low = {s for s in who if who[s] != "native"}
@@ -242,6 +248,7 @@ def test_low_answers_are_excluded_from_what_training_reads(tmp_path, models, bac
     assert "minTop1Agreement 0.8" in index["skipped"][0]["detail"]
 
 
+@pytest.mark.integration
 def test_the_manifest_splits_fidelity_by_provider_and_source(tmp_path, models, backend, answers):
     _out, store, _who = _run(tmp_path, models, backend, answers, minTop1Agreement=0.8, onLow="exclude")
     spec = make_spec(str(tmp_path / "out"), models[0], dtype="float32",
@@ -263,6 +270,7 @@ def test_the_manifest_splits_fidelity_by_provider_and_source(tmp_path, models, b
     assert fid["overall"]["meanNLL"] == pytest.approx(weighted, rel=1e-5)
 
 
+@pytest.mark.integration
 def test_a_resumed_shard_keeps_its_scores(tmp_path, models, backend, answers):
     _out, store, _who = _run(tmp_path, models, backend, answers)
     first = fidelity_rows(store, 0)
@@ -280,6 +288,7 @@ def test_a_resumed_shard_keeps_its_scores(tmp_path, models, backend, answers):
     assert fidelity_rows(store, 0) == first
 
 
+@pytest.mark.integration
 def test_older_samples_files_without_providers_or_segments_are_scored(tmp_path, models, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -296,6 +305,7 @@ def test_older_samples_files_without_providers_or_segments_are_scored(tmp_path, 
     assert all(0 <= r["top1_agreement"] <= 1 and r["mean_nll"] > 0 for r in rows.values())
 
 
+@pytest.mark.integration
 def test_scoring_off_writes_no_fidelity(tmp_path, models, backend):
     out = f"file://{tmp_path}/out"
     store = open_store(out)
@@ -308,6 +318,7 @@ def test_scoring_off_writes_no_fidelity(tmp_path, models, backend):
 # ------------------------------------------------------------------------------- the pieces
 
 
+@pytest.mark.integration
 def test_chunked_lm_scores_equal_the_models_own_logits(models):
     model = AutoModelForCausalLM.from_pretrained(models[0], dtype=torch.float32).eval()
     ids = torch.tensor(prompts(1, seed=8)[0] + prompts(1, seed=9)[0])

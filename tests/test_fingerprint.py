@@ -174,6 +174,7 @@ def _edit(path: Path, tmp_path: Path, **over) -> Path:
     return write_spec(tmp_path, doc)
 
 
+@pytest.mark.integration
 def test_a_changed_spec_is_refused_before_anything_is_sent_then_an_accepted_change_labels_new_answers(tmp_path):
     prompts = write_rows(tmp_path / "p.jsonl", simple_rows(8))
     out = f"file://{tmp_path}/out"
@@ -227,6 +228,7 @@ def test_a_changed_spec_is_refused_before_anything_is_sent_then_an_accepted_chan
     assert prog["resume"]["requests"] == 4 and Decimal(prog["resume"]["paidUSD"]) == Decimal(fps[new_id]["paidUSD"])
 
 
+@pytest.mark.integration
 def test_a_budget_or_concurrency_change_resumes_without_asking(tmp_path):
     prompts = write_rows(tmp_path / "p.jsonl", simple_rows(6))
     out = f"file://{tmp_path}/out"

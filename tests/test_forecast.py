@@ -6,6 +6,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -117,6 +118,7 @@ def test_stored_bytes_per_token_comes_from_the_models_config(tmp_path):
     assert stored_bytes_per_token(spec(model=str(tmp_path / "missing"))) is None  # unknown: no projection
 
 
+@pytest.mark.integration
 def test_eyrie_run_projects_the_hidden_state_bytes_at_the_canary(tmp_path):
     """The figure a user reads before extraction starts: progress.json's forecast and `eyrie run`'s
     summary (builtin:tiny-llama: hidden 64, 4 layers: 4 x 64 x 2 = 512 bytes per token)."""
@@ -156,6 +158,7 @@ def _sim_run(tmp_path, n: int, canary: int, **extra):
     return out, run
 
 
+@pytest.mark.integration
 def test_the_canary_forecast_lands_within_10_percent_of_the_final_spend(tmp_path):
     """The simulator's answer lengths are drawn from one distribution: what the first 100 of 400
     answers cost, times the prompts left, is what the run ends up spending."""
@@ -171,6 +174,7 @@ def test_the_canary_forecast_lands_within_10_percent_of_the_final_spend(tmp_path
     assert f"${prog['forecastUSD']} (p90 ${prog['forecast']['p90USD']}); at the canary" in r.stderr
 
 
+@pytest.mark.integration
 def test_suspend_stops_at_the_canary_and_warn_or_a_raised_budget_goes_on(tmp_path):
     out, run = _sim_run(tmp_path, 200, 20, **{"budget.onForecastOver": "suspend", "api.maxConcurrency": 4})
     r, prog = run(**{"budget.maxUSD": "0.05"})

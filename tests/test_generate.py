@@ -12,11 +12,15 @@ from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 import yaml
 
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import open_store
+
+# tier (tests/conftest.py): `eyrie run` as a process against the simulator, local Ray
+pytestmark = pytest.mark.integration
 
 API_KEY = "sk-or-v1-eyrie-test-key-0123456789abcdef"
 PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}

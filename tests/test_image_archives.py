@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): runs the images' archives (buildah, chroot processes)
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = yaml.safe_load((ROOT / "charts/eyrie/Chart.yaml").read_text())
 VALUES = yaml.safe_load((ROOT / "charts/eyrie/values.yaml").read_text())

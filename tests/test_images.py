@@ -299,6 +299,7 @@ def test_the_wheel_stages_are_one_command():
         assert [s["value"] for s in stage if s["instruction"] == "WORKDIR"] == ["/src"]
 
 
+@pytest.mark.integration
 def test_the_wheel_stage_builds_the_wheel_the_images_install(tmp_path):
     """Run the wheel stage's COPYs and its pip command, word for word, here, in its WORKDIR (the build context's
     `operator/` sits there beside the standard library's `operator`); the images COPY exactly this file name."""
@@ -379,6 +380,7 @@ def run_images_script(tmp_path: Path, min_free_gb: float) -> tuple[subprocess.Co
     return r, cache / "images", calls
 
 
+@pytest.mark.integration
 def test_images_script_refuses_to_build_on_a_disk_without_room_naming_need_free_and_where(tmp_path):
     """A full disk fails deep inside buildah (the extractor peaks at about 15 GB): the script checks first."""
     free_gb = shutil.disk_usage(tmp_path).free / 2**30
@@ -396,6 +398,7 @@ def test_images_script_refuses_to_build_on_a_disk_without_room_naming_need_free_
     assert sorted(p.name for p in images.iterdir()) == [".lock"]  # no archive, no store, no layout
 
 
+@pytest.mark.integration
 def test_images_script_with_room_goes_on_to_build(tmp_path):
     """The same stale image under a threshold the disk meets: past the check, the build starts (buildah's first
     call, the stand-in's failure stops it); a threshold that is not a number is refused before any build."""

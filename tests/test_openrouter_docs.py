@@ -120,6 +120,7 @@ IN_FLIGHT_MESSAGE = ("This request would exceed your available credits given you
                      "Retry after in-flight requests settle, or add credits.")
 
 
+@pytest.mark.integration
 def test_in_flight_budget_402_is_retried_after_its_retry_after(tmp_path, monkeypatch):
     """limits.mdx, "In-flight spending budget": a 402 with `reason: in_flight_budget_exhausted` and
     `limit_source: openrouter_in_flight_budget` is transient and carries Retry-After. Each prompt's
@@ -146,6 +147,7 @@ def test_in_flight_budget_402_is_retried_after_its_retry_after(tmp_path, monkeyp
     assert Decimal(prog["spentUSD"]) == 4 * Decimal("0.0001")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("metadata", "says"), [
     ({}, "the provider reports insufficient credits (HTTP 402): Insufficient credits.; add credits, then resume"),
     ({"limit_source": "openrouter_credits", "reason": "weight_exceeds_budget", "remedy_hint": "Lower max_tokens."},
@@ -171,6 +173,7 @@ MODERATED = {"reasons": ["harassment", "hate"], "flagged_input": "You are all...
              "provider_name": "OpenAI", "model_slug": "openai/gpt-4o"}
 
 
+@pytest.mark.integration
 def test_a_moderated_prompt_fails_its_sample_and_the_run_goes_on(tmp_path, monkeypatch):
     """errors-and-debugging.mdx: `403: Forbidden (... guardrail block, or moderation flag)`; moderation
     metadata carries `reasons` and `flagged_input`; a guardrail content filter answers
@@ -216,6 +219,7 @@ def test_a_moderated_prompt_fails_its_sample_and_the_run_goes_on(tmp_path, monke
         assert again.outcome == "Done" and sum(len(v) for v in p.asked.values()) == asked
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("metadata", "outcome", "says"), [
     ({}, "Failed", "rejected the request (HTTP 403): Forbidden: this key may not use this model; check "
                    "EYRIE_API_KEY or api.apiKeySecretRef and the key's permissions"),
@@ -234,6 +238,7 @@ def test_a_403_without_moderation_metadata_stops_the_run(tmp_path, monkeypatch, 
 # ------------------------------------------------------------------------------------- 3. BYOK
 
 
+@pytest.mark.integration
 def test_byok_spend_counts_the_upstream_cost_against_the_budget(tmp_path, monkeypatch):
     """usage-accounting.mdx: `cost` is what OpenRouter charged; `cost_details.upstream_inference_cost`
     what the upstream provider charged (with BYOK: the user's own key). eyrie settles each answer at
@@ -256,6 +261,7 @@ def test_byok_spend_counts_the_upstream_cost_against_the_budget(tmp_path, monkey
 # --------------------------------------------------------------------------- 4. reasoning_details
 
 
+@pytest.mark.integration
 def test_reasoning_only_in_reasoning_details_is_read_kept_and_judged(tmp_path, monkeypatch):
     """reasoning-tokens.mdx, "Reasoning Details API Shape": streamed `delta.reasoning_details` items of
     type reasoning.text / reasoning.summary / reasoning.encrypted, no `reasoning` string. The text
@@ -298,6 +304,7 @@ def test_reasoning_only_in_reasoning_details_is_read_kept_and_judged(tmp_path, m
 # ---------------------------------------------------------------------- 5. documented options
 
 
+@pytest.mark.integration
 def test_every_documented_routing_and_reasoning_option_is_sent_as_documented(tmp_path, monkeypatch):
     """provider-selection.mdx's field table and reasoning-tokens.mdx's `reasoning` object, written in
     the spec in camelCase, arrive snake_case, values as given; `extra` passes a field eyrie does not
@@ -349,6 +356,7 @@ def test_undocumented_values_are_refused_with_the_field(tmp_path):
 # ------------------------------------------------------------------------ 6. mid-stream limits
 
 
+@pytest.mark.integration
 def test_a_mid_stream_length_error_fails_the_sample_without_a_retry(tmp_path, monkeypatch):
     """errors-and-debugging.mdx, "Mid-stream errors": once tokens are sent, an error arrives as a chunk
     with a top-level `error` (its `metadata.error_type` typed) and `finish_reason: "error"`; "token
@@ -451,6 +459,7 @@ async def _listing(base_url: str, model: str):
         return await list_endpoints(client, model)
 
 
+@pytest.mark.integration
 def test_the_documented_endpoint_listing_is_read_field_for_field():
     """list-endpoints: `data.endpoints[]` with name, provider_name, tag, quantization, context_length,
     max_completion_tokens, max_prompt_tokens, pricing (USD per token, strings), supported_parameters,
@@ -466,6 +475,7 @@ def test_the_documented_endpoint_listing_is_read_field_for_field():
     assert (e.status, e.uptime_last_30m) == (0, 99.5)
 
 
+@pytest.mark.integration
 def test_a_model_the_listing_does_not_know_and_an_api_without_a_listing():
     """The documented 404 NotFoundResponse is "no such model": an input error before anything is paid.
     A server without the route (vLLM, SGLang: FastAPI's {"detail": "Not Found"}) is the one endpoint it is."""

@@ -67,6 +67,7 @@ def four() -> list[Behaviour]:
     ]
 
 
+@pytest.mark.integration
 def test_measures_equal_what_each_endpoint_was_told(tmp_path, monkeypatch):
     with ProviderFake(four()).running() as fake:
         out, store = probe_only(probe_spec(tmp_path, fake.base_url), monkeypatch)
@@ -104,6 +105,7 @@ def test_measures_equal_what_each_endpoint_was_told(tmp_path, monkeypatch):
     assert len(stored) == 4 * N and len({(r["probe"]["endpoint"], r["sample_id"]) for r in stored}) == 4 * N
 
 
+@pytest.mark.integration
 def test_passing_endpoints_are_ordered_cheapest_first(tmp_path, monkeypatch):
     eps = [Behaviour("acme", calls={0, 1}, cost=Decimal("0.004")),
            Behaviour("mid", calls={0, 1}, cost=Decimal("0.002")),
@@ -119,6 +121,7 @@ def test_passing_endpoints_are_ordered_cheapest_first(tmp_path, monkeypatch):
     assert all(b["provider"]["ignore"] == ["low/turbo"] for b in probe_to_low)  # pinned to exactly "low"
 
 
+@pytest.mark.integration
 def test_a_template_revision_alone_fails_on_template_fit(tmp_path, monkeypatch):
     """Three endpoints identical in every answer; one counts its prompts 3 tokens longer (another
     chat-template revision). It fails on templateFit and nothing else; the others fit deepseek-v4."""
@@ -137,6 +140,7 @@ def test_a_template_revision_alone_fails_on_template_fit(tmp_path, monkeypatch):
     assert out.passing == ["acme", "twin"]
 
 
+@pytest.mark.integration
 def test_reasoning_errors_and_parameters_are_judged(tmp_path, monkeypatch):
     eps = [Behaviour("acme", calls={0, 1}),
            Behaviour("summ", calls={0, 1}, reasoning="summarised"),
@@ -161,6 +165,7 @@ def test_reasoning_errors_and_parameters_are_judged(tmp_path, monkeypatch):
     assert sorted(out.passing) == ["acme", "flaky", "noseed", "summ"]
 
 
+@pytest.mark.integration
 def test_spend_per_answer_counts_byok_upstream_cost(tmp_path, monkeypatch):
     """usage-accounting: with BYOK, `cost` is OpenRouter's fee and cost_details.upstream_inference_cost
     what the provider charged the user's key; an endpoint's spend per answer is their sum."""
@@ -174,6 +179,7 @@ def test_spend_per_answer_counts_byok_upstream_cost(tmp_path, monkeypatch):
     assert Decimal(out.doc["spentUSD"]) == fake.billed
 
 
+@pytest.mark.integration
 def test_an_endpoint_whose_listed_limits_cannot_hold_the_answer_is_judged_unsent(tmp_path, monkeypatch):
     eps = [Behaviour("acme", calls={0}), Behaviour("short", calls={0}, max_completion_tokens=128)]
     with ProviderFake(eps).running() as fake:
@@ -187,6 +193,7 @@ def test_an_endpoint_whose_listed_limits_cannot_hold_the_answer_is_judged_unsent
 # ------------------------------------------------------------------------------------ in a run
 
 
+@pytest.mark.integration
 def test_a_run_routes_only_to_passing_endpoints_and_pays_probe_answers_once(tmp_path, monkeypatch):
     total = 20
     with ProviderFake(four()).running() as fake:
@@ -218,6 +225,7 @@ def test_a_run_routes_only_to_passing_endpoints_and_pays_probe_answers_once(tmp_
         assert Decimal(progress(store)["spentUSD"]) == fake.billed
 
 
+@pytest.mark.integration
 def test_no_passing_endpoint_stops_the_run_before_generation(tmp_path, monkeypatch):
     eps = [Behaviour("acme", calls={0, 1, 2}, invalid={0, 1, 2}), Behaviour("lazy", calls={0}, invalid={0})]
     with ProviderFake(eps).running() as fake:
@@ -235,6 +243,7 @@ def test_no_passing_endpoint_stops_the_run_before_generation(tmp_path, monkeypat
     assert Decimal(prog["spentUSD"]) == fake.billed  # the probe is paid, and counted
 
 
+@pytest.mark.integration
 def test_the_cli_exits_9_when_no_endpoint_passes_and_prints_the_routing_otherwise(tmp_path):
     eps = [Behaviour("acme", calls={0, 1}, cost=Decimal("0.002")), Behaviour("other", calls={0, 1}),
            Behaviour("bad", calls={0, 1}, invalid={0, 1})]
@@ -255,6 +264,7 @@ def test_the_cli_exits_9_when_no_endpoint_passes_and_prints_the_routing_otherwis
         assert len(fake.log) == 3 * 4  # its 4 answers were stored by the first call: nothing re-sent
 
 
+@pytest.mark.integration
 def test_an_api_without_a_listing_is_probed_as_its_one_endpoint_and_nothing_is_routed(tmp_path, monkeypatch):
     with ProviderFake([Behaviour("vllm", calls={0, 1})], listing=False).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=10)
@@ -272,6 +282,7 @@ def test_an_api_without_a_listing_is_probed_as_its_one_endpoint_and_nothing_is_r
         assert len(fake.log) == 10
 
 
+@pytest.mark.integration
 def test_answers_kept_as_samples_count_in_the_runs_template_detection(tmp_path, monkeypatch):
     """Every prompt answered by the probe: generation sends nothing, and the run's template variant
     for the endpoint comes from the kept answers (as a worker's canary would give it), so the samples
@@ -312,6 +323,7 @@ def _faithful_counter():
 # ----------------------------------------------------------------------------- paid only once
 
 
+@pytest.mark.integration
 def test_changed_thresholds_rejudge_the_stored_answers_and_more_samples_send_only_the_new(tmp_path, monkeypatch):
     with ProviderFake(four()).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=12)
@@ -344,6 +356,7 @@ def kill_mid_probe(cmd: list[str], env: dict[str, str], out: Any, of: int) -> se
     return durable
 
 
+@pytest.mark.integration
 def test_a_probe_killed_mid_way_resumes_paying_at_most_what_was_in_flight(tmp_path):
     """kill -9 of `eyrie providers` while answers are arriving: the rerun sends only what was not
     durable (at most the requests in flight), and the spend it starts from covers what was billed."""
@@ -380,6 +393,7 @@ def _eyrie_run(path: Path, *flags: str) -> list[str]:
 RUN_ENV = {"EYRIE_API_KEY": API_KEY, "PATH": str(Path(sys.executable).parent), "RAY_AUTH_MODE": "disabled"}
 
 
+@pytest.mark.integration
 def test_progress_json_shows_the_probe_while_it_sends(tmp_path):
     """`eyrie run` with api.providerProbe: progress.json is at stage probe while the probe sends (its
     answers in of those planned, its spend, the run's spend), and the operator reads that doc as a
@@ -429,6 +443,7 @@ def test_progress_json_shows_the_probe_while_it_sends(tmp_path):
     assert len(fake.log) == 30 + 4  # the probe's 10 prompts x 3, then the 4 other rows once
 
 
+@pytest.mark.integration
 def test_eyrie_run_killed_mid_probe_resumes_paying_at_most_what_was_in_flight(tmp_path):
     """kill -9 of `eyrie run` (local Ray, its defaults) while the probe's answers arrive: the rerun
     sends only the probe requests no stored answer has, generation does not send the probe's prompts
@@ -463,6 +478,7 @@ def test_eyrie_run_killed_mid_probe_resumes_paying_at_most_what_was_in_flight(tm
     assert read_checkpoint(out).spent >= fake.billed >= billed_before  # the bound covers what was paid
 
 
+@pytest.mark.integration
 def test_probe_spend_counts_against_the_budget(tmp_path, monkeypatch):
     """A budget that holds part of the probe: it stops with BudgetExhausted, spend within maxUSD."""
     eps = [Behaviour(t, calls={0}, cost=Decimal("0.0002")) for t in ("acme", "b", "c", "d")]
@@ -479,6 +495,7 @@ def test_probe_spend_counts_against_the_budget(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ bad input
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("probe", "flags", "model", "says"), [
     ({"providers": ["acme", "nosuch"]}, {}, MODEL, "spec.api.providerProbe.providers: nosuch not in the endpoint "
      "listing of acme/model-x (listed: acme, other)"),
@@ -506,6 +523,7 @@ def test_a_reference_outside_the_named_providers_is_a_spec_error(tmp_path):
     assert "spec.api.providerProbe.reference" in str(e.value) and "c is not among providers (a, b)" in str(e.value)
 
 
+@pytest.mark.integration
 def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch):
     """`eyrie run`'s bar is fed the probe stage's snapshots as they are written (its answers of those
     its verdict needs), then generation's: never a blank bar while the probe sends."""

@@ -156,6 +156,7 @@ def test_limits_the_listing_states_are_judged_without_a_request() -> None:
 # ------------------------------------------------------------------------------ the quickstart
 
 
+@pytest.mark.integration
 def test_the_quickstart_providers_example_drops_two_of_four(tmp_path) -> None:
     """`eyrie providers examples/quickstart-providers.yaml`: fastinfra/fp8 on schema accuracy, legacy on
     trigger agreement, template fit and reasoning; slowcloud and deepseek pass, the cheaper first."""

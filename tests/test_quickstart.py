@@ -14,9 +14,13 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from eyrie.jobs.extract import read_sample
 from eyrie.jobs.store import open_store
+
+# tier (tests/conftest.py): `eyrie run` of the examples as a process, local Ray, the tiny model
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 

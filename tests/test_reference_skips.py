@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): runs pytest itself as a process
+
 ROOT = Path(__file__).resolve().parents[1]
 NODES = "tests/operator/test_children.py"
 

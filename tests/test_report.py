@@ -319,6 +319,7 @@ def test_time_axes_mark_attempts_and_draw_nothing_across_the_gap(tmp_path):
     assert y[:5] == [36.0] * 5 and y[6:] == [36.0] * 5
 
 
+@pytest.mark.integration
 def test_report_to_a_file_or_pipe_is_not_squeezed_to_80_columns(tmp_path):
     _full_store(tmp_path / "out")
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path / "out")],
@@ -330,6 +331,7 @@ def test_report_to_a_file_or_pipe_is_not_squeezed_to_80_columns(tmp_path):
     assert any("provider fireworks (below floor)" in line and "74.0%" in line for line in lines)
 
 
+@pytest.mark.integration
 def test_report_cli_refuses_a_folder_that_is_no_run(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path)], capture_output=True,
                        text=True, timeout=120)
@@ -441,6 +443,7 @@ def check_verdict(page: Path, output: Path, shot: str) -> dict:
     return got
 
 
+@pytest.mark.integration
 def test_the_page_opens_with_the_verdict_then_the_sample_then_the_plots(tmp_path):
     store = _full_store(tmp_path / "out")
     page = Path(publish(store).removeprefix("file://"))
@@ -456,6 +459,7 @@ def test_the_page_opens_with_the_verdict_then_the_sample_then_the_plots(tmp_path
     assert spend["spentGap"] == 6 and spend["annotations"] == ["attempt 1", "attempt 2"]
 
 
+@pytest.mark.integration
 def test_html_page_renders_every_plot_in_chromium(tmp_path):
     store = _full_store(tmp_path / "out")
     data = collect(store)

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+import pytest
 from fault_helpers import API_KEY, persisted, progress, simple_rows, spec_doc, spent_sum, write_rows, write_spec
 from proc_tree import children_of, kill_all
 
@@ -29,6 +30,8 @@ from eyrie.jobs.contract import layout
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import open_store
+
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): `eyrie` as a process against the simulator
 
 ENV = {**os.environ, "EYRIE_API_KEY": API_KEY, "EYRIE_NO_RAY": "1"}
 MONEY = re.compile(r"\$\d+\.\d+")

@@ -463,6 +463,7 @@ def test_refused_engine_args_are_the_ones_that_split_rows(pin):
         assert re.search(rf"^\s+{name}: ", text, re.M), name
 
 
+@pytest.mark.integration
 def test_the_gpu_check_imports_and_declines_cleanly_without_cuda(tmp_path):
     """It runs the issue's checks in order on a GPU; here it must import and write `notRun`."""
     gpu = load_gpu_check()

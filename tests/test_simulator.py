@@ -556,6 +556,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.integration
 def test_simulator_process_serves_and_is_stopped_by_pid() -> None:
     import httpx
 
@@ -572,6 +573,7 @@ def test_simulator_process_serves_and_is_stopped_by_pid() -> None:
     assert _gone(pid)
 
 
+@pytest.mark.integration
 def test_simulator_process_exits_when_its_parent_is_killed(tmp_path: Any) -> None:
     script = ("import time\nfrom eyrie.jobs.simulator import SimulatorProcess\n"
               "p = SimulatorProcess().start()\nprint(p.pid, flush=True)\ntime.sleep(600)\n")
@@ -606,6 +608,7 @@ def test_cli_help_says_it_is_a_simulator_and_rejects_bad_faults(capsys: pytest.C
     assert "fault_rate: 2.0 is not a probability" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_cli_process_prints_its_url_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.simulator", "--port", "0", "--fault", "500",
                              "--fault-rate", "1"], stdout=subprocess.PIPE, text=True)

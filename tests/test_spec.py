@@ -139,6 +139,7 @@ def test_examples_validate_against_the_model_and_the_crd_schema():
         jsonschema.Draft4Validator(schema).validate(doc)  # Kubernetes' OpenAPI v3 schemas are draft-4 style
 
 
+@pytest.mark.integration
 def test_cli_validate_and_crd(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**MINIMAL, "budget": {"maxUSD": "-1"}}))

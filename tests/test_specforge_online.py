@@ -23,6 +23,8 @@ from eyrie.jobs.spec import TargetSpec
 from tests.specforge_helpers import conversations, need_specforge, samples_store
 from tests.tokenizer_helpers import kimi_hf_folder, qwen3_folder
 
+# tier (tests/conftest.py): SpecForge's own parser and data code, run on every row (seconds a test)
+pytestmark = pytest.mark.integration
 
 @pytest.fixture(autouse=True)
 def _specforge(monkeypatch, tmp_path_factory):
@@ -80,6 +82,7 @@ def eyrie_rows(samples) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
 # --------------------------------------------------------------------------- exact hand-offs
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("thinking", "template"), [(True, "qwen3-thinking"), (False, "qwen3-instruct")])
 def test_qwen3_rows_are_rebuilt_by_specforge_exactly_and_its_trainer_reads_them_so(tmp_path, qwen, thinking,
                                                                                     template):
@@ -211,6 +214,7 @@ def test_the_default_is_a_parser_process_per_core_when_the_rows_pay_for_it():
     assert auto_workers(2 * ROWS_PER_WORKER - 1, 2) == 1 and auto_workers(10, 1) == 1
 
 
+@pytest.mark.integration
 def test_the_cli_spreads_the_parser_over_the_cores_by_default_with_the_same_bytes_in_row_order(
         tmp_path, deepseek, monkeypatch):
     from eyrie.jobs.extract import specforge_online

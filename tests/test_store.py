@@ -15,6 +15,7 @@ def store(request, tmp_path):
     return s
 
 
+@pytest.mark.integration
 def test_put_get_list_range_delete(store):
     store.put("generations/shard-00001/part-00000.jsonl.gz", b"abc")
     store.put("progress.json", b"{}")

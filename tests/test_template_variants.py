@@ -239,6 +239,7 @@ def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int
     return r, open_store(out)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt, tokenizer, served", [
     ("kimi-k2.5", str(KIMI), "current"), ("kimi-k2.5", str(KIMI), "release"),
     ("deepseek-v3", "bundled:deepseek-v4", "vllm"), ("deepseek-v3", "bundled:deepseek-v4", "card")])
@@ -256,6 +257,7 @@ def test_eyrie_picks_the_variant_the_provider_serves_and_rebuilds_with_it(tmp_pa
     assert "call_id_inferred" not in rec["samples"]["flags"]  # the simulated Kimi API returns native ids
 
 
+@pytest.mark.integration
 def test_a_variant_eyrie_does_not_know_stops_the_run_after_the_canary(tmp_path):
     r, store = run(tmp_path, "unknown", n=40)
     assert r.returncode == 7, r.stderr[-3000:]
@@ -266,6 +268,7 @@ def test_a_variant_eyrie_does_not_know_stops_the_run_after_the_canary(tmp_path):
     assert prog["samples"]["done"] < 40  # stopped after the canary, not after the budget
 
 
+@pytest.mark.integration
 def test_a_pinned_variant_is_used_and_the_counts_still_reported(tmp_path):
     r, store = run(tmp_path, "release", pinned="current", n=10)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -280,6 +283,7 @@ def qwen_folder(tmp_path_factory) -> str:
     return str(qwen3_folder(tmp_path_factory.mktemp("qwen3")))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("served", ["release", "later"])
 def test_qwen3_revisions_render_openai_requests_alike_and_the_first_is_kept(tmp_path, qwen_folder, served):
     r, store = run(tmp_path, served, fmt="qwen3", tokenizer=qwen_folder, n=10)
@@ -318,6 +322,7 @@ def official_folder(tmp_path: Path, family: str) -> str:
     return str(folder)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family, fmt, ray", [("qwen3", "qwen3", False), ("qwen3", "auto", False),
                                               ("kimi-k2.5", "kimi-k2.5", False), ("kimi-k2.5", "auto", True)])
 def test_a_provider_that_silently_disables_thinking_runs_to_done_with_every_sample_exact(tmp_path, family, fmt,
@@ -342,6 +347,7 @@ def test_a_provider_that_silently_disables_thinking_runs_to_done_with_every_samp
     assert rec["samples"]["flags"].get("thinking_inferred") == n  # nothing said it: the counts did
 
 
+@pytest.mark.integration
 def test_a_provider_whose_counts_fit_neither_thinking_reading_still_stops(tmp_path):
     r, store = run(tmp_path, "unknown", n=40, sampling={}, simulator={"defaultThinking": False})
     assert r.returncode == 7, r.stderr[-3000:]
@@ -355,6 +361,7 @@ def test_a_provider_whose_counts_fit_neither_thinking_reading_still_stops(tmp_pa
 # ------------------------------------------------------- going on past a mismatch, knowingly
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt, family", [("kimi-k2.5", None), ("deepseek-v4", None), ("auto", "qwen3")])
 def test_a_mismatch_stops_by_default_naming_the_override_for_every_format(tmp_path, fmt, family):
     tokenizer = {"kimi-k2.5": str(KIMI), "deepseek-v4": "bundled:deepseek-v4"}.get(fmt) or official_folder(
@@ -366,6 +373,7 @@ def test_a_mismatch_stops_by_default_naming_the_override_for_every_format(tmp_pa
     assert ("templateVariant" in message) is (fmt == "kimi-k2.5")  # only a format with variants can pin one
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["kimi-k2.5", "deepseek-v4"])
 @pytest.mark.parametrize("on", ["flag", "exclude"])
 def test_on_template_mismatch_flag_or_exclude_goes_on_and_says_so_everywhere(tmp_path, fmt, on):

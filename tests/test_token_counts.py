@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_simulator import TOOLS, body, post
 from test_template_variants import KIMI, run
 
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): `eyrie run` as a process against the simulator
+
 EOS = "<｜end▁of▁sentence｜>"
 
 

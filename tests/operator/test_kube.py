@@ -34,6 +34,7 @@ def _cm(name: str, data: dict[str, str]) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": {"a": "b"}}, "data": data}
 
 
+@pytest.mark.integration
 async def test_configmap_get_create_patch(kube: Kube, cluster: Cluster) -> None:
     assert await kube.get(Kind.CONFIGMAP, NS, "dg-spec") is None
     assert await kube.create(Kind.CONFIGMAP, NS, _cm("dg-spec", {"spec.yaml": "one"})) is True
@@ -44,12 +45,14 @@ async def test_configmap_get_create_patch(kube: Kube, cluster: Cluster) -> None:
     assert (cluster.get(CONFIGMAPS, NS, "dg-spec") or {})["data"] == {"spec.yaml": "two"}
 
 
+@pytest.mark.integration
 async def test_secret_data_comes_back_base64(kube: Kube, cluster: Cluster) -> None:
     cluster.secret(NS, "creds", {"api-key": "sk-1"})
     doc = await kube.get(Kind.SECRET, NS, "creds")
     assert doc is not None and base64.b64decode(doc["data"]["api-key"]) == b"sk-1"
 
 
+@pytest.mark.integration
 async def test_job_create_patch_delete(kube: Kube, cluster: Cluster) -> None:
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "dg-x"},
            "spec": {"suspend": True, "completions": 2, "completionMode": "Indexed",
@@ -64,6 +67,7 @@ async def test_job_create_patch_delete(kube: Kube, cluster: Cluster) -> None:
     assert cluster.get(JOBS, NS, "dg-x") is None
 
 
+@pytest.mark.integration
 async def test_rayjob_is_json_with_unknown_fields_kept(kube: Kube, cluster: Cluster) -> None:
     rj = {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "g-1", "annotations": {"x": "1"}},
           "spec": {"entrypoint": "eyrie run", "preRunningDeadlineSeconds": 600}}
@@ -79,6 +83,7 @@ async def test_rayjob_is_json_with_unknown_fields_kept(kube: Kube, cluster: Clus
     assert cluster.get(RAYJOBS, NS, "g-1") is None
 
 
+@pytest.mark.integration
 async def test_dataset_spec_and_status_patches(kube: Kube, cluster: Cluster) -> None:
     cluster.create(DSG, NS, {"apiVersion": "eyrie.dev/v1alpha1", "kind": "DatasetGeneration",
                              "metadata": {"name": "dg"}, "spec": {"suspend": False}})
@@ -89,6 +94,7 @@ async def test_dataset_spec_and_status_patches(kube: Kube, cluster: Cluster) -> 
     assert got["status"] == {"phase": "Pending", "attempt": "1"}
 
 
+@pytest.mark.integration
 async def test_errors_name_the_request_and_the_servers_message(kube: Kube) -> None:
     with pytest.raises(KubeError) as e:
         await kube.patch(Kind.JOB, NS, "missing", {"spec": {"suspend": True}})

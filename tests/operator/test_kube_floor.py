@@ -9,8 +9,12 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+# tier (tests/conftest.py): installs the client's floor version into a venv and runs its tests
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
