@@ -266,6 +266,17 @@ def _refuse(what: str):
     return refuse
 
 
+def _from_ctypes_util() -> bool:
+    import ctypes.util
+
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename == ctypes.util.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def unit_guard(item: pytest.Item) -> Iterator[None]:
     """What Ray Serve's unit conftest does for `ray.init`, for every slow thing: while a `unit` test and its
@@ -279,7 +290,14 @@ def unit_guard(item: pytest.Item) -> Iterator[None]:
     import multiprocessing.process
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(subprocess.Popen, "_execute_child", _refuse("subprocess"))  # asyncio's subprocesses too
+        execute_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+        def child(self: subprocess.Popen, *args: object) -> object:  # asyncio's subprocesses come here too
+            if _from_ctypes_util():  # `import torch` asks ldconfig where libdl is (ctypes.util.find_library)
+                return execute_child(self, *args)
+            raise UnitTierViolation("unit tests start no subprocess: mark the test `integration` (tests/conftest.py "
+                                    "tiers)")
+        mp.setattr(subprocess.Popen, "_execute_child", child)
         for name in ("fork", "posix_spawn", "posix_spawnp", "system"):
             if hasattr(os, name):
                 mp.setattr(os, name, _refuse(f"process (os.{name})"))

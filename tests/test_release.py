@@ -169,6 +169,7 @@ def test_the_release_runs_on_version_tags_only():
     assert WORKFLOW["jobs"]["images"]["permissions"] == {"contents": "read", "packages": "write"}
 
 
+@pytest.mark.integration
 def test_the_tag_must_be_v_and_the_charts_app_version(tmp_path):
     (tmp_path / "ok").mkdir()
     ok = released_version(tmp_path / "ok", f"v{APP_VERSION}")
@@ -243,6 +244,7 @@ def test_one_image_namespace_in_readme_docs_chart_examples_and_images():
 # ----------------------------------------------------------------------------------- built as hack/images.sh does
 
 
+@pytest.mark.integration
 def test_each_matrix_entry_builds_and_checks_its_ref(tmp_path):
     for n, entry in enumerate(matrix()):
         tmp = tmp_path / str(n)
@@ -259,12 +261,14 @@ def test_each_matrix_entry_builds_and_checks_its_ref(tmp_path):
         assert conf.strip() == 'unqualified-search-registries = ["docker.io"]'
 
 
+@pytest.mark.integration
 def test_an_image_labelled_with_another_version_is_not_pushed(tmp_path):
     r, _, _ = build_in_workflow(tmp_path, matrix()[0], label="0.0.1")
     assert r.returncode == 1
     assert f"is labelled version '0.0.1', not {APP_VERSION}" in r.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["operator", "ray-worker", "extractor-cpu"])
 def test_the_release_builds_each_image_as_hack_images_sh_does(tmp_path, name):
     (tmp_path / "sh").mkdir()
@@ -279,6 +283,7 @@ def test_the_release_builds_each_image_as_hack_images_sh_does(tmp_path, name):
     assert release["build_args"] == {}, "the release builds with each Dockerfile's own defaults"
 
 
+@pytest.mark.integration
 def test_the_gpu_extractor_is_the_cpu_ones_dockerfile_at_its_default_target(tmp_path):
     by_target = {e["target"]: e for e in matrix() if e["image"] == "eyrie-extractor"}
     assert set(by_target) == {"", "cpu"}
