@@ -27,7 +27,7 @@ from eyrie.operator import children
 
 from .operator.test_reconcile import spec
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): Ray nodes as processes in namespaces of their own
 RAY = Path(sys.executable).with_name("ray")
 LEAVES_WITHIN_S = 15.0  # half of Ray's default drain: the drain did not run
 GCS_PORT = 6379  # inside the head's own network namespace: nothing else listens there
