@@ -21,11 +21,11 @@ from fake_provider import CASES_IN_ORDER, CATEGORY, TOOLS, FakeProvider
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.generate.audit.intervals import wilson
 from eyrie.jobs.generate.audit.run import pick_prompts, run_audit
 from eyrie.jobs.generate.audit.stats import fmt_rate
 from eyrie.jobs.generate.budget.checkpoint import read_checkpoint
 from eyrie.jobs.generate.sending.requests import build_body
+from eyrie.jobs.intervals import wilson
 from eyrie.jobs.pipeline import provider
 from eyrie.jobs.simulator import SimulatorConfig, make_answer
 from eyrie.jobs.spec import load_spec

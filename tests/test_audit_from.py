@@ -22,9 +22,9 @@ from fake_provider import CASES_IN_ORDER, CATEGORY, TEXT_ANSWERS, TOOLS, FakePro
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.generate.audit.from_recorded import analyse_recorded, run_audit_from
-from eyrie.jobs.generate.audit.intervals import wilson
 from eyrie.jobs.generate.audit.recorded import RecordedRow, RowProblem, parse_row, read_recorded
 from eyrie.jobs.generate.budget.pricing import Pricing
+from eyrie.jobs.intervals import wilson
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import open_store
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from eyrie.jobs.generate.audit import stats as st
-from eyrie.jobs.generate.audit.intervals import bootstrap_mean, bootstrap_ratio, paired_difference, wilson
+from eyrie.jobs.intervals import bootstrap_mean, bootstrap_ratio, paired_difference, wilson
 from eyrie.jobs.sources import Prompt
 from eyrie.jobs.tools.checks import check_response
 from eyrie.jobs.tools.declarations import prepare_prompt

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eyrie.jobs.generate.audit import stats
-from eyrie.jobs.generate.audit.intervals import wilson
+from eyrie.jobs.intervals import wilson
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
 from eyrie.jobs.spec import GateSpec, SourceSpec
 from eyrie.jobs.tools.checks import check_response, policy

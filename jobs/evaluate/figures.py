@@ -13,7 +13,7 @@ token only when every one before it was accepted. SpecForge's `eval/simulated_ac
 sum without the 1 (draft tokens only): `accepted_length` is it plus one.
 
 Intervals resample held-out *samples* (a sample's tokens stay together: they are not independent),
-with the seeded bootstrap of `generate/audit/intervals.py`; a difference resamples the same samples for both
+with the seeded bootstrap of `jobs/intervals.py`; a difference resamples the same samples for both
 drafters (paired: every drafter was evaluated on the same held-out set).
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eyrie.jobs.generate.audit.intervals import RESAMPLES, SEED, Estimate, resampled_sums
+from eyrie.jobs.intervals import RESAMPLES, SEED, Estimate, resampled_sums
 
 
 def accepted_length(acc: Sequence[float]) -> float:

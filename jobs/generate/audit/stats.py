@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from eyrie.jobs.generate.audit.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
+from eyrie.jobs.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
 
 if TYPE_CHECKING:
     from eyrie.jobs.tools.checks import ResponseCheck

@@ -1,4 +1,5 @@
-"""95% intervals for the audit's figures. Pure and deterministic.
+"""95% intervals for the audit's figures and `eyrie evaluate`'s. Pure and deterministic; below both
+(`generate/audit/stats.py`, `evaluate/figures.py`), so neither reaches into the other for them.
 
 Rates get Wilson's score interval (right at 0% and 100% and for small n, where the normal
 approximation gives intervals outside [0, 1] or of width zero). Means, ratios of sums and paired
