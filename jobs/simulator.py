@@ -524,9 +524,6 @@ def model_answer(counter: PromptCounter, body: dict[str, Any], ans: Answer, cfg:
         except FormatError:
             return ans  # a conversation the format cannot render: the scripted answer
         folder = tiny.model_folder(str(cfg.answer_model))
-        import torch
-
-        torch.set_num_threads(1)  # one token at a time through a tiny model: more threads only contend
         seed = int.from_bytes(hashlib.sha256(ans.gen_id.encode()).digest()[:8], "big")
         eos = tok.eos_token or ""
 
@@ -1360,11 +1357,23 @@ def _raise_nofile_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
+def _warm_own_process(server: SimulatorServer, config: SimulatorConfig) -> None:
+    """Warm the simulator of this process (`eyrie simulate`, SimulatorProcess), which owns torch's thread
+    count: one thread, since decoding one token at a time through a tiny model gives more threads nothing
+    but contention (on a loaded 2-core machine they spin against each other). Only here: a simulator
+    started in another program's process (`start_simulator`) leaves that program's setting alone."""
+    if config.answer_model:
+        import torch
+
+        torch.set_num_threads(1)
+    server.warm()
+
+
 async def _serve(config: SimulatorConfig, host: str, port: int, parent_pid: int | None) -> None:
     server = await start_simulator(config, host, port)
     print(f"eyrie simulator (a demo/test tool, not a real model) listening on {server.base_url}", flush=True)
     # the tokenizer and answer model load while the client starts (a local run's Ray), not on its first requests
-    threading.Thread(target=server.warm, name="simulator-warm", daemon=True).start()
+    threading.Thread(target=_warm_own_process, args=(server, config), name="simulator-warm", daemon=True).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -167,6 +167,20 @@ def s3_bucket(s3_env) -> str:
     return f"s3://{name}"
 
 
+@pytest.fixture(autouse=True)
+def _process_state_is_left_as_found(request) -> Iterator[None]:
+    """Fails the test after which torch's thread count or global seed, the working directory or the
+    root logger differ from before it (tests/process_state.py): library code leaves them as it found
+    them, so no test's outcome depends on which tests ran before it in the same process. A few
+    microseconds a test."""
+    from tests.process_state import changes, snapshot
+
+    before = snapshot()
+    yield
+    if changed := changes(before, snapshot()):
+        pytest.fail(f"{request.node.nodeid} left process-global state changed: {'; '.join(changed)}", pytrace=False)
+
+
 @pytest.fixture
 def ray_tmp() -> Iterator[str]:
     """A private, short Ray temp dir for a run on local Ray (unix socket paths are limited to ~107 bytes)."""

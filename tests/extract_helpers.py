@@ -69,3 +69,19 @@ def reference(model: torch.nn.Module, ids: Sequence[int], layers: Sequence[int]
     with torch.inference_mode():
         hs = model(torch.tensor([list(ids)]), output_hidden_states=True).hidden_states
     return torch.cat([hs[i][0] for i in layers], dim=-1), hs[-1][0]
+
+
+# A forward summed in another order (another thread count, batch shape or CPU's kernels) moves each
+# value by a few float32 eps of its tensor's largest magnitude: measured on the tiny test model, 1.9 eps
+# between one thread and two. 64 eps allows that with margin, and nothing another model, layer or
+# token would give (bfloat16 storage alone rounds by 2^-8, 32,768 eps).
+ROUNDING_EPS = 64
+
+
+def assert_float32_rounding(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
+    """`got` is `want` recomputed by the same model in float32, up to the order of its sums."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype, want.dtype)
+    scale = float(want.abs().max())
+    err = float((got - want).abs().max())
+    bound = ROUNDING_EPS * torch.finfo(torch.float32).eps * scale
+    assert err <= bound, f"{what}: max |diff| {err:.3g} over {bound:.3g} ({ROUNDING_EPS} eps of max |x| {scale:.3g})"

@@ -65,10 +65,38 @@ async def test_the_served_text_is_the_models_greedy_answer(start_sim, model):
         assert usage["prompt_tokens"] == len(hf.encode(prompt, add_special_tokens=False))
 
 
+def models_own_calls(folder, hf, messages, tools) -> list[dict] | None:
+    """The calls the loaded model writes after its reasoning when it answers greedily, as (name,
+    arguments) functions, if every one is a valid call of a declared tool; [] if it writes none or an
+    invalid one; None where it strays into a call before closing its reasoning (the simulator then
+    closes it and asks again: not predicted here)."""
+    from eyrie.jobs.extract import tiny
+    from eyrie.jobs.simulator import STRAYS, THINK_END
+    from eyrie.jobs.tools.textcalls import parse_hermes
+    from eyrie.jobs.tools.validation import ToolValidator
+
+    prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    text = hf.decode(tiny.decode(folder, hf.encode(prompt, add_special_tokens=False), 256))
+    close = text.find(THINK_END)
+    if close < 0 or any(0 <= text.find(m) < close for m in STRAYS):
+        return None
+    found = parse_hermes(text[close + len(THINK_END):])
+    if not found or not all(v.valid for v in ToolValidator.for_tools(tools).check_text_calls(found)):
+        return []
+    return [{"name": c.name, "arguments": c.arguments} for c in found]
+
+
 async def test_tool_calls_keep_the_simulators_rate_and_are_the_models_own_when_valid(start_sim, model):
+    """Whether an answer calls is the simulator's draw; what it calls is what the model loaded here
+    writes (asked directly, greedily) where that is a valid call, else the simulator's script. Which
+    prompts the model answers with a valid call is its own property (it differs between models of
+    the same recipe trained on other CPUs), so it is read from the model, not written down."""
+    import json
+
+    folder, hf = model
     sim = await start_sim(**config())
     scripted = SimulatorConfig()
-    own = called = 0
+    own = called = predicted = 0
     for city in CITIES:
         messages = [{"role": "user", "content": f"What's the weather like in {city} right now?"}]
         body = request(messages, tools=[WEATHER])
@@ -76,11 +104,21 @@ async def test_tool_calls_keep_the_simulators_rate_and_are_the_models_own_when_v
         calls = doc["choices"][0]["message"].get("tool_calls") or []
         plan = make_answer(body, scripted).tool_calls  # the simulator's own decision, without a model
         assert bool(calls) == bool(plan), city
-        called += bool(calls)
-        for c in calls:
-            assert c["function"]["name"] == "get_weather"
-            own += c["function"] not in [p["function"] for p in plan]  # the model's call, not the script's
-    assert called >= 5 and own == called  # the model writes a valid get_weather call for every weather prompt
+        if not calls:
+            continue
+        called += 1
+        served = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])} for c in calls]
+        script = [{"name": p["function"]["name"], "arguments": json.loads(p["function"]["arguments"])} for p in plan]
+        expected = models_own_calls(folder, hf, messages, [WEATHER])
+        if expected is None:  # reasoning not closed by the model: served is either, and valid
+            assert served == script or {c["name"] for c in served} == {"get_weather"}, city
+            own += served != script
+            continue
+        predicted += 1
+        assert served == (expected or script), city
+        own += bool(expected)
+    assert called >= 5 and predicted >= 5  # the simulator's rate (0.8 of 10); the model closes its reasoning
+    assert own >= 1, "the loaded model writes no valid call of its own: the test would not see the model's calls"
 
 
 async def test_an_impostor_writes_other_text_and_sampling_is_seeded(start_sim, model):

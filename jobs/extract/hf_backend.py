@@ -129,8 +129,9 @@ def build_tiny_model(path: str | Path, vocab_size: int, hidden_size: int = 64, l
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
         max_position_embeddings=context, tie_word_embeddings=True, initializer_range=initializer_range)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    with torch.random.fork_rng(devices=[]):  # the seeded init leaves the caller's global generator as it was
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

@@ -259,12 +259,12 @@ def _train(tok: Any, examples: list[tuple[list[int], int]], seed: int, steps: in
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     # 4 layers: the fewest `extraction.layers: auto` (EAGLE-3's low/middle/high) accepts
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          bos_token_id=None)
+    torch.manual_seed(seed)  # in build's torch.random.fork_rng: the caller's global generator is left as it was
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
@@ -321,9 +321,10 @@ def build(folder: str | Path, seed: int = 0, steps: int = STEPS) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # deterministic, and on a loaded machine far faster than several
     try:
-        convs = corpus(3000)
-        tok = _tokenizer(_render([*c["messages"], assistant_message(c)], c["tools"]) for c in convs)
-        model = _train(tok, _examples(tok, convs), seed, steps)
+        with torch.random.fork_rng(devices=[]):
+            convs = corpus(3000)
+            tok = _tokenizer(_render([*c["messages"], assistant_message(c)], c["tools"]) for c in convs)
+            model = _train(tok, _examples(tok, convs), seed, steps)
     finally:
         torch.set_num_threads(threads)
     out = Path(folder)
@@ -409,7 +410,8 @@ def decode(folder: str | Path, prompt_ids: list[int], max_new_tokens: int, tempe
     `max_new_tokens`): greedy at temperature 0, else sampled from a generator seeded with `seed`.
     KV-cached, on CPU; one decode per model at a time (callers on several threads wait). Token by
     token the work is too small to share: a process that only decodes is fastest with
-    `torch.set_num_threads(1)` (on a loaded machine several threads spin against each other)."""
+    `torch.set_num_threads(1)` (on a loaded machine several threads spin against each other), which
+    that process sets (the simulator's own does); decode leaves the caller's setting as it is."""
     import torch
 
     model, eos, lock = _load(folder)
