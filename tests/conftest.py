@@ -246,28 +246,46 @@ def tier_of(item: pytest.Item) -> str:
         if item.get_closest_marker(tier) is not None:
             return tier
     fixtures = set(getattr(item, "fixturenames", ()))
-    if fixtures & NODE_FIXTURES:
-        return "node"
     if CLUSTER_DIR in Path(str(item.path)).resolve().parents:
-        return "cluster"
+        return "node" if fixtures & NODE_FIXTURES else "cluster"
     if fixtures & INTEGRATION_FIXTURES:
         return "integration"
     return "unit"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test's tier marker; under pytest-xdist (`-n`), every `cluster` test on one worker and every `node` test on
-    one worker (`--dist loadgroup`), so each session's control plane and node is started once, not once per worker."""
-    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
-        if grouped and tier in ("cluster", "node"):
-            item.add_marker(pytest.mark.xdist_group(tier))
         if item.get_closest_marker("gpu") is not None and not ACCELERATOR:
             item.add_marker(pytest.mark.skip(reason="needs an accelerator (no /dev/nvidia0 here)"))
+
+
+def xdist_scope(nodeid: str) -> str:
+    """What pytest-xdist (`-n N`) hands one worker at a time: every test of tests/cluster's node files (one node for
+    the session), every other test of tests/cluster (one control plane), else a test module (its module fixtures,
+    a tiny model's answers say, made once). The biggest first (`--loadscope-reorder`, xdist's default), so the
+    node and the cluster start at once on workers of their own and the modules fill in around them."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith("tests/cluster/"):
+        return "node" if path.rsplit("/", 1)[-1].startswith("test_node") else "cluster"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduling with xdist_scope's scopes (its `loadgroup` keys on nodeids that pytest 9 no longer
+    lets a plugin rename); `--dist each` (every test on every worker) is left as it is."""
+    if config.getvalue("dist") == "each":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return TierScheduling(config, log)
 
 
 class UnitTierViolation(AssertionError):
@@ -356,3 +374,4 @@ def pytest_configure(config) -> None:
     stopped by its PID and the node's namespaces, links and cgroups are removed (a plain SIGTERM would leave them)."""
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminated)
+

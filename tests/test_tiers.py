@@ -19,7 +19,15 @@ try:
 except ImportError:  # pragma: no cover - the dev extra installs it
     ray = None
 
-from tests.conftest import CLUSTER_DIR, INTEGRATION_FIXTURES, NODE_FIXTURES, TIERS, UnitTierViolation, tier_of
+from tests.conftest import (
+    CLUSTER_DIR,
+    INTEGRATION_FIXTURES,
+    NODE_FIXTURES,
+    TIERS,
+    UnitTierViolation,
+    tier_of,
+    xdist_scope,
+)
 
 
 @dataclass
@@ -43,6 +51,7 @@ def test_the_tier_comes_from_the_mark_then_the_folder_then_the_fixtures():
     assert tier_of(Item(cluster / "test_e2e.py", ("cluster", "s3_env"))) == "cluster"
     assert tier_of(Item(cluster / "test_node_e2e.py", ("release",))) == "node"
     assert tier_of(Item(cluster / "test_x.py", marks=("node",))) == "node"
+    assert tier_of(Item(here / "test_kimi_official.py", ("release",))) == "unit"  # a fixture of the same name
 
 
 def test_every_collected_test_has_exactly_one_tier_and_the_one_its_folder_or_fixtures_say(request):
@@ -54,11 +63,21 @@ def test_every_collected_test_has_exactly_one_tier_and_the_one_its_folder_or_fix
         fixtures = set(item.fixturenames)
         if CLUSTER_DIR in item.path.parents:
             assert tiers[0] in ("cluster", "node"), item.nodeid
-        if fixtures & NODE_FIXTURES:
-            assert tiers[0] == "node", item.nodeid
+            assert (tiers[0] == "node") is bool(fixtures & NODE_FIXTURES), item.nodeid
         if fixtures & INTEGRATION_FIXTURES:
             assert tiers[0] != "unit", item.nodeid
     assert request.node.get_closest_marker("unit") is not None  # this test starts nothing
+
+
+def test_under_xdist_the_node_and_the_cluster_each_go_to_one_worker_and_modules_stay_whole():
+    """`-n N` hands out xdist_scope's units: the node's session (its files) once, the control plane's once, and a
+    module with its module fixtures whole."""
+    assert xdist_scope("tests/cluster/test_node_e2e.py::test_a_run") == "node"
+    assert xdist_scope("tests/cluster/test_node.py::test_ready[x]") == "node"
+    assert xdist_scope("tests/cluster/test_e2e.py::test_b") == xdist_scope("tests/cluster/test_helm.py::t") == "cluster"
+    assert xdist_scope("tests/test_fidelity.py::test_a") == xdist_scope("tests/test_fidelity.py::test_b[1]") == (
+        "tests/test_fidelity.py")
+    assert xdist_scope("tests/operator/test_kube.py::test_c") == "tests/operator/test_kube.py"
 
 
 def test_a_unit_test_cannot_start_a_process(tmp_path):
