@@ -18,6 +18,7 @@ PAIR = ("tests/test_answer_model.py::test_the_served_text_is_the_models_greedy_a
         "tests/test_extract.py::test_resume_after_the_extractor_is_killed_mid_shard")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("order", [PAIR, PAIR[::-1]], ids=["simulator-first", "resume-first"])
 def test_the_pair_passes_in_either_order(order):
     r = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *order],
