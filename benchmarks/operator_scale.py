@@ -80,7 +80,7 @@ def measure(cmd: list[str], n: int, work: Path, label: str) -> tuple[list[float]
                                 stdin=subprocess.DEVNULL)
         try:
             # operator start-up (imports, discovery, watch) is not part of the figure
-            wait_for(f"{label} liveness", lambda: _alive(proc, liveness), timeout=180, every=0.25)
+            wait_for(f"{label} liveness", lambda: operator_alive(proc, liveness), timeout=180, every=0.25)
             phases, rayjobs = wait_all(cp, n, work / label, timeout=600, rayjobs=label == "eyrie")
             rss = peak_rss_of(proc.pid)
         finally:
@@ -94,7 +94,7 @@ def measure(cmd: list[str], n: int, work: Path, label: str) -> tuple[list[float]
     return phases, rayjobs, rss
 
 
-def _alive(proc: subprocess.Popen[bytes], url: str) -> bool:
+def operator_alive(proc: subprocess.Popen[bytes], url: str) -> bool:
     if proc.poll() is not None:
         raise SystemExit(f"the operator exited {proc.returncode} before it was live")
     try:
