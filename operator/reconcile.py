@@ -376,13 +376,21 @@ def _readiness(p: _Pass) -> bool:
         p.cond(SECRETS_READY, False, "SecretNotFound", message)
     else:
         p.cond(SECRETS_READY, True, "SecretsFound")
+    prev = conditions.find(p.prev, OUTPUT_REACHABLE) or {}
+    was_down = (prev.get("status"), prev.get("reason")) == ("False", "OutputUnreachable")
     if obs.progress_error:
+        # one Warning when the store goes (its error's text changes from poll to poll: not on every message)
+        if not was_down:
+            p.actions.append(Event("Warning", "OutputUnreachable", obs.progress_error))
         p.cond(OUTPUT_REACHABLE, False, "OutputUnreachable", obs.progress_error)
     elif not obs.output_checked:
         p.conds[OUTPUT_REACHABLE] = conditions.make(
             OUTPUT_REACHABLE, "Unknown", "WaitingForCredentials",
             "spec.output.credentialsSecretRef: the Secret is needed to read the output", obs.now, obs.generation)
     else:
+        if was_down:  # the condition turns True and forgets: the event keeps that the run waited, and how long
+            p.actions.append(Event("Normal", "OutputReadable", f"{obs.spec.output.uri} is readable again "
+                                   f"(unreachable since {prev.get('lastTransitionTime')})"))
         p.cond(OUTPUT_REACHABLE, True, "OutputReadable")
     return not obs.missing_secrets and not obs.progress_error
 
@@ -553,6 +561,8 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
     if prog is not None and prog.stage == Stage.PROBE and prog.probe is not None:
         p.cond(PROVIDERS_CHECKED, False, "Probing", probing_message(prog.probe))
         return Decision(p.actions, p.status("Canary", attempt))  # measuring before generation, as the canary
+    if prog is None and obs.progress_error and obs.status.get("phase") in ("Canary", "Generating"):
+        return Decision(p.actions, p.status(obs.status["phase"], attempt))  # the store is down, not the run
     gate = obs.spec.tools.gate
     in_canary = (prog is not None and prog.stage == "generate" and gate.enabled
                  and prog.samples.get("done", 0) < gate.canary_samples)

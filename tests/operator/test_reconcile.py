@@ -240,11 +240,36 @@ CASES = [
         conds={"Failed": ("True", "OOMKilled"), "PodsHealthy": ("False", "OOMKilled")},
     ),
     Case(
-        "unreachable output waits",
+        "unreachable output waits, said once by a Warning",
         obs(progress_error="spec.output.uri: cannot read"),
+        ["Event:Warning:OutputUnreachable"],
+        "Pending",
+        conds={"OutputReachable": ("False", "OutputUnreachable")},
+    ),
+    Case(
+        "still unreachable, with another error's text: no second Warning",
+        obs(progress_error="spec.output.uri: cannot read (another connection)",
+            status={"attempt": "1", "conditions": [cond("OutputReachable", "False", "OutputUnreachable")]}),
         [],
         "Pending",
         conds={"OutputReachable": ("False", "OutputUnreachable")},
+    ),
+    Case(
+        "the store goes mid-generation: the run's phase stays, the status keeps its figures",
+        obs(generation_children=(gen(),), progress_error="spec.output.uri: cannot read",
+            status={"attempt": "1", "phase": "Generating", "spentUSD": "0.42"}),
+        ["Event:Warning:OutputUnreachable"],
+        "Generating",
+        conds={"OutputReachable": ("False", "OutputUnreachable")},
+    ),
+    Case(
+        "the store is back: a Normal event says since when it was not",
+        obs(generation_children=(gen(),), progress=prog(done=500),
+            status={"attempt": "1", "phase": "Generating",
+                    "conditions": [cond("OutputReachable", "False", "OutputUnreachable")]}),
+        ["Event:Normal:OutputReadable"],
+        "Generating",
+        conds={"OutputReachable": ("True", "OutputReadable")},
     ),
     Case(
         "canary while under canarySamples",
@@ -959,3 +984,18 @@ def test_status_money_is_rounded_for_kubectl_get_never_below_the_spend() -> None
     d = reconcile(obs(generation_children=(gen(),), progress=prog(spent="1.010928723076923076923076923")))
     assert d.status["spentUSD"] == "1.010929"
     assert reconcile(obs(generation_children=(gen(),), progress=prog(spent="0.42"))).status["spentUSD"] == "0.42"
+
+
+def test_a_store_outage_mid_run_keeps_the_figures_and_says_how_long_it_waited() -> None:
+    down = reconcile(obs(generation_children=(gen(),), progress_error="spec.output.uri: connection refused",
+                         status={"attempt": "1", "phase": "Generating", "spentUSD": "0.42", "samples": {"done": 9}}))
+    assert (down.status["phase"], down.status["spentUSD"], down.status["samples"]) == ("Generating", "0.42",
+                                                                                      {"done": 9})
+    [warning] = [a for a in down.actions if isinstance(a, Event)]
+    assert (warning.type, warning.reason, warning.message) == ("Warning", "OutputUnreachable",
+                                                              "spec.output.uri: connection refused")
+    since = conditions.find(down.status["conditions"], "OutputReachable")["lastTransitionTime"]
+    back = reconcile(obs(generation_children=(gen(),), progress=prog(done=500), status=down.status))
+    [normal] = [a for a in back.actions if isinstance(a, Event)]
+    assert (normal.type, normal.reason) == ("Normal", "OutputReadable")
+    assert normal.message == f"s3://out/run is readable again (unreachable since {since})"
