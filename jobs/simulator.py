@@ -89,6 +89,7 @@ class SimulatorConfig:
     divergence_rate: float = 0.0  # tool-calling turns answered with another call, other arguments or none
     completion_token_drift: float = 0.0  # a fault: usage.completion_tokens off by up to this share of the count
     answer_model: str | None = None  # a builtin chat model whose decoded answers are served (model_answer)
+    answer_model_calls: str = "simulator"  # who decides its calls: "simulator" (tool_call_rate) or "model"
     # text mode (functions described in the prompt): what the model does, per source (simulated_text.py)
     text_calls: TextBehaviour = field(default_factory=TextBehaviour.from_spec)
     text_calls_by_source: dict[str, TextBehaviour] = field(default_factory=dict)
@@ -127,6 +128,8 @@ class SimulatorConfig:
                 raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
         if self.latency_ms < 0 or self.max_completion_tokens < 1 or self.retry_after_s < 0:
             raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
+        if self.answer_model_calls not in ("simulator", "model"):
+            raise ValueError(f"simulator answer_model_calls: {self.answer_model_calls!r} is not simulator or model")
         check_providers(self.providers)
 
     @classmethod
@@ -145,6 +148,7 @@ class SimulatorConfig:
         return cls(latency_ms=sim.latency_ms, fault_rate=sim.fault_rate, faults=list(sim.faults),
                    seed=sim.seed, divergence_rate=sim.divergence_rate, default_thinking=sim.default_thinking,
                    completion_token_drift=sim.completion_token_drift, answer_model=sim.answer_model,
+                   answer_model_calls=sim.answer_model_calls,
                    providers=[p.wire() for p in sim.providers], **text, **counts)
 
     def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
@@ -493,19 +497,37 @@ def _own_calls(text: str, tools: Any, ans: Answer) -> list[dict[str, Any]]:
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for i, c in enumerate(found)]
 
 
+def _parsed_calls(text: str, ans: Answer) -> list[dict[str, Any]] | None:
+    """The `<tool_call>` blocks of `text` as a provider's Hermes parser returns them: every block's
+    JSON read into a name and arguments (not checked against any schema), or None when there is no
+    block or one does not parse (the provider then serves the whole text as content)."""
+    from eyrie.jobs.tools.textcalls import parse_hermes
+
+    found = parse_hermes(text)
+    if not found or any(c.problem is not None or not c.name for c in found):
+        return None
+    return [{"id": f"call_{hashlib.sha256(f'{ans.gen_id}/{i}'.encode()).hexdigest()[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str)
+                          else json.dumps(c.arguments)}} for i, c in enumerate(found)]
+
+
 def model_answer(counter: PromptCounter, body: dict[str, Any], ans: Answer, cfg: SimulatorConfig) -> Answer:
     """`api.simulator.answerModel`: the text of the answer is what that model writes, decoded on the
     prompt as the target's format renders it (greedy at temperature 0, else sampled, seeded by the
-    prompt); whether it calls a tool stays the simulator's (`ans`), so tool semantics behave as
-    configured whatever the model knows, and the call is the model's own when it writes valid calls of
-    declared tools (else the simulator's). Its reasoning runs up to its own `</think>` (the
-    simulator closes it where the model strays into a call or runs past the limit); without a call
-    its content runs to its own end of turn (cut where it starts a call the plan does not make).
-    Prompts whose functions are described only as text keep the scripted text answer."""
+    prompt). With `answer_model_calls` "simulator", whether it calls a tool stays the simulator's
+    (`ans`), so tool semantics behave as configured whatever the model knows, and the call is the
+    model's own when it writes valid calls of declared tools (else the simulator's); its content runs
+    to its own end of turn (cut where it starts a call the plan does not make), and prompts whose
+    functions are described only as text keep the scripted text answer. With "model", the model
+    decides: its `<tool_call>` blocks are the calls when the request sends `tools` (`_parsed_calls`),
+    and its text as written when the functions are described in the prompt. Either way its reasoning
+    runs up to its own `</think>` (the simulator closes it where the model strays into a call or
+    runs past the limit)."""
     from eyrie.jobs.extract import tiny
     from eyrie.jobs.reconstruct.base import FormatError, Turn
 
-    if ans.text is not None:
+    own = cfg.answer_model_calls == "model"
+    if ans.text is not None and not own:
         return ans
     messages, tools = body.get("messages") or [], body.get("tools") or None
     limit = completion_limit(body, cfg)
@@ -513,7 +535,7 @@ def model_answer(counter: PromptCounter, body: dict[str, Any], ans: Answer, cfg:
     temperature = float(temperature) if isinstance(temperature, int | float) and not isinstance(temperature, bool) \
         else 1.0  # the API's default
     thinking = wants_reasoning(body, cfg)
-    key = (str(cfg.answer_model), ans.gen_id, str(limit), str(temperature), str(thinking),
+    key = (str(cfg.answer_model), cfg.answer_model_calls, ans.gen_id, str(limit), str(temperature), str(thinking),
            orjson.dumps(ans.tool_calls).decode())
     with _ANSWERING:  # one decode per answer: a retry of a request still decoding waits for it
         if (done := _ANSWERED.get(key)) is not None:
@@ -546,13 +568,21 @@ def model_answer(counter: PromptCounter, body: dict[str, Any], ans: Answer, cfg:
                 after, ended = write(f"{THINK}\n{reasoning}\n{THINK_END}\n\n", limit // 2)
             text = after.lstrip("\n")
         calls = ans.tool_calls
-        if calls:  # the plan calls: the model's own calls when they are valid calls of declared tools
+        if own:  # the model's answer as a provider serves it: its calls parsed where tools were sent
+            parsed = _parsed_calls(text, ans) if tools else None
+            calls = parsed or []
+            if parsed:
+                content = text[:text.find("<tool_call>")].strip("\n")
+            else:
+                content = text
+                finish = "stop" if ended else "length"
+        elif calls:  # the plan calls: the model's own calls when they are valid calls of declared tools
             calls = _own_calls(text, tools, ans) or calls
         else:
             cut = _stray(text)
             content = text[:cut].rstrip("\n") if cut < len(text) else text
             finish = "stop" if ended or cut < len(text) else "length"
-        served = replace(ans, reasoning=reasoning or None, content=content or None, tool_calls=calls,
+        served = replace(ans, reasoning=reasoning or None, content=content or None, tool_calls=calls, text=None,
                          finish_reason="tool_calls" if calls else finish)
         if len(_ANSWERED) >= _ANSWERED_MAX:
             _ANSWERED.clear()

@@ -385,7 +385,15 @@ class SimulatorSpec(Model):
     impostor (`builtin:tiny-chat-seed1`, `-int8`, `-fp8`) serves another model under the same name,
     for fidelity to catch. Whether an answer calls a tool stays the simulator's own draw (its
     tool-call rate); the calls are the model's own when it writes valid calls of declared tools,
-    else the scripted ones. Prompts whose functions are only described as text keep `textCalls`."""
+    else the scripted ones. Prompts whose functions are only described as text keep `textCalls`
+    (unless `answerModelCalls: model`)."""
+    answer_model_calls: Literal["simulator", "model"] = "simulator"
+    """With answerModel, who decides the tool calls. `simulator`: its tool-call rate (above). `model`:
+    the answer is wholly the model's greedy (or sampled) decoding, as a provider serving it gives it:
+    with the API's `tools`, its `<tool_call>` blocks read as a Hermes parser reads them (every block's
+    JSON parsed: calls, not checked against the schemas; else the whole text is content); with the
+    functions described only as text, its text as written, calls and all (`textCalls` unused), so
+    `eyrie audit` measures what the model itself does in each mode."""
     text_calls: SimulatedTextCalls = Field(default_factory=SimulatedTextCalls)
     """How the simulated model answers prompts whose functions are described only as text."""
     text_calls_by_source: dict[str, SimulatedTextCalls] = Field(default_factory=dict)

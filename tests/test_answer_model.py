@@ -1,11 +1,13 @@
 """`api.simulator.answerModel`: the simulated provider serves the text a builtin chat model writes
 (checked against the model's own greedy decoding, read with transformers' tokenizer and template),
 keeps its scripted decision of whether to call a tool, takes the model's calls when they validate,
-and counts usage as the tokens of what it served."""
+and counts usage as the tokens of what it served; with `answerModelCalls: model` the model decides
+its calls too, structured and with the functions described as text."""
 
 from __future__ import annotations
 
 import aiohttp
+import orjson
 import pytest
 
 from eyrie.jobs.simulator import SimulatorConfig, make_answer
@@ -134,6 +136,46 @@ async def test_an_impostor_writes_other_text_and_sampling_is_seeded(start_sim, m
     greedy = await ask(native, {**body, "temperature": 0})
     assert first["choices"][0]["message"] == again["choices"][0]["message"]  # seeded by the prompt
     assert first["choices"][0]["message"]["content"] != greedy["choices"][0]["message"]["content"]
+
+
+def _greedy(hf, folder, messages, tools=None, limit=256):
+    from eyrie.jobs.extract import tiny
+
+    prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    return hf.decode(tiny.decode(folder, hf.encode(prompt, add_special_tokens=False), limit))
+
+
+async def test_when_the_model_decides_its_calls_are_its_own_blocks_structured_and_its_text_as_text(start_sim,
+                                                                                                     model):
+    """answerModelCalls: model. With `tools`, the served calls are exactly the `<tool_call>` blocks of
+    the model's greedy answer, none where it writes none (the simulator's 0.8 draw plays no part);
+    with the functions described in the system prompt, the served answer is the model's greedy text
+    verbatim, whatever it writes (a call as text or prose)."""
+    from eyrie.jobs.tools.declarations import render_text_declarations
+    from eyrie.jobs.tools.textcalls import parse_hermes
+
+    folder, hf = model
+    sim = await start_sim(**config(answer_model_calls="model"))
+    scripted = SimulatorConfig()
+    overruled = 0
+    for city in CITIES:
+        messages = [{"role": "user", "content": f"What's the weather like in {city} right now?"}]
+        body = request(messages, tools=[WEATHER])
+        choice = (await ask(sim, body))["choices"][0]
+        served = [(c["function"]["name"], orjson.loads(c["function"]["arguments"]))
+                  for c in choice["message"].get("tool_calls") or []]
+        answer = _greedy(hf, folder, messages, [WEATHER]).split("</think>", 1)[-1]
+        assert served == [(c.name, c.arguments) for c in parse_hermes(answer)], city
+        assert choice["finish_reason"] in (("tool_calls",) if served else ("stop", "length"))
+        overruled += bool(served) != bool(make_answer(body, scripted).tool_calls)  # the draw it ignores
+        text_messages = [{"role": "system", "content": render_text_declarations([WEATHER])}, *messages]
+        choice = (await ask(sim, request(text_messages)))["choices"][0]
+        msg = choice["message"]
+        assert not msg.get("tool_calls")
+        end = "<|im_end|>" if choice["finish_reason"] == "stop" else ""
+        served_text = f"<think>\n{msg['reasoning']}\n</think>\n\n{msg['content'] or ''}{end}"
+        assert served_text == _greedy(hf, folder, text_messages), city
+    assert overruled >= 1  # the simulator's 0.8 draw would have decided otherwise somewhere
 
 
 def test_the_spec_needs_the_models_tokenizer_for_an_answer_model():
