@@ -752,6 +752,9 @@ SUPPORTED_PARAMETERS = ("max_tokens", "max_completion_tokens", "temperature", "t
                         "tool_choice", "reasoning", "include_reasoning", "reasoning_effort", "stop")
 NO_ENDPOINT = "No allowed providers are available for the selected model."
 _ENDPOINT = web.RequestKey("eyrie_endpoint", object)  # the endpoint a request was routed to
+_GEN_ID = web.RequestKey("eyrie_generation", str)  # the generation's id: one per request, as OpenRouter's
+_EARLY = web.RequestKey("eyrie_early", object)  # a stream whose head went out before the model's latency
+GENERATIONS_KEPT = 200_000  # `GET /generation` answers for the latest this many
 
 
 def check_providers(providers: list[dict[str, Any]]) -> None:
@@ -969,6 +972,10 @@ class _Sim:
         self.requests = 0
         self.completed = 0
         self.billed = Decimal(0)
+        self.credits = Decimal(0)  # what the key's `usage` says: the billed cost without BYOK's upstream part
+        self.byok = Decimal(0)
+        self.generations: dict[str, dict[str, Any]] = {}  # id -> what `GET /generation` says (finished ones)
+        self.generation_seq = 0
         self.fault_counts: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
@@ -985,13 +992,58 @@ class _Sim:
         c = (ans.prompt_tokens * cfg.input_per_million + ans.completion_tokens * cfg.output_per_million) / _MILLION
         return float(c)
 
-    def _bill(self, usage: dict[str, Any]) -> None:
+    def _bill(self, usage: dict[str, Any], request: web.Request) -> None:
         """Bill exactly what the usage tells the client: `cost`, plus with BYOK what the provider
-        charged the user's own key (usage accounting: cost_details.upstream_inference_cost)."""
+        charged the user's own key (usage accounting: cost_details.upstream_inference_cost); the
+        generation's record says the same (`GET /generation?id=`)."""
         self.completed += 1
         self.billed += Decimal(str(usage["cost"]))
-        if usage["is_byok"]:
-            self.billed += Decimal(str(usage["cost_details"]["upstream_inference_cost"]))
+        self.credits += Decimal(str(usage["cost"]))
+        upstream = usage["cost_details"]["upstream_inference_cost"] if usage["is_byok"] else None
+        if upstream is not None:
+            self.billed += Decimal(str(upstream))
+            self.byok += Decimal(str(upstream))
+        self._record_generation(request, usage["cost"], cancelled=False, usage=usage, upstream=upstream)
+
+    def _record_generation(self, request: web.Request, cost: float, *, cancelled: bool,
+                           usage: dict[str, Any] | None = None, upstream: float | None = None) -> None:
+        gen = request.get(_GEN_ID)
+        if gen is None or gen in self.generations:
+            return
+        if len(self.generations) >= GENERATIONS_KEPT:
+            del self.generations[next(iter(self.generations))]
+        endpoint = request.get(_ENDPOINT)
+        self.generations[gen] = {
+            "id": gen, "total_cost": cost, "usage": cost, "is_byok": upstream is not None,
+            "upstream_inference_cost": upstream, "cancelled": cancelled,
+            "streamed": request.get(_EARLY) is not None, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "provider_name": endpoint.name if endpoint is not None else PROVIDER,
+            "tokens_prompt": (usage or {}).get("prompt_tokens", 0),
+            "tokens_completion": (usage or {}).get("completion_tokens", 0),
+            "finish_reason": None if cancelled else "stop"}
+
+    async def generation(self, request: web.Request) -> web.StreamResponse:
+        """GET /generation?id=: a finished generation's cost and tokens, as documented; 404 for one
+        unknown or still running (OpenRouter stores a generation once it ends)."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        doc = self.generations.get(request.query.get("id", ""))
+        if doc is None:
+            return web.Response(status=404, body=_error_body(404, "Generation not found"),
+                                content_type="application/json")
+        return web.Response(body=orjson.dumps({"data": doc}), content_type="application/json")
+
+    async def key(self, request: web.Request) -> web.StreamResponse:
+        """GET /key: the key's `usage` (credits billed so far; BYOK's upstream part in `byok_usage`)."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        used, byok = float(self.credits), float(self.byok)
+        return web.Response(body=orjson.dumps({"data": {
+            "label": "sk-or-v1-sim...", "limit": None, "limit_remaining": None, "limit_reset": None,
+            "usage": used, "usage_daily": used, "usage_weekly": used, "usage_monthly": used,
+            "byok_usage": byok, "byok_usage_daily": byok, "byok_usage_weekly": byok, "byok_usage_monthly": byok,
+            "include_byok_in_limit": False, "is_free_tier": False, "is_management_key": False,
+            "is_provisioning_key": False}}), content_type="application/json")
 
     def _usage(self, ans: Answer, byok: bool = False, cfg: SimulatorConfig | None = None) -> dict[str, Any]:
         cost = self._cost(ans, cfg)
@@ -1038,10 +1090,14 @@ class _Sim:
         self.requests += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.generation_seq += 1
+        request[_GEN_ID] = f"gen-{self.generation_seq}-{os.urandom(6).hex()}"
         try:
             return await self._chat(request)
         finally:
             self.in_flight -= 1
+            # not billed (an error, a cut stream, a client that hung up): the record says so, at no cost
+            self._record_generation(request, 0.0, cancelled=True)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._auth(request)) is not None:
@@ -1068,6 +1124,13 @@ class _Sim:
         if self.cfg.fault_rate and self.rng.random() < self.cfg.fault_rate:
             fault = self.rng.choice(self.faults)
             self.fault_counts[fault] += 1
+        if cfg.latency_ms and body.get("stream") and endpoint is None and fault in (None, "leak", "byok"):
+            # as OpenRouter streams: the head (and the generation's id) at once, the model's tokens later
+            early = web.StreamResponse(headers={**_SSE_HEADERS, "X-Generation-Id": request[_GEN_ID]})
+            await early.prepare(request)
+            await early.write(_COMMENT + self._chunk(self._head(body, "chat.completion.chunk", request),
+                                                     {"role": "assistant", "content": ""}))
+            request[_EARLY] = early
         if cfg.latency_ms:
             await asyncio.sleep(cfg.latency_ms / 1000)
         if fault in _HTTP_FAULTS:
@@ -1114,10 +1177,16 @@ class _Sim:
             return await self._stream(request, body, ans, fault)
         return await self._plain(request, body, ans, fault)
 
-    def _head(self, body: dict[str, Any], ans: Answer, obj: str, request: web.Request) -> dict[str, Any]:
+    def _head(self, body: dict[str, Any], obj: str, request: web.Request) -> dict[str, Any]:
         endpoint = request.get(_ENDPOINT)
-        return {"id": ans.gen_id, "provider": endpoint.name if endpoint is not None else PROVIDER,
+        return {"id": request[_GEN_ID], "provider": endpoint.name if endpoint is not None else PROVIDER,
                 "model": body["model"], "object": obj, "created": int(time.time())}
+
+    @staticmethod
+    def _chunk(head: dict[str, Any], delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        c = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                  "native_finish_reason": finish, "logprobs": None}], **extra}
+        return b"data: " + orjson.dumps(c) + b"\n\n"
 
     def _usage_of(self, request: web.Request, ans: Answer, byok: bool) -> dict[str, Any]:
         endpoint = request.get(_ENDPOINT)
@@ -1129,11 +1198,11 @@ class _Sim:
             return web.Response(body=_error_body(502, "Provider returned error (simulated)",
                                                  provider_name=PROVIDER), content_type="application/json")
         if fault == "malformed-json":
-            return web.Response(body=orjson.dumps(self._head(body, ans, "chat.completion", request))[:-1]
+            return web.Response(body=orjson.dumps(self._head(body, "chat.completion", request))[:-1]
                                 + b', "choices": [{"message": {"content": "unterminated',
                                 content_type="application/json")
         if fault == "empty-choices":
-            empty = {**self._head(body, ans, "chat.completion", request), "choices": []}
+            empty = {**self._head(body, "chat.completion", request), "choices": []}
             return web.Response(body=orjson.dumps(empty), content_type="application/json")
         usage = self._usage_of(request, ans, fault == "byok")
         message: dict[str, Any] = {"role": "assistant", "content": ans.content, "refusal": None,
@@ -1142,7 +1211,7 @@ class _Sim:
             message["reasoning_details"] = ans.reasoning_details
         if ans.tool_calls:
             message["tool_calls"] = ans.tool_calls
-        out = {**self._head(body, ans, "chat.completion", request),
+        out = {**self._head(body, "chat.completion", request),
                "choices": [{"index": 0, "logprobs": None, "finish_reason": ans.finish_reason,
                             "native_finish_reason": ans.finish_reason, "message": message}],
                "usage": usage}
@@ -1154,19 +1223,18 @@ class _Sim:
             await resp.write(data[: len(data) // 2])
             _hang_up(request)
             return resp
-        self._bill(usage)
-        return web.Response(body=data, content_type="application/json")
+        self._bill(usage, request)
+        return web.Response(body=data, content_type="application/json", headers={"X-Generation-Id": request[_GEN_ID]})
 
     async def _stream(self, request: web.Request, body: dict[str, Any], ans: Answer,
                       fault: str | None) -> web.StreamResponse:
-        head = self._head(body, ans, "chat.completion.chunk", request)
+        head = self._head(body, "chat.completion.chunk", request)
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            c = {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                                      "native_finish_reason": finish, "logprobs": None}], **extra}
-            return b"data: " + orjson.dumps(c) + b"\n\n"
+            return self._chunk(head, delta, finish, **extra)
 
-        parts: list[bytes] = [_COMMENT, chunk({"role": "assistant", "content": ""})]
+        early: web.StreamResponse | None = request.get(_EARLY)
+        parts: list[bytes] = [] if early is not None else [_COMMENT, chunk({"role": "assistant", "content": ""})]
         for p in _pieces(ans.reasoning or ""):
             parts.append(chunk({"role": "assistant", "content": "", "reasoning": p}))
         if ans.reasoning_details is not None:
@@ -1188,9 +1256,14 @@ class _Sim:
             usage = self._usage_of(request, ans, fault == "byok")
             parts.append(chunk({}, ans.finish_reason, usage=usage))
             parts.append(_DONE)
-            self._bill(usage)
-            return web.Response(body=b"".join(parts), headers=_SSE_HEADERS)
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
+            if early is not None:
+                await early.write(b"".join(parts))
+                await early.write_eof()
+                self._bill(usage, request)
+                return early
+            self._bill(usage, request)
+            return web.Response(body=b"".join(parts), headers={**_SSE_HEADERS, "X-Generation-Id": request[_GEN_ID]})
+        resp = web.StreamResponse(headers={**_SSE_HEADERS, "X-Generation-Id": request[_GEN_ID]})
         await resp.prepare(request)
         half = max(1, len(parts) // 2)
         if fault == "stream-cut":
@@ -1202,7 +1275,7 @@ class _Sim:
                 "code": 502, "message": "Provider disconnected (simulated)",
                 "metadata": {"provider_name": PROVIDER}})]
         elif fault == "malformed-json":
-            parts[half:] = [b'data: {"id": "' + ans.gen_id.encode() + b'", "choices": [{"delta": {"cont\n\n',
+            parts[half:] = [b'data: {"id": "' + request[_GEN_ID].encode() + b'", "choices": [{"delta": {"cont\n\n',
                             _DONE]
         else:  # empty-choices
             parts = [_COMMENT, b"data: " + orjson.dumps({**head, "choices": []}) + b"\n\n", _DONE]
@@ -1274,6 +1347,10 @@ def build_app(sim: _Sim) -> web.Application:
     app.router.add_get("/models", sim.models)
     app.router.add_get("/v1/models/{author}/{slug}/endpoints", sim.endpoints_listing)
     app.router.add_get("/models/{author}/{slug}/endpoints", sim.endpoints_listing)
+    app.router.add_get("/v1/generation", sim.generation)
+    app.router.add_get("/generation", sim.generation)
+    app.router.add_get("/v1/key", sim.key)
+    app.router.add_get("/key", sim.key)
     app.router.add_get("/sim/stats", sim.get_stats)
     app.router.add_post("/sim/reset", sim.post_reset)
     return app

@@ -354,13 +354,20 @@ async def test_plain_answer_shape_usage_cost_and_billing(start_sim: StartSim) ->
     sim = await start_sim(input_per_million=Decimal("1.00"), output_per_million=Decimal("3.00"))
     b = body(11, tools=TOOLS, reasoning={"effort": "high"})
     async with aiohttp.ClientSession() as s:
-        status, _, doc = await post(s, sim, b)
+        status, headers, doc = await post(s, sim, b)
         status2, _, doc2 = await post(s, sim, b)
         async with s.get(sim.base_url + "/models") as r:
             models = await r.json()
+        async with s.get(sim.base_url + "/generation", params={"id": doc["id"]}) as r:
+            generation = (await r.json())["data"]
+        async with s.get(sim.base_url + "/generation", params={"id": "gen-never"}) as r:
+            missing = r.status
+        async with s.get(sim.base_url + "/key") as r:
+            key = (await r.json())["data"]
     assert status == status2 == 200
     ans = make_answer(b, sim.config)
-    assert doc["id"] == ans.gen_id and doc["id"].startswith("gen-")
+    # every generation has an id of its own (the answer is the prompt's), in the body and the header
+    assert doc["id"].startswith("gen-") and doc["id"] != doc2["id"] and headers["X-Generation-Id"] == doc["id"]
     assert (doc["provider"], doc["model"], doc["object"]) == ("eyrie-simulator", "acme/model", "chat.completion")
     msg = doc["choices"][0]["message"]
     assert msg["reasoning"] == ans.reasoning
@@ -372,7 +379,12 @@ async def test_plain_answer_shape_usage_cost_and_billing(start_sim: StartSim) ->
     assert u["completion_tokens_details"] == {"reasoning_tokens": ans.reasoning_tokens}
     expected = (ans.prompt_tokens * Decimal(1) + ans.completion_tokens * Decimal(3)) / Decimal(1_000_000)
     assert Decimal(str(u["cost"])) == expected
-    assert {k: v for k, v in doc2.items() if k != "created"} == {k: v for k, v in doc.items() if k != "created"}
+    assert {k: v for k, v in doc2.items() if k not in ("created", "id")} == \
+        {k: v for k, v in doc.items() if k not in ("created", "id")}
+    # GET /generation and /key as OpenRouter documents them: the generation's cost, the key's usage
+    assert generation["total_cost"] == u["cost"] and generation["cancelled"] is False and missing == 404
+    assert (generation["tokens_prompt"], generation["tokens_completion"]) == (ans.prompt_tokens, ans.completion_tokens)
+    assert Decimal(str(key["usage"])) == 2 * Decimal(str(u["cost"])) and key["limit"] is None
     stats = await sim.stats()
     assert stats == {"requests": 2, "completed": 2, "billedUSD": str(2 * expected), "faults": {},
                      "inFlight": 0, "maxInFlight": 1}
@@ -391,7 +403,7 @@ async def test_stream_has_comments_deltas_usage_and_done(start_sim: StartSim) ->
             raw = await r.read()
     events, comments, done = stream_events(raw)
     assert done and comments == 2
-    assert all(e["object"] == "chat.completion.chunk" and e["id"] == plain["id"] for e in events)
+    assert all(e["object"] == "chat.completion.chunk" and e["id"] == events[0]["id"] != plain["id"] for e in events)
     reasoning = "".join(e["choices"][0]["delta"].get("reasoning") or "" for e in events)
     args: dict[int, str] = {}
     for e in events:
@@ -567,7 +579,7 @@ def test_simulator_process_serves_and_is_stopped_by_pid() -> None:
         assert not _gone(pid)
         r = httpx.post(proc.base_url + "/chat/completions", json=body(5), timeout=10, trust_env=False)
         assert r.status_code == 200
-        assert r.json()["id"] == make_answer(body(5), cfg).gen_id
+        assert r.json()["id"] == r.headers["X-Generation-Id"] and r.json()["id"].startswith("gen-")
         stats = proc.stats()
         assert stats["completed"] == 1 and Decimal(stats["billedUSD"]) == Decimal(str(r.json()["usage"]["cost"]))
     assert _gone(pid)
