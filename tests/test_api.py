@@ -200,6 +200,32 @@ def test_loopback_detection() -> None:
 # ------------------------------------------------------------------------------ against the simulator
 
 
+async def test_the_generation_id_is_heard_before_the_answer_and_the_provider_says_what_each_cost(
+        start_sim: StartSim) -> None:
+    """A slow stream: the id arrives with the head (`X-Generation-Id`, the first chunk), seconds before
+    the answer; `generation_cost` then reads what it cost, and one abandoned mid-way reads as free
+    (the simulator bills only what it finished, like a provider that stops on cancel); `key_usage`
+    is the key's total."""
+    sim = await start_sim(latency_ms=1500)
+    heard: list[tuple[str, float]] = []
+    async with client(sim.base_url, stream=True, timeout=30.0) as c:
+        t0 = asyncio.get_running_loop().time()
+        done = await c.complete(body(1), on_id=lambda g: heard.append((g, asyncio.get_running_loop().time() - t0)))
+        took = asyncio.get_running_loop().time() - t0
+        assert [g for g, _ in heard] == [done.response["id"]] and heard[0][1] < took - 1.0
+        assert await c.generation_cost(done.response["id"]) == done.cost
+        task = asyncio.ensure_future(c.complete(body(2), on_id=lambda g: heard.append((g, 0.0))))
+        while len(heard) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.2)  # the simulator sees the hang-up
+        assert await c.generation_cost(heard[1][0]) == 0
+        assert await c.generation_cost("gen-unknown") is None
+        assert await c.key_usage() == done.cost
+
+
 async def test_streaming_and_plain_give_identical_answers(start_sim: StartSim) -> None:
     sim = await start_sim()
     bodies = [body(i, tools=TOOLS, reasoning={"effort": "high"}) for i in range(30)] + [body(i) for i in range(10)]
@@ -207,7 +233,8 @@ async def test_streaming_and_plain_give_identical_answers(start_sim: StartSim) -
         streamed = await asyncio.gather(*(s.complete(b) for b in bodies))
         plain = await asyncio.gather(*(p.complete(b) for b in bodies))
     for a, b in zip(streamed, plain, strict=True):
-        assert a.response == b.response
+        assert a.response["id"] != b.response["id"]  # a generation id of its own each
+        assert {**a.response, "id": None} == {**b.response, "id": None}
         assert a.usage == b.usage and a.cost == b.cost and a.cost is not None
         assert a.attempts == b.attempts == 1
     calls = [c for r in streamed for c in r.response["tool_calls"]]

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import httpx
@@ -188,10 +189,40 @@ class ChatClient:
                             "EYRIE_API_KEY or api.apiKeySecretRef")
         return resp.status_code, resp.content
 
+    async def generation_cost(self, generation_id: str) -> Decimal | None:
+        """What the provider billed for one generation (OpenRouter's `GET /generation?id=`:
+        `total_cost`, plus `upstream_inference_cost` with the user's own provider key, as
+        `reported_cost` counts a usage); None when it does not say (not found yet, no such
+        endpoint, unreachable)."""
+        try:
+            status, raw = await self.get(f"/generation?id={quote(generation_id, safe='')}")
+            data = orjson.loads(raw).get("data") if status == 200 else None
+        except (ApiError, orjson.JSONDecodeError, AttributeError):
+            return None
+        if not isinstance(data, dict) or data.get("total_cost") is None:
+            return None
+        return reported_cost({"cost": data["total_cost"], "is_byok": data.get("is_byok"),
+                              "cost_details": {"upstream_inference_cost": data.get("upstream_inference_cost")}})
+
+    async def key_usage(self) -> Decimal | None:
+        """The key's `usage` in dollars (OpenRouter's `GET /key`: all it was ever billed); None when
+        the provider does not say."""
+        try:
+            status, raw = await self.get("/key")
+            data = orjson.loads(raw).get("data") if status == 200 else None
+            value = Decimal(str(data["usage"])) if isinstance(data, dict) and data.get("usage") is not None else None
+        except (ApiError, orjson.JSONDecodeError, AttributeError, ArithmeticError):
+            return None
+        return value if value is not None and value.is_finite() and value >= 0 else None
+
     # --------------------------------------------------------------------------------- requests
 
-    async def complete(self, body: dict[str, Any], *, est_tokens: int = 0) -> Completion:
-        """Send one chat completion (retrying per the policy above) and return the parsed answer."""
+    async def complete(self, body: dict[str, Any], *, est_tokens: int = 0,
+                       on_id: Callable[[str], None] | None = None) -> Completion:
+        """Send one chat completion (retrying per the policy above) and return the parsed answer.
+        `on_id` hears the provider's generation id of each attempt as soon as it is known (the
+        `X-Generation-Id` header, else a stream's first chunk): what to ask the provider about if
+        the request is abandoned before its answer arrives (`generation_cost`)."""
         data = orjson.dumps({**body, **self._extra})
         stats = self.stats
         start = time.monotonic()
@@ -199,7 +230,7 @@ class ChatClient:
         while True:
             attempts += 1
             try:
-                resp, usage = await self._attempt(data, est_tokens)
+                resp, usage = await self._attempt(data, est_tokens, on_id)
             except _Retry as e:
                 stats.errors_by_kind[e.kind] = stats.errors_by_kind.get(e.kind, 0) + 1
                 if attempts > self.max_retries:
@@ -217,7 +248,8 @@ class ChatClient:
             stats.completed += 1
             return Completion(resp, usage, reported_cost(usage), attempts, time.monotonic() - start)
 
-    async def _attempt(self, data: bytes, est_tokens: int) -> tuple[Response, dict[str, Any] | None]:
+    async def _attempt(self, data: bytes, est_tokens: int,
+                       on_id: Callable[[str], None] | None = None) -> tuple[Response, dict[str, Any] | None]:
         async with self._sem:
             if self._rpm is not None:
                 await self._rpm.acquire(1)
@@ -229,8 +261,8 @@ class ChatClient:
             try:
                 async with asyncio.timeout(self.timeout):
                     if self.stream:
-                        return await self._send_stream(data)
-                    return await self._send(data)
+                        return await self._send_stream(data, on_id)
+                    return await self._send(data, on_id)
             except TimeoutError:
                 raise _Retry("timeout", f"no complete answer within {self.timeout:g}s") from None
             except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
@@ -243,8 +275,11 @@ class ChatClient:
         req = httpx.Request("POST", self._url, headers=self._headers, content=data, extensions=self._extensions)
         return await self._transport.handle_async_request(req)
 
-    async def _send(self, data: bytes) -> tuple[Response, dict[str, Any] | None]:
+    async def _send(self, data: bytes, on_id: Callable[[str], None] | None = None
+                    ) -> tuple[Response, dict[str, Any] | None]:
         resp = await self._open(data)
+        if on_id is not None and (gen := resp.headers.get("x-generation-id")):
+            on_id(gen)
         try:
             raw = await resp.aread()
         finally:
@@ -257,8 +292,12 @@ class ChatClient:
             raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
         return parse_completion(doc, self._redact)
 
-    async def _send_stream(self, data: bytes) -> tuple[Response, dict[str, Any] | None]:
+    async def _send_stream(self, data: bytes, on_id: Callable[[str], None] | None = None
+                           ) -> tuple[Response, dict[str, Any] | None]:
         resp = await self._open(data)
+        if on_id is not None and (gen := resp.headers.get("x-generation-id")):
+            on_id(gen)
+            on_id = None
         try:
             if resp.status_code != 200:
                 self._status_error(resp.status_code, resp.headers, await resp.aread())
@@ -273,6 +312,9 @@ class ChatClient:
             try:
                 async for piece in resp.aiter_bytes():
                     acc.feed(piece)
+                    if on_id is not None and acc.id:  # the first chunk carries the generation's id
+                        on_id(acc.id)
+                        on_id = None
             except httpx.TransportError as e:
                 if _transport_kind(e) == "timeout":
                     raise
