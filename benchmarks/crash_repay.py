@@ -11,6 +11,11 @@ the provider's open requests), and R - P is what the client had been answered an
 durable. Targets: P <= R (every open request is paid again; the store holds nothing it was never
 sent) and R <= maxConcurrency (answers durable before their slot is freed); every prompt persisted
 exactly once at the end.
+
+And the money booked: after each kill, what the resume books as spent (`read_checkpoint`: the
+records' costs plus the killed workers' in-flight slots) is never below the provider's bill, and
+each kill adds at most maxConcurrency x the worst case of one request above it (the requests in
+flight, never the budget leased to the workers); the final run's spentUSD agrees, and the cap holds.
 """
 
 from __future__ import annotations
@@ -28,12 +33,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
+from decimal import Decimal
 
 from _common import children_of, cli_spec, run_eyrie, start_eyrie, write_prompt_file
 
 from eyrie.jobs.contract import records
+from eyrie.jobs.generate.budget.checkpoint import read_checkpoint
+from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
+from eyrie.jobs.generate.sending.requests import estimate_prompt_tokens
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.store import FileStore
+
+MAX_TOKENS = 64  # cli_spec's default
+MAX_USD = Decimal("1000")
 
 
 def tree_of(proc) -> list[int]:
@@ -62,6 +74,10 @@ def freeze_read_kill(proc, sim, wait_s: float = 10) -> int:
     proc.wait(timeout=30)
     return opened - left
 
+def plain(d: Decimal) -> str:
+    return format(d.normalize(), "f")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4000)
@@ -74,6 +90,14 @@ def main() -> int:
     rng = random.Random(args.seed)
     n, c = args.requests, args.concurrency
     rows = []
+    # one request's worst case (the longest prompt's estimate at the spec's prices), and the most a
+    # kill may add above the bill: all maxConcurrency requests in flight at it
+    text = f"Benchmark prompt {n}: say something short."
+    worst_usd = worst_case(Pricing(Decimal("0.60"), Decimal("2.50")),
+                           estimate_prompt_tokens([{"role": "user", "content": text}], None), MAX_TOKENS)
+    ceiling = c * worst_usd
+    money = []  # per kill: (billed, booked, what this kill added above the bill)
+    over_before = Decimal(0)
     with SimulatorProcess(SimulatorConfig(latency_ms=args.latency_ms)) as sim, tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         spec = cli_spec(Path(tmp) / "spec.yaml", write_prompt_file(Path(tmp) / "p.jsonl", n), out, sim.base_url, c,
@@ -94,16 +118,25 @@ def main() -> int:
             finally:
                 shutil.rmtree(ray_tmp, ignore_errors=True)
             billed = sim.stats()["completed"]
+            billed_usd = Decimal(sim.stats()["billedUSD"])
+            booked = read_checkpoint(store).spent  # what the resume starts from
+            money.append((billed_usd, booked, booked - billed_usd - over_before))
+            over_before = booked - billed_usd
             held = len(list(records.iter_records(store)))
             repaid, gap = billed - held - gap, billed - held
             rows.append((k, billed - before, repaid, provider_open))
             print(f"  kill {k + 1}: {billed - before:5d} answers billed this run; re-paid {repaid:3d} (billed, not "
                   f"in the store); the provider was answering {provider_open:3d} at the kill, so "
-                  f"{repaid - provider_open:3d} had been answered and were not yet durable", flush=True)
+                  f"{repaid - provider_open:3d} had been answered and were not yet durable; booked ${booked} vs billed "
+                  f"${billed_usd} (+${plain(money[-1][2])} this kill, ceiling ${plain(ceiling)})", flush=True)
         _wall, prog = run_eyrie(spec, ray=not args.inline)
         stats = sim.stats()
         ids = Counter(r["sample_id"] for r in records.iter_records(store))
     assert prog["outcome"] == "Done" and len(ids) == n and max(ids.values()) == 1, prog
+    final_billed, final_booked = Decimal(stats["billedUSD"]), Decimal(prog["spentUSD"])
+    money_miss = [k for k, (b, s, add) in enumerate(money) if not (b <= s <= MAX_USD and add <= ceiling)]
+    final_ok = final_billed <= final_booked <= final_billed + over_before and final_booked <= MAX_USD
+    most = max((add for _b, _s, add in money), default=Decimal(0))
     worst = max(rows, key=lambda r: r[2])
     over = [r for r in rows if r[2] > c or r[3] > r[2]]
     total_repaid = stats["completed"] - n
@@ -115,9 +148,16 @@ def main() -> int:
           f"re-paid in all {total_repaid} over {args.kills} kills; every prompt persisted once")
     print(f"  target: provider's in flight <= re-paid <= maxConcurrency at every kill: "
           f"{'met' if not over else f'missed at {len(over)} kills'}")
+    print(f"  money: booked after each kill never below the bill, at most +${plain(most)} above it per kill (ceiling "
+          f"maxConcurrency x worst case = {c} x ${plain(worst_usd)} = ${plain(ceiling)}); final spentUSD "
+          f"${final_booked} vs billed ${final_billed} (+${final_booked - final_billed}): "
+          f"{'met' if not money_miss and final_ok else f'missed at kills {money_miss}, final ok {final_ok}'}")
+    ok = not over and not money_miss and final_ok
     print(f"RESULT crash_repay max_repaid={worst[2]} provider_in_flight_then={worst[3]} max_concurrency={c} "
-          f"total_repaid={total_repaid} kills={args.kills} target=in_flight<=repaid<=max_concurrency "
-          f"{'PASS' if not over else 'MISS'}")
+          f"total_repaid={total_repaid} kills={args.kills} max_overbooked_per_kill={plain(most)} "
+          f"overbook_ceiling={plain(ceiling)} ratio={most / ceiling if ceiling else 0:.2f} "
+          f"worst_case={plain(worst_usd)} "
+          f"target=in_flight<=repaid<=max_concurrency,bill<=booked<=bill+ceiling {'PASS' if ok else 'MISS'}")
     return 0
 
 

@@ -3,7 +3,7 @@ import random
 from decimal import Decimal
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from eyrie.jobs.generate.budget.coordinator import Counts, RequestResult, RunCoordinator
@@ -199,3 +199,107 @@ def test_prompt_token_bounds_with_and_without_the_target_tokenizer():
     assert with_tok >= rendered + 3 * 3 and without >= with_tok
     # ...and the tokenizer's bound is far tighter than the byte count
     assert with_tok < 0.6 * without
+
+
+# ------------------------------------------------------------------ requests in flight (inflight.py)
+
+from eyrie.jobs.generate.budget.inflight import Drop, InflightBook  # noqa: E402
+
+INFLIGHT_OPS = ["open", "write", "land", "fail", "send", "bill", "durable", "release", "tick", "drain"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(concurrency=st.integers(min_value=1, max_value=6),
+       ops=st.lists(st.tuples(st.sampled_from(INFLIGHT_OPS), st.integers(0, 50), cents,
+                              st.floats(min_value=0, max_value=1), st.booleans()), min_size=1, max_size=250))
+@example(concurrency=1, ops=[  # a drop whose write may have landed: the slot it dropped covers nothing after
+    ("open", 0, D("0.05"), 0, False), ("write", 0, D(0), 0, False), ("land", 0, D(0), 0, False),
+    ("release", 0, D(0), 0, False), ("drain", 0, D(0), 0, False), ("fail", 0, D(0), 0, True),
+    ("open", 0, D("0.05"), 0, False), ("send", 0, D(0), 0, False), ("bill", 0, D(0), 1.0, False)])
+def test_what_a_kill_leaves_in_flight_is_bounded_by_the_persisted_slots(concurrency, ops):
+    """One worker's requests opened, sent, billed, made durable or released, and the slots' writes
+    landing, failing (landed or not: the store may hold either) or dropping idle slots, in random
+    order, with a kill possible after every step. At every moment, with `disk` what the store holds:
+    the bill is at most the records plus the persisted caps (B1: a kill never books below the bill),
+    the persisted slots are at most the requests ever open at once and each cap at most the largest
+    reservation (B2: a kill books at most concurrency x the worst case above the bill), and a live
+    stop that writes `abandoned()` books exactly the bill plus the unanswered ones' worst case."""
+    book = InflightBook()
+    disk: dict[int, Decimal] = {}
+    writing: dict[int, Decimal] | None = None
+    reqs: dict[int, dict] = {}  # rid -> amount, sent, cost (billed), durable
+    bill = records = D(0)
+    largest, most_open, rid_seq = D(0), 0, 0
+    for op, pick, amount, share, landed in ops:
+        live = [r for r, q in reqs.items() if not q["closed"]]
+        rid = live[pick % len(live)] if live else None
+        q = reqs.get(rid) if rid is not None else None
+        if op == "open" and len(live) < concurrency:
+            rid_seq += 1
+            reqs[rid_seq] = {"amount": amount, "sent": False, "cost": None, "closed": False}
+            book.open(rid_seq, amount)
+            largest, most_open = max(largest, amount), max(most_open, len(live) + 1)
+        elif op == "write" and writing is None:
+            writing = book.begin_write(Drop.NONE)
+        elif op in ("tick", "drain") and writing is None:
+            writing = book.begin_write(Drop.IDLE if op == "tick" else Drop.FREE)
+        elif op == "land" and writing is not None:
+            disk, writing = dict(writing), None
+            book.end_write()
+        elif op == "fail" and writing is not None:
+            if landed:  # the put reached the store, its answer did not reach us
+                disk = dict(writing)
+            writing = None
+            book.fail_write()
+        elif op == "send" and q is not None and not q["sent"] and book.covered(rid):
+            book.sending(rid)
+            q["sent"] = True
+        elif op == "bill" and q is not None and q["sent"] and q["cost"] is None:
+            q["cost"] = (q["amount"] * D(str(share))).quantize(D("0.0001"))
+            bill += q["cost"]
+            book.settle(rid, q["cost"])
+        elif op == "durable" and q is not None and q["cost"] is not None:
+            records += q["cost"]
+            q["closed"] = True
+            book.close(rid)
+        elif op == "release" and q is not None and q["cost"] is None:  # failed, nothing billed
+            q["closed"] = True
+            book.close(rid)
+        # a kill -9 now: the store holds `records` and `disk`
+        assert bill <= records + sum(disk.values())  # B1
+        assert len(disk) <= most_open <= concurrency and all(c <= largest for c in disk.values())  # B2
+        # a stop the worker lives through: it writes the requests it abandons exactly
+        exact = sum((f.cost if f.cost is not None else f.usd for f in book.abandoned()), D(0))
+        unanswered = sum((f.usd for f in book.abandoned() if f.cost is None), D(0))
+        assert bill <= records + exact <= bill + unanswered
+    # once nothing is in flight and the worker stops dispatching, its slots are dropped
+    for r, q in reqs.items():
+        if not q["closed"]:
+            book.close(r)
+    if writing is not None:
+        book.end_write()
+    book.begin_write(Drop.FREE)
+    book.end_write()
+    assert book.bound() == 0 and not book.slots
+
+
+def test_a_steady_worker_reuses_its_slots_without_writing():
+    """Requests of one size through 4 slots: 1 write for the first 4 (group commit), none after."""
+    book = InflightBook()
+    writes = 0
+    for rid in range(4):
+        assert not book.open(rid, D("0.01"))
+    book.begin_write()
+    book.end_write()
+    writes += 1
+    for rid in range(4, 400):
+        book.close(rid - 4)
+        assert book.open(rid, D("0.01")) and book.covered(rid)  # a freed slot covers the next one
+    assert writes == 1 and book.bound() == D("0.04")
+    assert book.droppable(Drop.IDLE) == []  # every slot was used this period
+    for rid in range(396, 400):
+        book.close(rid)
+    assert not book.open(400, D("0.02"))  # a larger reservation raises a free cap (one write), no new slot
+    assert len(book.slots) == 4 and book.bound() == D("0.04")
+    book.new_period()  # a tick: three slots were free at it
+    assert len(book.droppable(Drop.IDLE)) == 3  # still free at the next tick: dropped then

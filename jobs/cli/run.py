@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import time
-from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
@@ -146,11 +145,7 @@ def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
         out.append(f"resumed attempt {r['attempt']}: reused {r.get('reusedAnswers', 0)} answers "
                    f"({dollars(r.get('reusedUSD', 0))}) from earlier attempts; this attempt paid "
                    f"{dollars(r.get('paidUSD', 0))} for {r.get('requests', 0)} requests")
-    if Decimal(str(prog.get("unrecordedUSD") or 0)) > 0:
-        out.append(f"spent {dollars(prog['spentUSD'])} is {dollars(prog['unrecordedUSD'])} more than the records and "
-                   f"the audit show paid ({dollars(prog.get('paidUSD', 0))}): a run stopped at once or killed may have "
-                   "paid for answers it never stored, so the budget kept the bound it had persisted before granting "
-                   "them (budget.json) as spent; the cap held. Compare with the provider's bill")
+    out += abandoned_lines(prog)
     fp = prog.get("fingerprint") or {}
     if fp.get("accepted"):
         out.append(f"fingerprint {fp['id']}: new answers are labelled with it; earlier ones keep {fp.get('previous')} "
@@ -161,6 +156,27 @@ def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
         out += [f"  {describe_bad_row(b)}" for b in bad.get("first") or []]
         out.append(f"  all of them: {uri.rstrip('/')}/{bad.get('file')}")
     return out
+
+
+def abandoned_lines(prog: dict[str, Any]) -> list[str]:
+    """After a stop that abandoned requests in flight (Ctrl-C twice, kill -9, a lost worker): the
+    spend confirmed by the records, what the abandoned ones may still add, and what the provider said
+    they cost. Shown while some are only bounded, and by the attempt that booked or reconciled them."""
+    a = prog.get("abandoned") or {}
+    if not a.get("requests") or not (a.get("unreconciled") or a.get("thisAttempt")):
+        return []
+    parts = [f"confirmed spend {dollars(prog.get('paidUSD', 0))} (the stored answers)"]
+    if a.get("reconciled"):
+        parts.append(f"{a['reconciled']} requests abandoned in flight cost {dollars(a.get('reconciledUSD', 0))} "
+                     "(what the provider billed for them, or their answers that were never stored)")
+    if a.get("unreconciled"):
+        parts.append(f"up to {dollars(a.get('upToUSD', 0))} more may be billed for {a['unreconciled']} requests "
+                     "abandoned in flight (booked at their worst case until the provider says what they cost; "
+                     "compare with its bill)")
+    if a.get("keyUsageRoseUSD") is not None:
+        parts.append(f"the provider's key usage rose {dollars(a['keyUsageRoseUSD'])} during this attempt (GET /key; "
+                     "any other use of the key counts too)")
+    return ["; ".join(parts)]
 
 
 def _report(store: Store) -> None:

@@ -16,7 +16,8 @@ PROGRESS = "progress.json"
 AUDIT = "audit.json"
 AUDIT_ANSWERS = "audit/answers"  # what `eyrie audit` bought: one folder per settings fingerprint
 AUDIT_SHARDS = {"text": 0, "structured": 1}  # the audit's answers of each tools mode, as a shard
-BUDGET = "budget.json"  # the persisted upper bound of what may have been paid (see coordinator)
+BUDGET = "budget.json"  # requests stops abandoned in flight: their bounds and what they really cost
+INFLIGHT = "inflight"  # one object per sending worker: what bounds its requests in flight (generate/budget/inflight.py)
 FINGERPRINT = "fingerprint.json"  # what shaped the output's answers (contract/fingerprint.py)
 GENERATIONS = "generations"
 PLAN = "generations/plan.json"  # the shards' row ranges, kept by every attempt (generate/plan.py)
@@ -79,6 +80,11 @@ def parse_audit_answers_key(key: str) -> str | None:
 def probe_answers_key(writer: str, seq: int) -> str:
     """One group commit of the provider probe's records (`writer`, `seq` as in `journal_key`)."""
     return f"{PROBE_ANSWERS}/{writer}-{seq:08d}.jsonl.gz"
+
+
+def inflight_key(worker: str, writer: str) -> str:
+    """A sending worker's in-flight object (`writer`: 8 hex digits naming the worker instance)."""
+    return f"{INFLIGHT}/{worker}-{writer}.json"
 
 
 def samples_key(shard: int) -> str:

@@ -28,9 +28,10 @@ from eyrie.jobs.contract.money import usd
 from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress, write_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.extract.projection import stored_bytes_per_token
-from eyrie.jobs.generate.budget.checkpoint import BudgetCommitter, Checkpoint, read_checkpoint, read_committed
+from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
 from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.budget.forecast import forecaster
+from eyrie.jobs.generate.budget.reconcile import provider_key_usage
 from eyrie.jobs.generate.plan import ShardPlan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
 from eyrie.jobs.generate.probe.run import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
@@ -59,12 +60,15 @@ class GenerationResult:
 class _Stopper:
     """SIGTERM/SIGINT (Ray's stop_job, Ctrl-C): stop dispatching, let in-flight requests finish. A
     second SIGINT during that graceful stop (a user who will not wait) stops at once: the requests in
-    flight are abandoned (they may have been paid: the persisted budget bound keeps counting them),
-    and the run still ends with progress.json read from what is on disk, outcome Stopped, exit 6."""
+    flight are abandoned (they may have been paid: each worker writes them down, the provider is asked
+    what they cost, their worst case is booked until it says), and the run still ends with
+    progress.json read from what is on disk, outcome Stopped, exit 6."""
 
     def __init__(self) -> None:
         self.requested = False
         self.hard = False
+        self.signal: int | None = None  # the first one
+        self.announced = False
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Stopper:
@@ -84,7 +88,16 @@ class _Stopper:
         # what left progress.json disagreeing with the store; the run loops poll these flags
         if self.requested and signum == signal.SIGINT:
             self.hard = True
+        if not self.requested:
+            self.signal = signum
         self.requested = True
+
+    def acknowledge(self, in_flight: int, notify: Callable[[str], None]) -> None:
+        """The one line a first stop gets, once, from the run's loop (never from the handler)."""
+        if self.requested and not self.hard and not self.announced:
+            self.announced = True
+            more = "; Ctrl-C again to abandon them" if self.signal == signal.SIGINT else ""
+            notify(f"stopping: finishing {in_flight} requests in flight{more}")
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
@@ -104,6 +117,7 @@ class _Run:
     stopper: _Stopper
     monitor: _Monitor
     fingerprint: str | None = None  # the binding's id: every record's label, whatever the routing sent
+    notify: Callable[[str], None] = lambda _m: None
 
     def worker_config(self, worker_id: str) -> WorkerConfig:
         a, n = self.spec.api, self.spec.generation.ray.workers
@@ -130,6 +144,9 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                               now=now_iso())
     with _Stopper() as stopper:
         asyncio.run(preflight(spec, base_url, store, ctx.api_key))
+        # what a kill left in flight, booked before anything is sent
+        news = settle_stops(store, base_url, ctx.api_key).news
+        key_usage = provider_key_usage(base_url, ctx.api_key)  # the provider's own figure, shown after a stop
         try:
             plan = plan_shards(spec, store)  # a scan of each source; the driver holds no prompt
         except SourceError as e:
@@ -144,9 +161,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                                    on_progress or (lambda s: None))
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         ckpt = read_checkpoint(store, gate, resuming=True)
-        committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
-                       "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit, "commit": committer,
+                       "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec),
                        "forecast": forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens,
                                               stored_bytes_per_token(spec))}
@@ -156,7 +172,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress()})
         run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor,
-                   binding.fingerprint.id)
+                   binding.fingerprint.id, notify)
         if stop is not None:  # nothing to generate with: the run ends before its first request
             coord = RunCoordinator(**coordinator)
             asyncio.run(coord.stop(*stop))
@@ -164,16 +180,21 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         else:
             snapshot = monitor.merged(_run_inline(run) if inline else _run_ray(run))
         # still under the handlers: a signal now (a third Ctrl-C) cannot cut the accounting short
-        monitor.extra.update(_account(spec, store, snapshot, total, stopper.hard, start))
+        news += settle_stops(store, base_url, ctx.api_key).news  # a stop's abandoned requests, a lost worker's slots
+        monitor.extra.update(_account(spec, store, snapshot, total, stopper.hard, start, news))
+        stopped_in_flight = "abandoned" in snapshot and snapshot["abandoned"]["thisAttempt"]
+        if key_usage is not None and stopped_in_flight and (now := provider_key_usage(base_url, ctx.api_key)):
+            snapshot["abandoned"]["keyUsageRoseUSD"] = usd(now - key_usage)
         monitor.on_progress(monitor.merged(snapshot))
         monitor.write(snapshot)
     return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), monitor.merged(snapshot))
 
 
 def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: int, hard: bool,
-             start: Resume) -> dict[str, Any]:
+             start: Resume, news: int = 0) -> dict[str, Any]:
     """The final figures, read from the store: what is on disk is what progress.json says. Returns
-    the attempt's resume figures (also put into `snapshot`)."""
+    the attempt's resume figures (also put into `snapshot`). `news`: abandoned requests this attempt
+    booked or reconciled (what a kill before it left, what its own stop left)."""
     # The store is the truth: a worker lost before flushing reported answers that were never
     # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
     final_gate = ToolGate(spec.tools.gate)
@@ -181,8 +202,12 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
     final = read_checkpoint(store, final_gate, on_bad_row=lambda rec: bad.append(orjson.dumps(bad_row(rec))))
     if bad:
         store.put(BAD_ROWS, b"\n".join(bad) + b"\n")
-    if hard:  # abandoned requests may have been paid: the budget keeps the persisted bound
-        snapshot["spentUSD"] = usd(max(Decimal(snapshot["spentUSD"]), read_committed(store)))
+    # booked: the records' exact costs plus what stops abandoned in flight (their real cost where
+    # the provider said, else their worst case); the ledger's figure would also count leases
+    snapshot["spentUSD"] = usd(final.spent)
+    if final.abandoned.requests:
+        snapshot["abandoned"] = {**final.abandoned.to_json(), "thisAttempt": news}
+    if hard:
         if snapshot["outcome"] in (Outcome.RUNNING, Outcome.STOPPED):
             snapshot["outcome"], snapshot["message"] = Outcome.STOPPED, STOPPED_AT_ONCE
         else:  # it was draining after another stop (budget, drift): that stays the outcome
@@ -330,7 +355,8 @@ class _Monitor:
 
 STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"
 STOPPED_AT_ONCE = ("stopped at once by a second signal: the requests in flight were abandoned (they may have been "
-                   "paid; the budget counts them up to the persisted bound); resume by running again")
+                   "paid: their worst case is booked until the provider says what they cost); resume by running again")
+ABANDON_WAIT_S = 5.0  # under Ray, how long workers get to write down what they abandon before they are killed
 
 
 def _run_inline(plan: _Run) -> dict:
@@ -344,18 +370,18 @@ def _run_inline(plan: _Run) -> dict:
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
             if plan.stopper.hard:
-                await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE)
+                await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE, abandon=True)
                 for t in tasks:
-                    t.cancel()
+                    t.cancel()  # each worker writes down the requests it abandons (ShardWorker.run)
                 await asyncio.gather(*tasks, return_exceptions=True)
-                return coord.snapshot()  # no settle_commit: the bound keeps covering what was in flight
+                return coord.snapshot()
             if plan.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
+                plan.stopper.acknowledge(sum(len(w.inflight.book.flights) for w in workers), plan.notify)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
             await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
         for t in tasks:
             t.result()
-        await coord.settle_commit()
         return coord.snapshot()
 
     return run_loop(main())
@@ -408,14 +434,18 @@ def _run_ray(plan: _Run) -> dict:
                         nwid, nw, nref = start(i, restarts)
                         running[nref] = (i, nwid, nw)
             if plan.stopper.hard:
-                ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_AT_ONCE))
+                # workers hear it on their next report (REPORT_SECONDS), write down what they abandon
+                # and end; one that does not in time leaves its slots, the bound of the same requests
+                ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_AT_ONCE, True))
+                ray.wait(list(running), num_returns=len(running), timeout=ABANDON_WAIT_S)
                 for _i, _wid, w in running.values():
                     ray.kill(w, no_restart=True)
-                return ray.get(coord.snapshot.remote())  # no settle_commit: the bound covers what was in flight
+                return ray.get(coord.snapshot.remote())
+            snap = ray.get(coord.snapshot.remote())
             if plan.stopper.requested:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
-            plan.monitor.tick(ray.get(coord.snapshot.remote()))
-        ray.get(coord.settle_commit.remote())
+                plan.stopper.acknowledge(snap["inFlight"], plan.notify)
+            plan.monitor.tick(snap)
         return ray.get(coord.snapshot.remote())
     finally:
         ray.kill(coord)

@@ -97,8 +97,8 @@ def run_table(d: ReportData) -> Table:
     rows: list[tuple[str, Any]] = [
         ("output", d.uri), ("outcome", p.get("outcome")), ("stage", p.get("stage")), ("attempt", p.get("attempt")),
         ("spent", f"{dollars(spent)}{share}"),
-        ("paid (records)", f"{dollars(p['paidUSD'])}; {dollars(unrecorded)} of the spend held for requests "
-         "abandoned at a stop or kill (the persisted budget bound)" if unrecorded else None),
+        ("paid (records)", f"{dollars(p['paidUSD'])}; {dollars(unrecorded)} of the spend booked for requests "
+         "abandoned in flight at a stop or kill (their worst case until the provider says)" if unrecorded else None),
         ("audit spend", dollars(d.audit_spent) if d.audit_spent else None),
         ("forecast", _forecast(p)),
         ("hidden states (projected)", _hidden(p)),

@@ -15,7 +15,7 @@ What it promises:
 - **The same sample.** The default sample is a seeded random one of the tool-declaring prompts:
   each prompt's priority is a hash of (seed, sample id), and the N lowest are taken, so the sample
   of N+k holds the sample of N, whatever the order or the size of the sources.
-- **Paid from the budget.** Requests go through the run's coordinator and budget committer; what
+- **Paid from the budget.** Requests go through the run's coordinator and in-flight bounds; what
   the audit paid is part of the spend the next run starts from (`contract/audit.audit_spend`), and
   of what `eyrie report` shows as spent and paid per provider, as soon as an answer is durable.
 - `--from FILE` reads answers someone already paid for (`audit_from.py`): the same checks and
@@ -44,7 +44,7 @@ from eyrie.jobs.contract.fingerprint import audit_fingerprint, diff
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.audit import stats
-from eyrie.jobs.generate.budget.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.generate.budget.checkpoint import read_checkpoint, settle_stops
 from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.generate.preflight import preflight
@@ -285,7 +285,7 @@ async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
             rec = await worker.process(sid, prompt)
             if rec is not None:
                 sent += rec["status"] != "rejected"
-                await journal.commit(shard, rec)
+                await worker.commit(journal, shard, rec)
 
     workers = []
     for mode, items in todo.items():
@@ -307,7 +307,6 @@ async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
                 writer.cancel()
     for worker, _shard, _items in workers:
         await worker.budget.give_back()
-    await coord.settle_commit()
     return sent
 
 
@@ -324,11 +323,12 @@ def buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: A
         raise AuditError("this audit needs answers it does not have, and no provider was given")
     asyncio.run(preflight(spec, base_url, store, ctx.api_key))
     answers.write_settings()
+    # crash-safe like the run: what a kill left in flight is booked first, and each worker keeps its
+    # requests in flight bounded in the store, so a kill -9 mid-audit cannot let the next run
+    # spend past maxUSD
+    settle_stops(store, base_url, ctx.api_key)
     ckpt = read_checkpoint(store)
-    # crash-safe like the run: the bound of what may have been paid is persisted before it is
-    # granted, so a kill -9 mid-audit cannot let the next run spend past maxUSD
-    committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
-    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), count, [], commit=committer,
+    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), count, [],
                            workers=sum(bool(v) for v in todo.values()))
     sent = asyncio.run(_send(spec, base_url, ctx.api_key, todo, coord, answers))
     answers.compact(spec.generation.part_records)

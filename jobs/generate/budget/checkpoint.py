@@ -1,4 +1,11 @@
-"""What earlier attempts left in the store: the floor for spend, the counters, the committed bound."""
+"""What earlier attempts left in the store: what is booked as spent, the counters.
+
+Booked spend = what the records say was paid (exact: every durable answer's cost; the audit's and the
+probe's included) + what stops abandoned in flight (budget.json's ledger, and in-flight objects not
+merged into it yet: their real cost where known, else their bound). After any stop that is at least
+the provider's bill and at most the bill plus the worst case of the requests that were in flight
+(inflight.py); an older eyrie's persisted bound (`committedUSD`) stays a floor of the outputs it wrote.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-import orjson
-
-from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract import records
 from eyrie.jobs.contract.audit import audit_spend
-from eyrie.jobs.contract.progress import now_iso, read_progress
 from eyrie.jobs.contract.tally import Tally, cost_of
 from eyrie.jobs.generate.budget.coordinator import Counts, RequestResult
-from eyrie.jobs.generate.budget.pricing import usd
-from eyrie.jobs.store import NotFound, Store
+from eyrie.jobs.generate.budget.inflight import AbandonedTotals
+from eyrie.jobs.generate.budget.reconcile import capped, provider_asker, read_ledger, settle_abandoned, unmerged
+from eyrie.jobs.store import Store
 from eyrie.jobs.tools.checks import ResponseCheck
 from eyrie.jobs.tools.gate import ToolGate
 
@@ -23,13 +28,14 @@ from eyrie.jobs.tools.gate import ToolGate
 class Checkpoint:
     """What earlier attempts left in the store: the floor for spend and the counters."""
 
-    spent: Decimal  # what the budget counts as spent: at least `paid`, more after a kill (budget.json)
+    spent: Decimal  # booked: `paid` plus what stops abandoned in flight (`abandoned`)
     counts: Counts
     audit: Decimal  # paid by `eyrie audit` runs, part of `spent`
     costs: list[Decimal] = field(default_factory=list)  # what each persisted prompt cost, in store order
     probe: Decimal = Decimal(0)  # paid by the provider probe (its adopted answers included), part of `spent`
     paid: Decimal = Decimal(0)  # what the persisted records say was paid, the probe's included (the audit's not)
     tally: Tally = field(default_factory=Tally)  # the records by fingerprint and attempt, the bad rows
+    abandoned: AbandonedTotals = field(default_factory=AbandonedTotals)  # requests stops left in flight
 
 
 def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: bool = False,
@@ -65,34 +71,21 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
     probe = sum((cost_of(r) for r in records.iter_probe_records(store)), Decimal(0))
     spent += probe
     paid = spent
-    prev = read_progress(store)
-    if prev and prev.get("spentUSD"):
-        # progress also counts answers that were paid but never flushed before a crash...
-        spent = max(spent, Decimal(prev["spentUSD"]) - Decimal(prev.get("auditUSD") or "0"))
-    # ...and the committed bound covers even those paid after progress was last written
-    spent = max(spent, read_committed(store) - audit)
-    return Checkpoint(spent=spent + audit, counts=counts, audit=audit, costs=costs, probe=probe, paid=paid,
-                      tally=tally)
+    ledger, legacy = read_ledger(store)
+    new, _keys = unmerged(store, {a.source for a in ledger})  # a kill -9's, until the next attempt merges them
+    abandoned = AbandonedTotals.of(ledger + capped(ledger, new, paid + audit))
+    spent = paid + audit + abandoned.booked
+    if legacy is not None:  # an older eyrie's bound: spent plus everything leased
+        spent = max(spent, legacy)
+    return Checkpoint(spent=spent, counts=counts, audit=audit, costs=costs, probe=probe, paid=paid,
+                      tally=tally, abandoned=abandoned)
 
 
-@dataclass(frozen=True)
-class BudgetCommitter:
-    """Writes `<output>/budget.json`; picklable (the coordinator actor opens the store itself)."""
+def settle_stops(store: Store, base_url: str | None, api_key: str | None) -> AbandonedTotals:
+    """Book what stops left in flight into budget.json (`reconcile.settle_abandoned`), asking the
+    provider at `base_url` what it can; run where no worker is sending (an attempt's start and end)."""
+    def paid() -> Decimal:
+        c = read_checkpoint(store)
+        return c.paid + c.audit
 
-    uri: str
-    endpoint: str | None
-    region: str | None
-    attempt: str
-
-    def __call__(self, bound: Decimal) -> None:
-        from eyrie.jobs.store import open_store
-
-        doc = {"committedUSD": usd(bound), "attempt": self.attempt, "updatedAt": now_iso()}
-        open_store(self.uri, self.endpoint, None, self.region).put(layout.BUDGET, orjson.dumps(doc))
-
-
-def read_committed(store: Store) -> Decimal:
-    try:
-        return Decimal(orjson.loads(store.get(layout.BUDGET))["committedUSD"])
-    except NotFound:
-        return Decimal(0)
+    return settle_abandoned(store, paid, provider_asker(base_url, api_key) if base_url else None)

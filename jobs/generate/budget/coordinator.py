@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -84,23 +83,16 @@ class Counts:
                 "failed": self.failed}
 
 
-COMMIT_SHARE = Decimal("0.02")  # a commit raises the persisted bound by 2% of the budget...
-# ...or by the lease that asked, whichever is more
-
-
 class RunCoordinator:
-    """`commit`, when given, persists an upper bound of what may have been paid (spent + leased)
-    before any lease is granted past the last bound: a run killed with answers paid but not yet
-    reported resumes from that bound, so even kill -9 cannot take spend past maxUSD."""
+    """The ledger, gate and stop of one run. What a stop may leave paid and unrecorded is not its
+    business: each worker keeps its requests in flight bounded in the store (inflight.py), and the
+    final accounting reads the store (checkpoint.py)."""
 
     def __init__(self, max_usd: Decimal, spent: Decimal, counts: Counts, total: int,
-                 shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0),
-                 commit: Callable[[Decimal], None] | None = None, workers: int = 1,
+                 shards: list[int], gate: Any = None, audit_usd: Decimal = Decimal(0), workers: int = 1,
                  variants: Any = None, forecast: Forecaster | None = None):
         self.book = LeaseBook(max_usd=max_usd, workers=workers, spent=spent)
-        self._commit = commit
-        self.committed = spent
-        self._commit_lock = asyncio.Lock()
+        self.abandoning = False  # stopped at once: workers abandon what is in flight
         self._changed = asyncio.Condition()
         self.counts = counts
         self.total = total
@@ -168,13 +160,11 @@ class RunCoordinator:
                 if report.in_flight > 0:
                     return self._grant(w, renewal)
                 await self._changed.wait()
-        if self._commit is not None and self.book.exposure > self.committed:
-            await self._raise_commit(hint)
         return self._grant(w, Renewal.GRANTED)
 
     def _grant(self, worker: str, renewal: Renewal) -> Grant:
         return Grant(renewal, self.book.grants.get(worker, Decimal(0)), self.book.quota(worker),
-                     self.book.price_factor, stop=self.outcome != Outcome.RUNNING)
+                     self.book.price_factor, stop=self.outcome != Outcome.RUNNING, abandon=self.abandoning)
 
     def _canary_left(self) -> int | None:
         """Answers still needed before the first judgment (the gate's, or the forecast's when it may
@@ -215,22 +205,6 @@ class RunCoordinator:
         async with self._changed:
             self._changed.notify_all()
 
-    async def _raise_commit(self, step: Decimal) -> None:
-        async with self._commit_lock:
-            exposure = self.book.exposure
-            if exposure <= self.committed:  # another lease's commit covered this one
-                return
-            bound = min(self.book.max_usd, exposure + max(self.book.max_usd * COMMIT_SHARE, step))
-            await asyncio.to_thread(self._commit, bound)
-            self.committed = bound
-
-    async def settle_commit(self) -> None:
-        """A clean end: the persisted bound drops to the exact spend."""
-        if self._commit is not None:
-            async with self._commit_lock:
-                await asyncio.to_thread(self._commit, self.book.spent)
-                self.committed = self.book.spent
-
     def observe(self, obs: RequestResult) -> bool:
         self.counts.add(obs)
         self.retries += obs.retries
@@ -250,9 +224,12 @@ class RunCoordinator:
             self.forecast.add(obs.cost or Decimal(0), obs.input_tokens + obs.output_tokens)
         return self.outcome != Outcome.RUNNING
 
-    async def stop(self, outcome: str, message: str) -> None:
+    async def stop(self, outcome: str, message: str, abandon: bool = False) -> None:
+        """Stop the run (the first reason wins); `abandon`: at once, the requests in flight are not
+        waited for (workers learn it on their next call)."""
         self.calls += 1
         self._stop(outcome, message)
+        self.abandoning = self.abandoning or abandon
         await self._notify()
 
     def _stop(self, outcome: str, message: str) -> None:

@@ -12,8 +12,8 @@ slice on a renewal. So, with `grant[w]` the budget worker w may still spend:
 
 and a worker never spends past its grant (while providers charge at most the reservation; a charge
 above it raises the price factor for every later reservation, as in budget.py). Spend therefore
-never exceeds maxUSD, and `spent + sum(grant)` is the upper bound the coordinator persists to
-budget.json before granting past it (kill -9 safe).
+never exceeds maxUSD. A grant is not spend: what a stop may leave paid and unrecorded is bounded by
+the requests in flight (inflight.py), never by what was leased.
 
 Slices shrink as the budget runs out: a renewal grants min(hint, free / (2 x workers)), but never
 less than the request that asked (if that fits at all). A renewal that does not fit waits: for the
@@ -65,13 +65,14 @@ class Report:
 @dataclass(frozen=True)
 class Grant:
     """The coordinator's answer: the worker's whole grant now (held + new slice), its request quota
-    (None: unlimited) and whether the run stopped."""
+    (None: unlimited) and whether the run stopped (and whether at once)."""
 
     renewal: Renewal
     granted: Decimal
     quota: int | None
     price_factor: Decimal
     stop: bool = False
+    abandon: bool = False  # stopped at once: abandon the requests in flight, do not wait for them
 
 
 @dataclass
@@ -92,11 +93,6 @@ class LeaseBook:
     @property
     def leased(self) -> Decimal:
         return sum(self.grants.values(), Decimal(0))
-
-    @property
-    def exposure(self) -> Decimal:
-        """An upper bound of what may have been paid: spent plus everything leased."""
-        return self.spent + self.leased
 
     def report(self, r: Report) -> bool:
         """Account a report: its spend leaves the worker's grant for `spent`; what its open
@@ -215,6 +211,10 @@ class Lease:
     def mean_cost(self) -> Decimal | None:
         """What a request really cost on average so far (None before the first settlement)."""
         return self.total / self.settled if self.settled else None
+
+    def amount(self, rid: int) -> Decimal:
+        """What open reservation `rid` holds (its worst case at the price factor)."""
+        return self._open[rid]
 
     def release(self, rid: int) -> None:
         """The request was never paid (not sent, or failed with no charge)."""

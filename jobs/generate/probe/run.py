@@ -8,8 +8,8 @@ first `samples` prompts of the sources to each candidate pinned with `provider.o
 `usage.prompt_tokens` fits is decided by `reconstruct.variants`, per endpoint.
 
 What it promises:
-- **Inside the budget.** Requests go through the run's ledger (`RunCoordinator`, leases, the
-  committed bound in `budget.json` written before a lease is granted past it): the probe's spend
+- **Inside the budget.** Requests go through the run's ledger (`RunCoordinator`, leases, each
+  worker's requests in flight bounded in the store before they are sent): the probe's spend
   counts against `maxUSD` and a kill -9 at any moment cannot let the next attempt spend past it.
 - **Durable before release, paid once.** Each answer is in the store (`providers/answers/`, one
   object per group commit) before its slot is freed, keyed by (endpoint, hash of the request as
@@ -44,7 +44,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import InputError
-from eyrie.jobs.generate.budget.checkpoint import BudgetCommitter, read_checkpoint
+from eyrie.jobs.generate.budget.checkpoint import read_checkpoint, settle_stops
 from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.generate.plan import ShardPlan
@@ -303,7 +303,7 @@ async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url:
             if request_key(rec["request"]) != key:  # the body is built by the one code that sends it
                 raise RuntimeError(f"probe request for {tag} was not the body planned")
             rec["probe"] = {"endpoint": tag, "key": key}
-            await journal.commit(0, rec)
+            await worker.commit(journal, 0, rec)
             out.append(rec)
 
     async def endpoint(i: int, job: _Job) -> None:
@@ -338,7 +338,6 @@ async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url:
         finally:
             writer.cancel()
             sent.set()
-    await coord.settle_commit()
     return out
 
 
@@ -456,9 +455,9 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
     if todo:
         notify(f"provider probe: {len(prompts)} prompts to {len(jobs) - len(pre_failed)} endpoints of "
                f"{spec.target.model} ({todo} requests; {sum(len(v) for v in have.values())} answers reused)")
+        settle_stops(store, base_url, ctx.api_key)  # what a kill left in flight, booked before anything is sent
         ckpt = read_checkpoint(store)
-        committer = BudgetCommitter(store.uri, spec.output.endpoint, spec.output.region, ctx.attempt)
-        coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), todo, [], commit=committer,
+        coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), todo, [],
                                workers=sum(1 for j in jobs if j.todo))
         progress = None
         if on_progress is not None:

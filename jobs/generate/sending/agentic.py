@@ -81,5 +81,5 @@ async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | B
         response = sent.get("response") if sent.get("status") == "ok" else None
         sent["agentic"] = annotate(prepared.messages, answers, nt, response, spec.on_divergence, spec.max_turns,
                                    declared)
-        await worker.journal.commit(shard, sent)
+        await worker.commit(worker.journal, shard, sent)
         answers.append(response)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,12 +26,12 @@ from typing import Any
 from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed, reported_cost
 from eyrie.jobs.api.client import Completion
 from eyrie.jobs.context import api_key_from_env
-from eyrie.jobs.contract import records
+from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.fingerprint import fingerprint, generated_mode
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.budget.coordinator import RequestResult
-from eyrie.jobs.generate.budget.holder import LeaseHolder
+from eyrie.jobs.generate.budget.holder import Abandoned, InflightLog, LeaseHolder
 from eyrie.jobs.generate.budget.pricing import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
 from eyrie.jobs.generate.plan import ShardPlan
 from eyrie.jobs.generate.sending import agentic
@@ -118,7 +119,11 @@ class ShardWorker:
         # on every record: what shaped its answer (the run's binding: routing a probe derived is part of it)
         self.fingerprint = config.fingerprint or fingerprint(self.spec).id
         self.agentic = self.spec.generation.turns == "all"
-        self.budget = LeaseHolder(self._call, self.worker_id, self.concurrency)
+        key = layout.inflight_key(self.worker_id, secrets.token_hex(4))
+        meta = {"attempt": self.attempt, "worker": self.worker_id, "maxUSD": str(self.spec.budget.max_usd)}
+        self.inflight = InflightLog(lambda doc: self._store().put(key, doc), lambda: self._store().delete(key), meta)
+        self.budget = LeaseHolder(self._call, self.worker_id, self.concurrency, self.inflight)
+        self._unrecorded: dict[int, int] = {}  # id(record) -> its request's reservation, until durable
         self.persisted = 0
         self._tok: Any = False  # the target tokenizer; False: not loaded yet, None: none set
         self._counter: Callable[[str], int] | None = None
@@ -185,8 +190,14 @@ class ShardWorker:
             async with self.open_client():
                 await self._run_shards()
             await self.budget.give_back()
+        except asyncio.CancelledError:  # the run stopped at once: what was in flight is written down
+            await self.budget.abandon()
+            raise
         except Exception as e:  # an ExceptionGroup from the TaskGroup, or the client's own
             err = _first_cause(e)
+            if isinstance(err, Abandoned):  # the run stopped at once (under Ray: no cancel reaches here)
+                await self.budget.abandon()
+                return self.journal.durable
             message = f"worker {self.worker_id} stopped: {type(err).__name__}: {err}"
             if not isinstance(err, EyrieError):
                 log.error("%s", message, exc_info=err)  # a bug: keep its traceback
@@ -264,7 +275,7 @@ class ShardWorker:
         try:
             rec = await self.process(sid, prompt)
             if rec is not None:
-                await self.journal.commit(run.shard, rec)
+                await self.commit(self.journal, run.shard, rec)
                 answered = True
         finally:
             run.settle_one(answered)
@@ -307,6 +318,14 @@ class ShardWorker:
         """Persist a prompt that is never sent (nothing paid)."""
         await self.journal.commit(shard, self._rejected(rec, kind, reason))
 
+    async def commit(self, journal: Journal, shard: int, rec: records.Record) -> None:
+        """Make `rec` durable in `journal`; only then is its request no longer in flight (its cost is
+        in the store). Every caller of `process`/`send_prepared` persists through here."""
+        await journal.commit(shard, rec)
+        rid = self._unrecorded.pop(id(rec), None)
+        if rid is not None:
+            self.budget.durable(rid)
+
     async def process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
         """One prompt -> one record, or None when the run stopped before it was sent."""
         rec = self._base_record(sid, prompt)
@@ -333,9 +352,11 @@ class ShardWorker:
             if cost is None:
                 self.budget.release(rid, obs)
             else:
+                self._unrecorded[id(rec)] = rid
                 self.budget.settle(rid, cost, obs)
             return rec
         cost, obs = self._record_answer(rec, prepared, sent, amount)
+        self._unrecorded[id(rec)] = rid  # paid: in flight until `commit` makes the record durable
         if self.canary.wants(sent.response):  # each provider's canary: our prompt length per template variant
             obs.prompt_lengths = await asyncio.to_thread(self.canary.lengths, body, sent.response, sent.usage or {})
         self.budget.settle(rid, cost, obs)
@@ -352,8 +373,10 @@ class ShardWorker:
 
     async def _send(self, body: dict, est: int, rid: int) -> Completion | RequestFailed | None:
         """The answer, a per-sample failure, or None when the provider's error stops the run."""
+        self.budget.sending(rid)
         try:
-            return await self.client.complete(body, est_tokens=est)
+            return await self.client.complete(body, est_tokens=est,
+                                              on_id=lambda gen: self.budget.identify(rid, gen))
         except RequestFailed as e:  # this sample fails (retries spent, a refusal, a 4xx); the run goes on
             return e
         except InsufficientCredits as e:  # out of credits, a spent key or budget: the run stops
