@@ -17,6 +17,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_helpers import API_KEY, persisted, progress, simple_rows, spec_doc, spent_sum, write_rows, write_spec
 from proc_tree import kill_all
@@ -27,6 +29,7 @@ from eyrie.jobs.generate.budget.checkpoint import read_checkpoint
 from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
 from eyrie.jobs.store import open_store
 
+pytestmark = pytest.mark.integration  # tier (tests/conftest.py): `eyrie` as a process against a fake provider
 ENV = {**os.environ, "EYRIE_API_KEY": API_KEY, "EYRIE_NO_RAY": "1"}
 CONCURRENCY = 6
 # an upper bound of one request's worst case here (a few hundred prompt bytes, 256 output tokens)
