@@ -224,6 +224,26 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_sep("=", f"{len(nodes)} tests skipped for missing {what}", yellow=True)
         for node in nodes:
             terminalreporter.write_line(f"  {node}")
+    times = tier_times(terminalreporter.stats)
+    if times:  # what the README's table of tiers quotes, from one run of them all
+        terminalreporter.write_sep("=", "time per tier (setup to teardown; under -n N the workers' times added)")
+        terminalreporter.write_line(", ".join(f"{tier} {n} tests {s:.0f} s" for tier, (n, s) in times.items()))
+
+
+def tier_times(stats: dict[str, list[object]]) -> dict[str, tuple[int, float]]:
+    """Per tier, the tests that ran and the seconds their phases took, from the terminal reporter's reports."""
+    tests: dict[str, set[str]] = {}
+    seconds: dict[str, float] = {}
+    for reports in stats.values():
+        for rep in reports:
+            keywords, nodeid = getattr(rep, "keywords", None), getattr(rep, "nodeid", None)
+            if not isinstance(keywords, dict) or not nodeid or not hasattr(rep, "when"):
+                continue
+            tier = next((t for t in TIERS if t in keywords), None)
+            if tier is not None:
+                tests.setdefault(tier, set()).add(nodeid)
+                seconds[tier] = seconds.get(tier, 0.0) + float(getattr(rep, "duration", 0.0))
+    return {t: (len(tests[t]), seconds[t]) for t in TIERS if t in tests}
 
 
 # Test tiers (README "Tests"), kopf's and crate-operator's way: one marker per test, applied here by folder or by

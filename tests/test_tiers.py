@@ -26,6 +26,7 @@ from tests.conftest import (
     TIERS,
     UnitTierViolation,
     tier_of,
+    tier_times,
     xdist_scope,
 )
 
@@ -78,6 +79,17 @@ def test_under_xdist_the_node_and_the_cluster_each_go_to_one_worker_and_modules_
     assert xdist_scope("tests/test_fidelity.py::test_a") == xdist_scope("tests/test_fidelity.py::test_b[1]") == (
         "tests/test_fidelity.py")
     assert xdist_scope("tests/operator/test_kube.py::test_c") == "tests/operator/test_kube.py"
+
+
+def test_the_time_per_tier_adds_every_phase_of_each_test_once_counted():
+    from types import SimpleNamespace as R
+
+    stats = {"passed": [R(nodeid="a", when="call", duration=2.0, keywords={"unit": 1, "a": 1})],
+             "": [R(nodeid="a", when="setup", duration=0.5, keywords={"unit": 1}),
+                  R(nodeid="b", when="setup", duration=30.0, keywords={"node": 1, "b": 1})],
+             "failed": [R(nodeid="b", when="call", duration=60.0, keywords={"node": 1})],
+             "warnings": [R(message="not a report")]}
+    assert tier_times(stats) == {"unit": (1, 2.5), "node": (1, 90.0)}
 
 
 def test_a_unit_test_cannot_start_a_process(tmp_path):
