@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tool_validation import TOOLS, best_of, make_answers
 
-from eyrie.jobs.simulated_text import FORMATS, PlannedCall, write_calls
+from eyrie.jobs.simulator.text import FORMATS, PlannedCall, write_calls
 from eyrie.jobs.tools.checks import check_response
 from eyrie.jobs.tools.declarations import Prepared
 

@@ -1,7 +1,7 @@
 """Writes examples/prompts/agentic.jsonl: small multi-turn, tool-using conversations for the agentic
 quickstart (examples/quickstart-agentic.yaml). Written by the project; the dataset's tool calls are
 the ones the simulator plans for each user turn (`simulator.planned_calls`), so a simulated run
-follows the dataset except where `simulator.divergenceRate` makes it leave. Rerun after changing
+follows the dataset except where its simulator config file's `divergenceRate` makes it leave. Rerun after changing
 the simulator's planning; tests/test_conversation_run.py checks the file is current.
 """
 

@@ -50,7 +50,7 @@ class SpecError(InputError, ValueError):
         super().__init__("invalid DatasetGeneration spec:\n" + "\n".join(lines))
 
 
-def _usd(value: Any) -> Decimal:
+def parse_usd(value: Any) -> Decimal:
     """Money is a decimal string in YAML ("100.00"); numbers are accepted for convenience."""
     if isinstance(value, Decimal):
         return value
@@ -177,7 +177,7 @@ class MaxPrice(Model):
     audio: USD | None = None
 
     _money = field_validator("prompt", "completion", "request", "image", "audio", mode="before")(
-        lambda v: _usd(v) if v is not None else None
+        lambda v: parse_usd(v) if v is not None else None
     )
 
 
@@ -261,121 +261,20 @@ class SamplingSpec(Model):
     """OpenRouter reasoning settings, sent as `reasoning`."""
 
 
-class SimulatedTextFormats(Model):
-    """Weights of the formats the simulated model writes its text calls in (relative; 0: never)."""
-
-    glaive: float = Field(default=0, ge=0)
-    """`<functioncall> {"name": ..., "arguments": '...'}` (glaive-function-calling-v2)."""
-    hermes: float = Field(default=0, ge=0)
-    """`<tool_call>{...}</tool_call>` (Hermes, Qwen)."""
-    kimi: float = Field(default=0, ge=0)
-    """Kimi K2's native call section."""
-    deepseek: float = Field(default=0, ge=0)
-    """DeepSeek-V3.1's native calls."""
-    json_: float = Field(default=0, ge=0, alias="json")
-    """A bare or fenced JSON object `{"name": ..., "arguments": {...}}`."""
-
-    @model_validator(mode="after")
-    def _some(self) -> SimulatedTextFormats:
-        if not any(self.model_dump().values()):
-            raise ValueError("at least one format needs a weight above 0")
-        return self
-
-
-class SimulatedTextCalls(Model):
-    """How the simulated model answers a prompt whose functions are only described in its text
-    (`tools.mode: text`, the text side of `eyrie audit`). A model does not call as often, or as
-    well, from a description as from the API's `tools`; these say how much worse (docs/operating.md)."""
-
-    call_rate: float = Field(default=0.6, ge=0, le=1)
-    """Share of such prompts answered with a tool call written as text (structured: 0.8)."""
-    formats: SimulatedTextFormats = Field(default_factory=lambda: SimulatedTextFormats(
-        json=0.35, hermes=0.3, glaive=0.2, kimi=0.1, deepseek=0.05))  # type: ignore[call-arg]
-    """The formats those calls are written in; default json 0.35, hermes 0.3, glaive 0.2, kimi 0.1,
-    deepseek 0.05."""
-    invalid_share: float = Field(default=0.15, ge=0, le=1)
-    """Share of text calls that do not validate (a required argument left out; without one,
-    arguments that are not JSON)."""
-    prose_share: float = Field(default=0.5, ge=0, le=1)
-    """Share of the answers without a call that name a declared function in prose."""
 # An OpenRouter provider slug or endpoint tag: "moonshotai", "deepinfra/turbo", "google-vertex/us-east5".
 PROVIDER_TAG_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/[A-Za-z0-9][A-Za-z0-9._-]{0,63})?$"
 ProviderTag = Annotated[str, Field(pattern=PROVIDER_TAG_PATTERN)]
 
 
-class SimulatedProvider(Model):
-    """One endpoint the simulator serves for the model (`api.simulator.providers`): the endpoint
-    listing names it, requests route to it on `provider.only`/`order`, and it answers with its own
-    faults, so a local run shows the provider probe keeping some and dropping others."""
-
-    tag: ProviderTag
-    """Its endpoint tag (what `provider.only` names), e.g. moonshotai or fastinfra/fp8."""
-    name: str | None = Field(default=None, max_length=128)
-    """Its provider name (the listing's provider_name, the answers' `provider`); default: the tag."""
-    quantization: str | None = Field(default=None, max_length=32)
-    """Quantization the listing reports (fp8, bf16, int4, ...)."""
-    context_length: int = Field(default=131072, ge=16)
-    """Context window: a prompt plus answer longer than this is cut (finish_reason length)."""
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    """Longest answer the listing reports; unset: the context window."""
-    input_per_million: USD | None = None
-    """Its price per million prompt tokens (default: the simulator's)."""
-    output_per_million: USD | None = None
-    """Its price per million completion tokens (default: the simulator's)."""
-    latency_ms: float | None = Field(default=None, ge=0)
-    """Added latency per request (default: api.simulator.latencyMs)."""
-    tool_call_rate: float | None = Field(default=None, ge=0, le=1)
-    """Share of tool-declaring prompts answered with calls (default: the simulator's 0.8)."""
-    schema_error_rate: float = Field(default=0, ge=0, le=1)
-    """Share of its tool calls whose arguments break the declared schema (a required field dropped)."""
-    leak_rate: float = Field(default=0, ge=0, le=1)
-    """Share of its tool-calling answers whose calls come back as raw markers in the content."""
-    template_variant: str | None = Field(default=None, min_length=1, max_length=64)
-    """The template variant whose length it reports as usage.prompt_tokens (with target.tokenizer;
-    `unknown` for one eyrie does not know; default: api.simulator.templateVariant)."""
-    reasoning: Literal["full", "summarised", "encrypted", "none"] = "full"
-    """How it returns reasoning: as written, only a summary, encrypted, or not at all."""
-    supported_parameters: list[str] | None = None
-    """What the listing says it supports (default: every parameter the simulator honours)."""
-
-    _money = field_validator("input_per_million", "output_per_million", mode="before")(
-        lambda v: _usd(v) if v is not None else None
-    )
-
-
 class SimulatorSpec(Model):
-    """Only for `baseUrl: simulated`: the built-in simulator's behaviour (a demo/test tool)."""
+    """Only for `baseUrl: simulated`: what the built-in simulator serves by default (a demo/test tool). Its faults
+    and other demo and test behaviours are not part of this API: they are in a simulator config file (`config`),
+    the one `eyrie simulate --config` reads (docs/operating.md)."""
 
     latency_ms: float = Field(default=0, ge=0)
     """Added latency per request."""
-    fault_rate: float = Field(default=0, ge=0, le=1, description="Share of requests that fail.")
-    faults: list[
-        Literal["429", "429-no-retry-after", "500", "502", "503", "402", "402-in-flight", "403-moderation",
-                "timeout", "stream-cut", "200-error", "malformed-json", "empty-choices", "length-empty",
-                "leak", "byok"]
-    ] = Field(default_factory=list)
-    """Faults drawn at faultRate (all transient ones when empty): HTTP errors (402-in-flight is
-    OpenRouter's transient in-flight-budget 402, 403-moderation a flagged prompt), hangs, broken
-    streams and bodies, leaked tool-call markers, and byok (usage as billed with the user's own
-    provider key: OpenRouter's fee plus upstream_inference_cost)."""
     seed: int = 0
-    """Seed of the simulator's answers and fault draws."""
-    divergence_rate: float = Field(default=0, ge=0, le=1)
-    """Share of tool-calling turns where the simulated model calls another tool, with other
-    arguments or not at all (agentic sources, `generation.turns: all`)."""
-    template_variant: str | None = Field(default=None, min_length=1, max_length=64)
-    """The template variant whose prompt length the simulator reports as usage.prompt_tokens (with
-    target.tokenizer; default: the format's first); `unknown` serves one eyrie does not know."""
-    default_thinking: bool | None = None
-    """Whether the simulated model thinks when the request does not say (no `reasoning`): unset,
-    the template's default with no reasoning returned; false, a provider that silently serves the
-    model with thinking off (prompt tokens counted as the template renders it with thinking off);
-    true, one that thinks and returns the reasoning."""
-    completion_token_drift: float = Field(default=0, ge=0, le=1)
-    """A fault for tests and demos: each answer's usage.completion_tokens is off by up to this share
-    of the true count (a seeded draw per answer in [-share, +share]), as a provider counting with
-    another tokenizer does. 0: with target.tokenizer the count is exact (the tokens the answer is
-    rebuilt into), so the completion-token gap reads 0; without one, a quarter of its characters."""
+    """Seed of the simulator's answers (and of its faults' draws, with a config file)."""
     answer_model: str | None = Field(default=None, pattern=r"^builtin:tiny-chat(-[a-z0-9]+)?$")
     """A builtin chat model whose answers the simulator serves, as a provider serving that model
     would: the prompt as target.chatFormat renders it with target.tokenizer (set both to the model's
@@ -385,32 +284,19 @@ class SimulatorSpec(Model):
     impostor (`builtin:tiny-chat-seed1`, `-int8`, `-fp8`) serves another model under the same name,
     for fidelity to catch. Whether an answer calls a tool stays the simulator's own draw (its
     tool-call rate); the calls are the model's own when it writes valid calls of declared tools,
-    else the scripted ones. Prompts whose functions are only described as text keep `textCalls`
+    else the scripted ones. Prompts whose functions are only described as text keep the scripted text calls
     (unless `answerModelCalls: model`)."""
     answer_model_calls: Literal["simulator", "model"] = "simulator"
     """With answerModel, who decides the tool calls. `simulator`: its tool-call rate (above). `model`:
     the answer is wholly the model's greedy (or sampled) decoding, as a provider serving it gives it:
     with the API's `tools`, its `<tool_call>` blocks read as a Hermes parser reads them (every block's
     JSON parsed: calls, not checked against the schemas; else the whole text is content); with the
-    functions described only as text, its text as written, calls and all (`textCalls` unused), so
-    `eyrie audit` measures what the model itself does in each mode."""
-    text_calls: SimulatedTextCalls = Field(default_factory=SimulatedTextCalls)
-    """How the simulated model answers prompts whose functions are described only as text."""
-    text_calls_by_source: dict[str, SimulatedTextCalls] = Field(default_factory=dict)
-    """The same, per source name (its prompts are recognised by their last user message); sources
-    not named get `textCalls`."""
-    providers: list[SimulatedProvider] = Field(default_factory=list, max_length=64)
-    """Endpoints of the model, each with its own behaviour, routed on provider.only/order and listed
-    at /models/{author}/{slug}/endpoints; empty: one endpoint, eyrie-simulator."""
-
-    @field_validator("providers")
-    @classmethod
-    def _unique_tags(cls, v: list[SimulatedProvider]) -> list[SimulatedProvider]:
-        tags = [p.tag for p in v]
-        dupes = sorted({t for t in tags if tags.count(t) > 1})
-        if dupes:
-            raise ValueError(f"tags {', '.join(dupes)} named twice")
-        return v
+    functions described only as text, its text as written, calls and all (the config file's `textCalls`
+    unused), so `eyrie audit` measures what the model itself does in each mode."""
+    config: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A simulator config file (YAML or JSON; a relative path is taken next to the spec file): the faults it
+    injects, the endpoints it serves, the template variant it counts, how it answers text-declared functions,
+    for demos and tests (docs/operating.md, `eyrie simulate --config`)."""
 
 
 class ProbeThresholds(Model):
@@ -534,7 +420,7 @@ class PricingSpec(Model):
     output_per_million: USD = Field(description="USD per million completion tokens (decimal string).")
 
     _money = field_validator("input_per_million", "output_per_million", mode="before")(
-        lambda v: _usd(v)
+        lambda v: parse_usd(v)
     )
 
     @field_validator("input_per_million", "output_per_million")
@@ -559,7 +445,7 @@ class BudgetSpec(Model):
     spent) exceeds maxUSD: warn (show it in progress and status, go on) or suspend (stop before
     spending past the canary, reason ForecastOverBudget)."""
 
-    _money = field_validator("max_usd", mode="before")(lambda v: _usd(v))
+    _money = field_validator("max_usd", mode="before")(lambda v: parse_usd(v))
 
     @field_validator("max_usd")
     @classmethod
@@ -741,9 +627,6 @@ class DatasetGenerationSpec(Model):
                 "simulator listens on the driver's loopback, which Ray workers in a cluster never reach; use "
                 "generation.ray.mode Local, or a provider's URL")
         sim = self.api.simulator
-        if sim is not None and (unknown := sorted(set(sim.text_calls_by_source) - set(names))):
-            raise ValueError(f"api.simulator.textCallsBySource: no source named {', '.join(unknown)} "
-                             f"(sources: {', '.join(names)})")
         if sim is not None and sim.answer_model and not self.target.tokenizer:
             raise ValueError("api.simulator.answerModel: needs target.tokenizer (the model's own: "
                              "builtin:tiny-chat) to render the prompts it answers")
@@ -965,6 +848,9 @@ def load_spec(path: str | Path) -> DatasetGeneration:
     if "://" not in out.uri and not Path(out.uri).expanduser().is_absolute():
         out._relative = out.uri
         out.uri = str((p.parent / out.uri).resolve())
+    sim = dg.spec.api.simulator
+    if sim is not None and sim.config is not None and not Path(sim.config).expanduser().is_absolute():
+        sim.config = str((p.parent / sim.config).resolve())
     ex = dg.spec.extraction
     if isinstance(ex.layers, str) and ex.layers.startswith("specforge:"):
         ref = ex.layers.removeprefix("specforge:")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from eyrie.jobs.simulated_text import TextBehaviour
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess, planned_calls
+from eyrie.jobs.simulator.text import TextBehaviour
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_helpers import kill_tree, run_to_end, start_run, wait_persisted

@@ -73,7 +73,7 @@ def models_own_calls(folder, hf, messages, tools) -> list[dict] | None:
     invalid one; None where it strays into a call before closing its reasoning (the simulator then
     closes it and asks again: not predicted here)."""
     from eyrie.jobs.extract import tiny
-    from eyrie.jobs.simulator import STRAYS, THINK_END
+    from eyrie.jobs.simulator.answers import STRAYS, THINK_END
     from eyrie.jobs.tools.textcalls import parse_hermes
     from eyrie.jobs.tools.validation import ToolValidator
 

@@ -128,7 +128,7 @@ def test_the_operator_never_imports_the_cli():
 def test_generation_never_imports_the_simulator():
     g = graph()
     assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulator") == []
-    assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulated_text") == []
+    assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulator.text") == []
 
 
 def _eyrie_requires() -> list[str]:

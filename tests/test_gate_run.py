@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from eyrie.jobs.contract import layout, records
-from eyrie.jobs.simulated_text import TextBehaviour
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess, make_answer
+from eyrie.jobs.simulator.text import TextBehaviour
 from eyrie.jobs.store import open_store
 
 pytestmark = pytest.mark.integration  # tier (tests/conftest.py): `eyrie run` as a process against the simulator

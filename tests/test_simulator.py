@@ -21,19 +21,21 @@ import jsonschema
 import orjson
 import pytest
 
-from eyrie.jobs.simulated_text import TextBehaviour, break_arguments
+from eyrie.jobs.cli.simulate import simulate_main
 from eyrie.jobs.simulator import (
     FAULTS,
+    SimulatorBehaviour,
     SimulatorConfig,
+    SimulatorConfigError,
     SimulatorProcess,
     SimulatorServer,
-    _schema_value,
-    cli_main,
-    declared_text_functions,
-    kimi_markers,
     make_answer,
     planned_calls,
+    read_behaviour,
 )
+from eyrie.jobs.simulator.answers import declared_text_functions, kimi_markers, schema_value
+from eyrie.jobs.simulator.config import SimulatedProvider
+from eyrie.jobs.simulator.text import TextBehaviour, break_arguments
 from eyrie.jobs.sources import iter_source
 from eyrie.jobs.spec import DatasetGenerationSpec, SimulatorSpec
 from eyrie.jobs.tools.declarations import normalize_tools, prepare_prompt
@@ -178,7 +180,7 @@ def test_generated_arguments_validate(schema: dict[str, Any]) -> None:
     validator = jsonschema.validators.validator_for(schema)(schema)
     validator.check_schema(schema)
     for seed in range(40):
-        validator.validate(_schema_value(schema, random.Random(seed)))
+        validator.validate(schema_value(schema, random.Random(seed)))
 
 
 def test_broken_arguments_never_validate() -> None:
@@ -297,7 +299,7 @@ def test_text_declared_functions_are_called_as_text_at_their_rates_and_formats()
 
 
 def test_text_behaviour_per_source_is_recognised_by_the_prompt(tmp_path) -> None:
-    """api.simulator.textCallsBySource: the simulator knows a source's prompts by their last user
+    """A simulator config file's textCallsBySource: the simulator knows a source's prompts by their last user
     message, so one source's prompts can be called as glaive does and another's never."""
     system = "SYSTEM: " + GLAIVE_SYSTEM.removeprefix("SYSTEM: ")
     g = tmp_path / "g.jsonl"
@@ -309,9 +311,10 @@ def test_text_behaviour_per_source_is_recognised_by_the_prompt(tmp_path) -> None
                          for i in range(30)))
     doc = {"sources": [{"name": "glaive", "uri": str(g), "format": "glaive"}, {"name": "other", "uri": str(o)}],
            "target": {"model": "m"}, "budget": {"maxUSD": "1"}, "output": {"uri": str(tmp_path / "out")},
-           "api": {"baseUrl": "simulated", "simulator": {
-               "textCalls": {"callRate": 0, "proseShare": 0},
-               "textCallsBySource": {"glaive": {"callRate": 1, "formats": {"glaive": 1}, "invalidShare": 0}}}}}
+           "api": {"baseUrl": "simulated", "simulator": {"config": str(tmp_path / "sim.yaml")}}}
+    (tmp_path / "sim.yaml").write_text(json.dumps({
+        "textCalls": {"callRate": 0, "proseShare": 0},
+        "textCallsBySource": {"glaive": {"callRate": 1, "formats": {"glaive": 1}, "invalidShare": 0}}}))
     spec = DatasetGenerationSpec.model_validate(doc)
     cfg = SimulatorConfig.from_json(SimulatorConfig.from_spec(spec.api.simulator, spec.target, spec.sources).to_json())
     assert [s["name"] for s in cfg.text_sources] == ["glaive"]  # only the sources named are read
@@ -322,15 +325,20 @@ def test_text_behaviour_per_source_is_recognised_by_the_prompt(tmp_path) -> None
             plan = make_answer({"model": "m", "messages": prepared.messages}, cfg).text
             seen[(src.name, plan.source, plan.format, all(c.valid for c in plan.calls))] += 1
     assert seen == {("glaive", "glaive", "glaive", True): 30, ("other", None, None, True): 30}
-    with pytest.raises(ValueError, match="textCallsBySource: no source named nope"):
-        DatasetGenerationSpec.model_validate({**doc, "api": {"baseUrl": "simulated", "simulator": {
-            "textCallsBySource": {"nope": {}}}}})
-    with pytest.raises(ValueError, match="at least one format"):
-        SimulatorSpec.model_validate({"textCalls": {"formats": {"json": 0}}})
+    # a source the file names that the spec does not have is refused when the run starts the simulator, before
+    # anything is sent (pipeline.provider); a bad weight when the file is read
+    (tmp_path / "sim.yaml").write_text(json.dumps({"textCallsBySource": {"nope": {}}}))
+    with pytest.raises(SimulatorConfigError, match=r"sim\.yaml: textCallsBySource: no source named nope \(sources: "
+                                                   r"glaive, other\)"):
+        SimulatorConfig.from_spec(spec.api.simulator, spec.target, spec.sources)
+    (tmp_path / "sim.yaml").write_text(json.dumps({"textCalls": {"formats": {"json": 0}}}))
+    with pytest.raises(SimulatorConfigError, match=r"sim\.yaml: textCalls\.formats: .*at least one format"):
+        read_behaviour(tmp_path / "sim.yaml")
 
 
-def test_config_from_spec_json_round_trip_and_validation() -> None:
-    spec = SimulatorSpec(latencyMs=5, faultRate=0.25, faults=["429", "leak"], seed=9)
+def test_config_from_spec_json_round_trip_and_validation(tmp_path) -> None:
+    (tmp_path / "faults.yaml").write_text("faultRate: 0.25\nfaults: ['429', leak]\n")
+    spec = SimulatorSpec(latencyMs=5, seed=9, config=str(tmp_path / "faults.yaml"))
     cfg = SimulatorConfig.from_spec(spec)
     assert (cfg.latency_ms, cfg.fault_rate, cfg.faults, cfg.seed) == (5, 0.25, ["429", "leak"], 9)
     assert SimulatorConfig.from_spec(None) == SimulatorConfig()
@@ -609,21 +617,25 @@ def test_simulator_process_exits_when_its_parent_is_killed(tmp_path: Any) -> Non
 
 def test_cli_help_says_it_is_a_simulator_and_rejects_bad_faults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
-        cli_main(["--help"])
+        simulate_main(["--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "SIMULATED" in out and "demos and tests" in out and "127.0.0.1" in out
     with pytest.raises(SystemExit) as e:
-        cli_main(["--fault", "418"])
+        simulate_main(["--fault", "418"])
     assert e.value.code == 2
-    assert cli_main(["--fault-rate", "2"]) == 2
+    assert simulate_main(["--fault-rate", "2"]) == 2
     assert "fault_rate: 2.0 is not a probability" in capsys.readouterr().err
 
 
 @pytest.mark.integration
-def test_cli_process_prints_its_url_and_stops_on_sigterm() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.simulator", "--port", "0", "--fault", "500",
-                             "--fault-rate", "1"], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("how", ["flags", "config file"])
+def test_cli_process_prints_its_url_and_stops_on_sigterm(tmp_path, how) -> None:
+    """`eyrie simulate` with its faults as flags or in a simulator config file (what `api.simulator.config` names)."""
+    (tmp_path / "sim.yaml").write_text("faultRate: 1\nfaults: ['500']\n")
+    faults = ["--fault", "500", "--fault-rate", "1"] if how == "flags" else ["--config", str(tmp_path / "sim.yaml")]
+    proc = subprocess.Popen([sys.executable, "-m", "eyrie.jobs.cli", "simulate", "--port", "0", *faults],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -640,6 +652,17 @@ def test_cli_process_prints_its_url_and_stops_on_sigterm() -> None:
             proc.kill()
             proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_a_bad_simulator_config_file_is_refused_naming_the_file_and_the_field(tmp_path, capsys) -> None:
+    (tmp_path / "sim.yaml").write_text("faultRate: 2\n")
+    assert simulate_main(["--config", str(tmp_path / "sim.yaml")]) == 2
+    assert f"eyrie simulate: simulator config {tmp_path / 'sim.yaml'}: faultRate: " in capsys.readouterr().err
+    (tmp_path / "sim.yaml").write_text("faults: ['404']\n")
+    assert simulate_main(["--config", str(tmp_path / "sim.yaml")]) == 2
+    assert "faults.0:" in capsys.readouterr().err
+    assert simulate_main(["--config", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read it" in capsys.readouterr().err
 
 
 def test_agentic_turns_call_as_planned_answer_after_results_and_diverge_at_the_rate() -> None:
@@ -668,4 +691,32 @@ def test_agentic_turns_call_as_planned_answer_after_results_and_diverge_at_the_r
     assert 0.2 * n < left < 0.4 * n
     with pytest.raises(ValueError, match="divergence_rate"):
         SimulatorConfig(divergence_rate=1.5)
-    assert SimulatorConfig.from_spec(SimulatorSpec(divergenceRate=0.25)).divergence_rate == 0.25
+    assert SimulatorConfig().with_behaviour(SimulatorBehaviour(divergenceRate=0.25)).divergence_rate == 0.25
+
+
+def test_the_public_crd_holds_only_the_simulators_defaults_and_no_fault_or_demo_behaviour():
+    """v1alpha1 keeps what a user chooses for the embedded default (latency, seed, which builtin model answers) and
+    the name of a simulator config file; the faults and other demo and test behaviours are that file's
+    (SimulatorBehaviour), named nowhere in the CRD."""
+    from pathlib import Path
+
+    import yaml
+
+    crd_file = Path(__file__).resolve().parents[1] / "crds" / "datasetgenerations.eyrie.dev.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    sim = spec["properties"]["api"]["properties"]["simulator"]
+    assert set(sim["properties"]) == {"latencyMs", "seed", "answerModel", "answerModelCalls", "config"}
+
+    def names(schema: Any) -> set[str]:
+        if isinstance(schema, dict):
+            return set(schema.get("properties") or {}) | {n for v in schema.values() for n in names(v)}
+        return {n for v in schema for n in names(v)} if isinstance(schema, list) else set()
+    behaviours = set(SimulatorBehaviour.model_json_schema(by_alias=True)["properties"])
+    assert behaviours >= {"faultRate", "faults", "providers", "divergenceRate", "completionTokenDrift"}
+    endpoint = set(SimulatedProvider.model_json_schema(by_alias=True)["properties"])
+    assert not (behaviours | endpoint - {"latencyMs"}) & names(sim)  # an endpoint has a latency of its own too
+    # nowhere else either (target.templateVariant and providerProbe.providers are the run's own, not the simulator's)
+    elsewhere = (behaviours | {"schemaErrorRate", "leakRate", "toolCallRate"}) - {"templateVariant", "providers"}
+    assert not elsewhere & names(spec), elsewhere & names(spec)
+    assert not set(FAULTS) & set(json.dumps(spec).split('"'))  # no fault's name as an enum value

@@ -221,7 +221,10 @@ def run(tmp_path: Path, served: str | None, *, pinned: str | None = None, n: int
     target = {"model": "sim/model", "tokenizer": tokenizer, "chatFormat": fmt,
               **({"templateVariant": pinned} if pinned else {}),
               **({"onTemplateMismatch": on_mismatch} if on_mismatch else {})}
-    sim = {**({"templateVariant": served} if served else {}), **(simulator or {})}
+    behaviour = {**({"templateVariant": served} if served else {}), **(simulator or {})}  # a simulator config file
+    if behaviour:
+        (tmp_path / "simulator.yaml").write_text(yaml.safe_dump(behaviour))
+    sim = {"config": str(tmp_path / "simulator.yaml")} if behaviour else {}
     spec = {"sources": [{"name": "p", "uri": str(prompts(tmp_path / "p.jsonl", n)), "format": "openai"}],
             "target": target,
             "api": {"baseUrl": "simulated", "maxConcurrency": 4,

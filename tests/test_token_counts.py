@@ -1,6 +1,6 @@
 """usage as the simulated provider reports it with the target's tokenizer: completion tokens are the
 tokens the answer is made of (so a healthy run's completion-token gap is 0 on every sample), cut at
-the request's limit, and `api.simulator.completionTokenDrift` makes them drift (the fault the report's
+the request's limit, and a simulator config file's `completionTokenDrift` makes them drift (the fault the report's
 gap columns exist for)."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _lazy("eyrie.jobs.cli.run", "run_main"),
     "validate": _lazy("eyrie.jobs.cli.run", "validate_main"),
     "crd": _lazy("eyrie.jobs.cli.run", "crd_main"),
-    "simulate": _lazy("eyrie.jobs.simulator", "cli_main"),
+    "simulate": _lazy("eyrie.jobs.cli.simulate", "simulate_main"),
     "audit": _lazy("eyrie.jobs.cli.run", "audit_main"),
     "providers": _lazy("eyrie.jobs.cli.providers", "providers_main"),
     "report": _lazy("eyrie.jobs.cli.report", "report_main"),

@@ -1,7 +1,7 @@
 """How the simulated model answers when its functions are only described in the prompt (text mode).
 
-Part of the demo/test provider (`simulator.py`): per source (`api.simulator.textCallsBySource`, else
-`textCalls`), a share of such prompts is answered with calls written as text in a mix of formats, a
+Part of the demo/test provider (`simulator/`): per source (a simulator config file's `textCallsBySource`,
+else `textCalls`), a share of such prompts is answered with calls written as text in a mix of formats, a
 share of those calls do not validate, and some answers without a call name a function in prose.
 The writers here produce each format as the model family writes it (its official chat template's
 rendering of a call); eyrie reads answers with `tools/textcalls.py`, which never writes them, so a
@@ -22,7 +22,6 @@ import orjson
 
 from eyrie.jobs.reconstruct import kimi_facts as kimi
 from eyrie.jobs.reconstruct.deepseek import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
-from eyrie.jobs.spec import SimulatedTextCalls
 
 FORMATS = ("glaive", "hermes", "kimi", "deepseek", "json")
 MAX_INDEXED_ROWS = 1_000_000  # rows per source the simulator recognises by their prompt
@@ -30,7 +29,7 @@ MAX_INDEXED_ROWS = 1_000_000  # rows per source the simulator recognises by thei
 
 @dataclass(frozen=True)
 class TextBehaviour:
-    """`api.simulator.textCalls` (SimulatedTextCalls, whose defaults are the simulator's) as used here."""
+    """A simulator config file's `textCalls` (config.text_behaviour reads it) as the answers use it."""
 
     call_rate: float
     formats: dict[str, float]
@@ -47,12 +46,6 @@ class TextBehaviour:
                 or not sum(self.formats.values()):
             raise ValueError(f"simulator text calls formats: {self.formats} must weigh some of {list(FORMATS)}"
                              + (f" (unknown: {unknown})" if unknown else ""))
-
-    @classmethod
-    def from_spec(cls, spec: SimulatedTextCalls | None = None) -> TextBehaviour:
-        spec = spec or SimulatedTextCalls()
-        formats = {k: v for k, v in spec.formats.model_dump(by_alias=True).items() if v}
-        return cls(spec.call_rate, formats, spec.invalid_share, spec.prose_share)
 
     @classmethod
     def of(cls, value: TextBehaviour | dict[str, Any]) -> TextBehaviour:
