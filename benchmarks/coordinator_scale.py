@@ -62,7 +62,6 @@ class Protocol:
     waits: int
     spent: Decimal
     max_usd: Decimal
-    commits: int
     tail_seconds: float  # from the first refused renewal to the stop
 
 
@@ -71,9 +70,8 @@ async def protocol(workers: int, per_worker: int, latency: float, rpc: float, bu
     """The budget protocol with `workers` LeaseHolders against one RunCoordinator until exhaustion."""
     rng = random.Random(seed)
     max_usd = WORST * Decimal(budget_requests) * Decimal("0.3")  # answers cost 10-50% of their worst case
-    commits: list[Decimal] = []
     coord = RunCoordinator(max_usd=max_usd, spent=Decimal(0), counts=Counts(), total=10**9, shards=[],
-                           workers=workers, commit=commits.append)
+                           workers=workers)
     calls: Counter[str] = Counter()
     evaluations = {"n": 0, "waits": 0, "first_wait": None}
     renew = coord.book.renew
@@ -127,7 +125,7 @@ async def protocol(workers: int, per_worker: int, latency: float, rpc: float, bu
     end = time.monotonic()
     first = evaluations["first_wait"]
     return Protocol(workers, done["requests"], end - t0, calls, evaluations["n"], evaluations["waits"],
-                    coord.book.spent, max_usd, len(commits), end - first if first else 0.0)
+                    coord.book.spent, max_usd, end - first if first else 0.0)
 
 
 def call_cost(observations: int, rounds: int = 2000) -> float:
@@ -240,9 +238,8 @@ def main() -> int:
         print(f"  W={w:4d}: {p.requests:5d} requests in {p.seconds:5.1f} s; coordinator calls {total:6d} = "
               f"{total / p.seconds:6.1f}/s, {total / max(1, p.requests):.3f} per request (reports "
               f"{p.calls['report']}, renewals {p.calls['renewal']}, give-backs {p.calls['give_back']}); renewals "
-              f"evaluated {p.renew_evaluations} ({p.waits} waited), tail {p.tail_seconds:.1f} s; budget.json writes "
-              f"{p.commits}; stopped {gap:.2f} worst cases below maxUSD, spent <= maxUSD: "
-              f"{'yes' if p.spent <= p.max_usd else 'NO'}")
+              f"evaluated {p.renew_evaluations} ({p.waits} waited), tail {p.tail_seconds:.1f} s; stopped "
+              f"{gap:.2f} worst cases below maxUSD, spent <= maxUSD: {'yes' if p.spent <= p.max_usd else 'NO'}")
 
     print("2. CPU of one RunCoordinator.lease call in this process (no Ray):")
     costs = {k: call_cost(k, rounds=2000 if k < 100 else 300) for k in (0, 16, 128)}
