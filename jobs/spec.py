@@ -701,6 +701,17 @@ class ExtractionStatus(Model):
     bytes: int = 0
 
 
+class DisruptionStatus(Model):
+    """What the attempt's generation job lived through (progress.json's `restarts` and `workersLost`); each rise is
+    also a Warning event (`GenerationRestarted`, `WorkerLost`)."""
+
+    attempt: str = ""
+    restarts: int = 0
+    """Times its job started again after its driver was lost with the Ray head (KubeRay submitted it again)."""
+    workers_lost: int = 0
+    """Its shard workers lost with their Ray pods (their shards requeued, new workers started)."""
+
+
 class FidelityStatus(Model):
     samples: int = 0
     top1_agreement: float | None = None
@@ -744,6 +755,11 @@ class DatasetGenerationStatus(Model):
     fidelity: FidelityStatus | None = None
     providers: list[ProviderStatus] | None = None
     """The provider probe's verdict per endpoint, passing ones first, cheapest first."""
+    disruptions: DisruptionStatus | None = None
+    """Present once the current attempt's job was disrupted and carried on."""
+    retries: int | None = None
+    """Attempts the operator started after a RayJob failed with its job still running (a Warning event
+    `GenerationRetried` each); at most 2, then the run fails."""
     output_manifest: str | None = None
     """Where the dataset manifest is, once written."""
     output_report: str | None = None

@@ -228,6 +228,12 @@ def _counts(obs: Observation) -> dict[str, Any]:
         out["providers"] = p.providers
     elif "providers" in st:
         out["providers"] = st["providers"]
+    if "retries" in st:
+        out["retries"] = st["retries"]
+    if p and (p.restarts or p.workers_lost):
+        out["disruptions"] = {"attempt": p.attempt, "restarts": p.restarts, "workersLost": p.workers_lost}
+    elif "disruptions" in st:
+        out["disruptions"] = st["disruptions"]
     if (fid := status_fidelity(obs.fidelity)) is not None:
         out["fidelity"] = fid
     if obs.spec.extraction.enabled:
@@ -315,6 +321,7 @@ def reconcile(obs: Observation) -> Decision:
     _pods(p)
     attempt, current = _current_attempt(p)
     prog = _progress_of(obs, attempt)
+    _disruptions(p, prog)
     was_suspended = conditions.is_true(p.prev, SUSPENDED) and attempt == (st.get("attempt") or "1")
 
     if prog is not None and prog.outcome == Outcome.DONE:
@@ -336,6 +343,33 @@ def reconcile(obs: Observation) -> Decision:
     if prog is not None and prog.outcome == Outcome.FAILED:
         return _fail(p, attempt, "GenerationFailed", prog.message)
     return _generation(p, attempt, current[0] if current else None, prog, can_start)
+
+
+def _disruptions(p: _Pass, prog: Progress | None) -> None:
+    """A Warning event each time the current attempt's job was disrupted and carried on (progress.json's counts
+    rose above what the status last showed for that attempt): its driver lost with the Ray head and the job
+    submitted again, or shard workers lost with their pods. What eyrie did is in the message."""
+    if prog is None:
+        return
+    seen = p.obs.status.get("disruptions") or {}
+    if seen.get("attempt") != prog.attempt:
+        seen = {}
+    again = "the requests it had in flight may be paid again (at most spec.api.maxConcurrency)"
+    if prog.restarts > int(seen.get("restarts") or 0):
+        p.actions.append(Event(
+            "Warning", "GenerationRestarted",
+            f"generation attempt {prog.attempt} started again ({prog.restarts} time(s) in all): its driver on the "
+            f"Ray head ended without a word (the head pod deleted, evicted or out of memory) and KubeRay submitted "
+            f"the job again to the new head, where it resumed from {p.obs.spec.output.uri}: nothing persisted is "
+            f"requested again; {again}"))
+    lost = prog.workers_lost - int(seen.get("workersLost") or 0)
+    if lost > 0:
+        p.actions.append(Event(
+            "Warning", "WorkerLost",
+            f"{lost} shard worker(s) of generation attempt {prog.attempt} lost ({prog.workers_lost} in all): its Ray "
+            f"worker pod deleted, evicted or out of memory; its shards went back to the queue and new workers took "
+            f"them on the Ray cluster's pods (KubeRay replaces a lost pod); nothing persisted is requested again; "
+            f"{again.replace('it had', 'they had')}"))
 
 
 def _providers(p: _Pass) -> None:
@@ -541,6 +575,9 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
         p.cond(QUEUED, False, "NotQueued")
         if not can_start or accepted is False:
             return Decision(p.actions, p.status("Pending", attempt))
+        if any(c.attempt != attempt for c in obs.generation_children):
+            # an earlier attempt's child is still there (its deletion under way): never two jobs paying at once
+            return Decision(p.actions, p.status("Pending", attempt))
         accept = accepted if isinstance(accepted, str) else None
         body = None
         if obs.spec.generation.ray.mode == "RayJob":
@@ -548,6 +585,8 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
         p.actions.append(CreateGeneration(attempt, body, accept))
         return Decision(p.actions, p.status("Pending", attempt))
     if child.state == "Failed":
+        if _retryable(child, prog) and int(obs.status.get("retries") or 0) < GENERATION_RETRIES:
+            return _retry(p, attempt, child)
         return _fail(p, attempt, child.reason or "GenerationJobFailed",
                      child.message or f"generation child {child.name} failed")
     if child.state in ("Succeeded", "Stopped"):
@@ -568,6 +607,35 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                  and prog.samples.get("done", 0) < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
     return Decision(p.actions, p.status(phase, attempt))
+
+
+# How many times a run's generation is retried as a new attempt after its RayJob failed with the job still running
+# as far as the store knows (the head lost and KubeRay giving up on it, say): enough for a node's disruptions, few
+# enough that a failure that repeats ends the run.
+GENERATION_RETRIES = 2
+# KubeRay's reasons for a failed RayJob that a retry would meet again: its own refusal, a cluster that never came up
+# (an image, a pod that cannot be scheduled: PodsHealthy says which), a deadline the spec set
+NOT_RETRIED = frozenset({"ChildRejected", "PreRunningDeadlineExceeded", "DeadlineExceeded"})
+
+
+def _retryable(child: GenerationChild, prog: Progress | None) -> bool:
+    """A failed RayJob whose job never said how it ended (no progress of this attempt, or still Running): the
+    infrastructure failed, not the job (whose own failures write outcome Failed, a final GenerationFailed)."""
+    return child.reason not in NOT_RETRIED and (prog is None or prog.outcome == Outcome.RUNNING)
+
+
+def _retry(p: _Pass, attempt: str, child: GenerationChild) -> Decision:
+    """The operator owns the retry: the failed RayJob is deleted, and the next attempt's is created once it is gone
+    (one job paying at a time); it resumes from the store like a resume does."""
+    retries = int(p.obs.status.get("retries") or 0) + 1
+    nxt = next_attempt(attempt)
+    why = f"{child.reason or 'Failed'}" + (f": {child.message}" if child.message else "")
+    message = (f"generation attempt {attempt} failed before its job said how it ended (RayJob {child.name}: {why}); "
+               f"retried as attempt {nxt} ({retries} of {GENERATION_RETRIES}) once that RayJob is deleted, resuming "
+               f"from {p.obs.spec.output.uri}: nothing persisted is requested again, the requests it had in flight may "
+               f"be paid again (at most spec.api.maxConcurrency)")
+    p.actions += [Event("Warning", "GenerationRetried", message), DeleteGeneration(child.attempt, child.name)]
+    return Decision(p.actions, {**p.status("Pending", nxt), "retries": retries})
 
 
 def probing_message(probe: ProbeProgress) -> str:

@@ -225,3 +225,15 @@ def test_a_sample_resent_after_a_transient_failure_reads_as_its_later_record_in_
     parts = [records.decode_part(store.get(k)) for _s, _p, k in records.list_parts(store, 1)]
     assert [r["sample_id"] for r in parts[0]] == ["r3", "r4", "r4"]  # r3's older failure dropped
     assert [(r["sample_id"], r["status"]) for r in records.iter_records(store, 1)] == [("r3", "ok"), ("r4", "failed")]
+
+
+def test_a_second_start_of_the_same_attempt_is_a_restart_that_keeps_its_lost_workers() -> None:
+    """KubeRay submits an attempt's job again when its head was lost: the job then finds its own attempt's progress
+    (the operator numbers every new attempt afresh, a local run makes a unique one), counts a restart and carries the
+    workers lost so far, so that the operator can say so once per rise."""
+    from eyrie.jobs.generate.driver import Resume
+
+    assert Resume.disruptions_of(None, "1") == (0, 0)
+    assert Resume.disruptions_of({"attempt": "1", "outcome": "BudgetExhausted"}, "2") == (0, 0)  # a resume
+    assert Resume.disruptions_of({"attempt": "1", "outcome": "Running"}, "1") == (1, 0)
+    assert Resume.disruptions_of({"attempt": "1", "restarts": 1, "workersLost": 2}, "1") == (2, 2)

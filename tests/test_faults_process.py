@@ -113,6 +113,7 @@ def test_killed_ray_workers_are_replaced_and_their_shards_requeued(lost_workers)
     assert all(r["status"] == "ok" for r in recs)
     prog = progress(store)
     assert prog["outcome"] == "Done"
+    assert (prog["workersLost"], prog["restarts"]) == (2, 0)  # what the operator turns into WorkerLost events
     # paid twice: at most what was in flight when they died (every answer was durable before release)
     assert N <= lw.stats["completed"] <= N + CONCURRENCY
     # the lost workers' open reservations count as spent (the safe side): spend covers every bill

@@ -65,6 +65,10 @@ class Progress:
     forecast: Decimal | None = None  # projected total spend, once the canary is measured
     providers: list[dict[str, Any]] = field(default_factory=list)  # the provider probe's verdict per endpoint
     probe: ProbeProgress | None = None  # the provider probe under way (stage probe)
+    # disruptions of this attempt, cumulative: its job started again after its driver ended without a word (the
+    # Ray head lost; KubeRay submitted it again), and its shard workers lost (their Ray pods gone)
+    restarts: int = 0
+    workers_lost: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,15 @@ def parse_progress(doc: Any) -> Progress:
         run_id=str(doc.get("runId") or ""),
         forecast=_money(doc, "forecastUSD") if doc.get("forecastUSD") is not None else None,
         providers=_providers(doc), probe=_probe(doc),
+        restarts=_count(doc, "restarts"), workers_lost=_count(doc, "workersLost"),
     )
+
+
+def _count(doc: dict[str, Any], key: str) -> int:
+    value = doc.get(key, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProgressError(f"progress.json: {key} must be a count (a whole number >= 0), not {value!r}")
+    return value
 
 
 def _probe(doc: dict[str, Any]) -> ProbeProgress | None:

@@ -170,7 +170,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
         start = Resume.at_start(prev, ctx.attempt, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
-                           {**(probe.progress() if probe else {}), **start.progress()})
+                           {**(probe.progress() if probe else {}), **start.progress(),
+                            "workersLost": start.workers_lost})
         run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor,
                    binding.fingerprint.id, notify)
         if stop is not None:  # nothing to generate with: the run ends before its first request
@@ -279,10 +280,23 @@ class Resume:
     reused_answers: int
     reused_usd: Decimal
     binding: Binding
+    restarts: int = 0  # earlier starts of this same attempt (its job submitted again after its driver was lost)
+    workers_lost: int = 0  # this attempt's shard workers lost before this start
 
     @classmethod
     def at_start(cls, prev: dict | None, attempt: str, ckpt: Checkpoint, binding: Binding) -> Resume:
-        return cls(cls.attempts_of(prev, attempt), ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding)
+        restarts, lost = cls.disruptions_of(prev, attempt)
+        return cls(cls.attempts_of(prev, attempt), ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding,
+                   restarts=restarts, workers_lost=lost)
+
+    @staticmethod
+    def disruptions_of(prev: dict | None, attempt: str) -> tuple[int, int]:
+        """(this start's restarts, the workers lost before it) from the progress.json it found. The operator gives
+        every new attempt a new number (a local run makes a unique one), so progress of this same attempt means
+        that its job ran before and ended without a word: its Ray head was lost and KubeRay submitted it again."""
+        if prev is None or str(prev.get("attempt")) != attempt:
+            return 0, 0
+        return int(prev.get("restarts") or 0) + 1, int(prev.get("workersLost") or 0)
 
     @staticmethod
     def attempts_of(prev: dict | None, attempt: str) -> list[str]:
@@ -304,7 +318,7 @@ class Resume:
         bound = {"id": fp.id, "previous": self.binding.previous}
         if self.binding.kind == "accepted":
             bound["accepted"] = [c.field for c in self.binding.changes]
-        return {"attempts": self.attempts, "fingerprint": bound,
+        return {"attempts": self.attempts, "fingerprint": bound, "restarts": self.restarts,
                 "resume": {"attempt": self.number, "reusedAnswers": self.reused_answers,
                            "reusedUSD": usd(self.reused_usd)}}
 
@@ -429,6 +443,7 @@ def _run_ray(plan: _Run) -> dict:
                     ray.get(ref)
                 except RayActorError:
                     ray.get(coord.worker_lost.remote(wid))
+                    plan.monitor.extra["workersLost"] += 1  # the operator says so (a Warning event)
                     if restarts < MAX_WORKER_RESTARTS * n:
                         restarts += 1
                         nwid, nw, nref = start(i, restarts)

@@ -80,9 +80,11 @@ def prog(
     done: int = 500,
     stage: str = "generate",
     message: str = "",
+    **more: Any,
 ) -> Progress:
     return parse_progress(
         {
+            **more,
             "attempt": attempt,
             "outcome": outcome,
             "message": message,
@@ -413,6 +415,45 @@ CASES = [
         ["Event:Warning:DeadlineExceeded"],
         "Failed",
         conds={"Failed": ("True", "DeadlineExceeded")},
+    ),
+    Case(
+        "a RayJob failed with its job still running (the head lost, KubeRay gave up): retried as the next attempt",
+        obs(generation_children=(gen(state="Failed", reason="JobDeploymentStatusTransitionGracePeriodExceeded"),),
+            progress=prog()),
+        ["Event:Warning:GenerationRetried", "DeleteGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "the retry waits while the failed attempt's RayJob is still there: never two jobs at once",
+        obs(generation_children=(gen(state="Failed", reason="AppFailed"),), progress=prog(),
+            status={"attempt": "2", "retries": 1}),
+        ["DeleteGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "the failed RayJob gone: the retry's RayJob is created",
+        obs(progress=prog(), status={"attempt": "2", "retries": 1}),
+        ["CreateGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "a failure after the last retry fails the run",
+        obs(generation_children=(gen(attempt="3", state="Failed", reason="AppFailed", message="lost"),),
+            progress=prog(attempt="3"), status={"attempt": "3", "retries": 2}),
+        ["Event:Warning:AppFailed"],
+        "Failed",
+        attempt="3",
+        conds={"Failed": ("True", "AppFailed")},
+    ),
+    Case(
+        "a cluster that never came up is not retried",
+        obs(generation_children=(gen(state="Failed", reason="PreRunningDeadlineExceeded"),), progress=None),
+        ["Event:Warning:PreRunningDeadlineExceeded"],
+        "Failed",
+        conds={"Failed": ("True", "PreRunningDeadlineExceeded")},
     ),
     Case(
         "child ended without Done",
@@ -999,3 +1040,51 @@ def test_a_store_outage_mid_run_keeps_the_figures_and_says_how_long_it_waited() 
     [normal] = [a for a in back.actions if isinstance(a, Event)]
     assert (normal.type, normal.reason) == ("Normal", "OutputReadable")
     assert normal.message == f"s3://out/run is readable again (unreachable since {since})"
+
+
+def disruption_events(decision: Any) -> list[tuple[str, str]]:
+    return [(a.reason, a.message) for a in decision.actions
+            if isinstance(a, Event) and a.reason in ("GenerationRestarted", "WorkerLost")]
+
+
+def test_a_disrupted_attempt_says_once_what_happened_and_what_eyrie_did() -> None:
+    """The job restarted after its head was lost, then lost a worker: one Warning per rise, none on a pass that
+    finds the same counts, none for another attempt's, and the status keeps the counts of the current attempt."""
+    running = {"attempt": "1", "phase": "Generating"}
+    first = reconcile(obs(generation_children=(gen(),), progress=prog(restarts=1), status=running))
+    [(reason, message)] = disruption_events(first)
+    assert reason == "GenerationRestarted"
+    assert "generation attempt 1 started again (1 time(s) in all)" in message
+    assert "KubeRay submitted the job again" in message and "resumed from s3://out/run" in message
+    assert first.status["disruptions"] == {"attempt": "1", "restarts": 1, "workersLost": 0}
+    same = reconcile(obs(generation_children=(gen(),), progress=prog(restarts=1), status=first.status))
+    assert disruption_events(same) == []
+    lost = reconcile(obs(generation_children=(gen(),), progress=prog(restarts=1, workersLost=2), status=same.status))
+    [(reason, message)] = disruption_events(lost)
+    assert reason == "WorkerLost" and message.startswith("2 shard worker(s) of generation attempt 1 lost (2 in all)")
+    assert "shards went back to the queue" in message and "at most spec.api.maxConcurrency" in message
+    # a resumed attempt's counts start again: attempt 1's status is not what attempt 2 is compared with
+    resumed = reconcile(obs(generation_children=(gen(attempt="2"),),
+                            progress=prog(attempt="2", workersLost=1), status={**lost.status, "attempt": "2"}))
+    assert [r for r, _ in disruption_events(resumed)] == ["WorkerLost"]
+    assert resumed.status["disruptions"] == {"attempt": "2", "restarts": 0, "workersLost": 1}
+
+
+def test_progress_counts_of_disruptions_are_counts() -> None:
+    assert (prog(restarts=2, workersLost=3).restarts, prog(restarts=2, workersLost=3).workers_lost) == (2, 3)
+    assert (prog().restarts, prog().workers_lost) == (0, 0)
+    with pytest.raises(ProgressError, match="workersLost must be a count"):
+        prog(workersLost=-1)
+
+
+def test_a_retry_counts_and_says_what_it_does() -> None:
+    d = reconcile(obs(generation_children=(gen(state="Failed", reason="AppFailed", message="head lost"),),
+                      progress=prog(), status={"attempt": "1", "phase": "Generating", "spentUSD": "0.3"}))
+    assert (d.status["attempt"], d.status["retries"], d.status["spentUSD"]) == ("2", 1, "1")
+    [event] = [a for a in d.actions if isinstance(a, Event)]
+    assert event.message.startswith("generation attempt 1 failed before its job said how it ended (RayJob dg-gen-1: "
+                                    "AppFailed: head lost); retried as attempt 2 (1 of 2)")
+    assert "resuming from s3://out/run" in event.message and "at most spec.api.maxConcurrency" in event.message
+    again = reconcile(obs(generation_children=(gen(attempt="2", state="Failed", reason="AppFailed"),),
+                          progress=prog(attempt="2"), status=d.status))
+    assert (again.status["attempt"], again.status["retries"]) == ("3", 2)
