@@ -1,6 +1,6 @@
 """Where eyrie keeps what it builds or downloads once per machine: `$EYRIE_CACHE_DIR` (default
 `~/.cache/eyrie`), with `tokenizers/` (downloaded tokenizer folders) and `models/` (the builtin demo
-models). Below every stage, so a tokenizer loader and a model builder share it without importing
+models made on first use). Below every stage, so a tokenizer loader and a model builder share it without importing
 each other."""
 
 from __future__ import annotations
@@ -14,5 +14,6 @@ def cache_dir() -> Path:
 
 
 def models_dir() -> Path:
-    """The builtin models (`builtin:tiny-llama`, `builtin:tiny-chat` and its impostors)."""
+    """The builtin models built here (`builtin:tiny-llama`; tiny-chat's int8 and fp8 impostors, derived from
+    the weights eyrie ships)."""
     return cache_dir() / "models"

@@ -167,17 +167,35 @@ def s3_bucket(s3_env) -> str:
     return f"s3://{name}"
 
 
+@pytest.fixture(scope="session")
+def _process_state_as_found() -> dict:
+    """The process-global state as the last test left it (tests/process_state.py): first as the session
+    found it, before any fixture of a narrower scope ran; a key not there yet (torch not imported) from
+    when it appears."""
+    from tests.process_state import snapshot
+
+    return snapshot()
+
+
 @pytest.fixture(autouse=True)
-def _process_state_is_left_as_found(request) -> Iterator[None]:
-    """Fails the test after which torch's thread count or global seed, the working directory or the
-    root logger differ from before it (tests/process_state.py): library code leaves them as it found
-    them, so no test's outcome depends on which tests ran before it in the same process. A few
-    microseconds a test."""
+def _process_state_is_left_as_found(request, _process_state_as_found) -> Iterator[None]:
+    """Fails the test after which torch's thread count or global seed, the working directory, the root
+    logger or transformers' progress bars differ from before it (tests/process_state.py), and the test
+    before which they differ from how the last test left them (a module- or session-scoped fixture set
+    them): library code leaves them as it found them, so no test's outcome depends on which tests ran
+    before it in the same process. About 0.1 ms a test (a thread started to read torch's count)."""
     from tests.process_state import changes, snapshot
 
     before = snapshot()
+    earlier = changes(_process_state_as_found, before)
+    _process_state_as_found.update(before)  # said once, then taken as found
+    if earlier:
+        pytest.fail(f"process-global state changed since the last test ended, by a fixture of a wider scope "
+                    f"set up for {request.node.nodeid} or torn down before it: {'; '.join(earlier)}", pytrace=False)
     yield
-    if changed := changes(before, snapshot()):
+    after = snapshot()
+    _process_state_as_found.update(after)
+    if changed := changes(before, after):
         pytest.fail(f"{request.node.nodeid} left process-global state changed: {'; '.join(changed)}", pytrace=False)
 
 

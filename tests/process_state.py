@@ -1,6 +1,7 @@
 """What a test may not leave changed behind it: the process-global state library code must restore or
 leave to the process that owns it (torch's thread count and its global generator's seed, the working
-directory, the root logger). A snapshot, compared after every test by conftest's autouse fixture.
+directory, the root logger, transformers' progress bars). A snapshot, compared after every test by
+conftest's autouse fixture.
 
 Environment variables are not in it: Ray's own `ray.init` in a test's process writes some
 (RAY_AUTH_MODE, RAY_USAGE_STATS_ENABLED, PYTHONBREAKPOINT), which is Ray's and not eyrie's to undo;
@@ -27,6 +28,9 @@ def snapshot() -> dict[str, Any]:
         # pytest's own capture handlers come and go with each phase; any other is the code's
         "root logger handlers": [h for h in root.handlers if not type(h).__module__.startswith("_pytest")],
     }
+    hf_logging = sys.modules.get("transformers.utils.logging")
+    if hf_logging is not None and hasattr(hf_logging, "is_progress_bar_enabled"):
+        state["transformers' progress bars"] = hf_logging.is_progress_bar_enabled()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         state["torch.get_num_threads()"] = torch.get_num_threads()
@@ -47,6 +51,5 @@ def _in_new_thread(fn: Callable[[], Any]) -> Any:
 
 
 def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """What differs, worded (keys only in `after`, e.g. torch imported by the test, are not changes)."""
-    return [f"{k}: {before[k]!r} before the test, {after[k]!r} after" for k in before
-            if k in after and before[k] != after[k]]
+    """What differs, worded (keys in one only, e.g. torch imported meanwhile, are not changes)."""
+    return [f"{k}: {before[k]!r}, then {after[k]!r}" for k in before if k in after and before[k] != after[k]]

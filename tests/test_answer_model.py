@@ -138,11 +138,28 @@ async def test_an_impostor_writes_other_text_and_sampling_is_seeded(start_sim, m
     assert first["choices"][0]["message"]["content"] != greedy["choices"][0]["message"]["content"]
 
 
-def _greedy(hf, folder, messages, tools=None, limit=256):
+def _greedy(hf, folder, messages, tools=None, limit=256, prefix=""):
     from eyrie.jobs.extract import tiny
 
-    prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    prompt = hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False) + prefix
     return hf.decode(tiny.decode(folder, hf.encode(prompt, add_special_tokens=False), limit))
+
+
+def _as_served(hf, folder, messages, tools=None, limit=256):
+    """The loaded model's greedy answer as the simulator serves it (docs/operating.md): its reasoning up
+    to its own `</think>`; where it never closes it before straying into a call or the limit (the shipped
+    tiny-chat, sent the functions as text, writes spaces to the limit), the simulator closes it there and
+    the model goes on from after it (in half the limit)."""
+    from eyrie.jobs.simulator.answers import STRAYS, THINK, THINK_END
+
+    text = _greedy(hf, folder, messages, tools, limit)
+    close = text.find(THINK_END)
+    stray = min((i for m in STRAYS if (i := text.find(m)) >= 0), default=len(text))
+    if 0 <= close < stray:
+        return text
+    reasoning = text[len(THINK):stray].removeprefix("\n").strip("\n")
+    prefix = f"{THINK}\n{reasoning}\n{THINK_END}\n\n"
+    return prefix + _greedy(hf, folder, messages, tools, limit // 2, prefix).lstrip("\n")
 
 
 async def test_when_the_model_decides_its_calls_are_its_own_blocks_structured_and_its_text_as_text(start_sim,
@@ -150,7 +167,8 @@ async def test_when_the_model_decides_its_calls_are_its_own_blocks_structured_an
     """answerModelCalls: model. With `tools`, the served calls are exactly the `<tool_call>` blocks of
     the model's greedy answer, none where it writes none (the simulator's 0.8 draw plays no part);
     with the functions described in the system prompt, the served answer is the model's greedy text
-    verbatim, whatever it writes (a call as text or prose)."""
+    verbatim, whatever it writes (a call as text or prose), its reasoning closed by the simulator
+    where the model does not close it (`_as_served`)."""
     from eyrie.jobs.tools.declarations import render_text_declarations
     from eyrie.jobs.tools.textcalls import parse_hermes
 
@@ -164,7 +182,7 @@ async def test_when_the_model_decides_its_calls_are_its_own_blocks_structured_an
         choice = (await ask(sim, body))["choices"][0]
         served = [(c["function"]["name"], orjson.loads(c["function"]["arguments"]))
                   for c in choice["message"].get("tool_calls") or []]
-        answer = _greedy(hf, folder, messages, [WEATHER]).split("</think>", 1)[-1]
+        answer = _as_served(hf, folder, messages, [WEATHER]).split("</think>", 1)[-1]
         assert served == [(c.name, c.arguments) for c in parse_hermes(answer)], city
         assert choice["finish_reason"] in (("tool_calls",) if served else ("stop", "length"))
         overruled += bool(served) != bool(make_answer(body, scripted).tool_calls)  # the draw it ignores
@@ -174,7 +192,7 @@ async def test_when_the_model_decides_its_calls_are_its_own_blocks_structured_an
         assert not msg.get("tool_calls")
         end = "<|im_end|>" if choice["finish_reason"] == "stop" else ""
         served_text = f"<think>\n{msg['reasoning']}\n</think>\n\n{msg['content'] or ''}{end}"
-        assert served_text == _greedy(hf, folder, text_messages), city
+        assert served_text == _as_served(hf, folder, text_messages), city
     assert overruled >= 1  # the simulator's 0.8 draw would have decided otherwise somewhere
 
 

@@ -1,5 +1,5 @@
 """The README's first command, minus the install: the quickstart spec end to end (local Ray, the
-simulator serving the answers of a tiny chat model built on this machine, the same model scoring
+simulator serving the answers of the tiny chat model eyrie ships, the same model scoring
 them and writing hidden states), and the impostor example beside it (another model's answers
 under the same name: only fidelity sees it)."""
 

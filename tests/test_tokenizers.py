@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,13 +190,31 @@ def test_builtin_model_tokenizers_name_the_setting(monkeypatch):
         load_tokenizer(target("builtin:tiny-llama"))
     from eyrie.jobs.extract import tiny
 
-    def no_torch(name):
-        raise ModuleNotFoundError("No module named 'torch'", name="torch")
+    monkeypatch.setattr(tiny, "SHIPPED", tiny.SHIPPED.with_name("nowhere"))
+    tiny.clear_checks()
+    try:  # a broken install says what to do
+        with pytest.raises(TokenizerError, match=r"'builtin:tiny-chat-seed1': the builtin models' manifest "
+                                                 r".*nowhere.* cannot be read .*: reinstall eyrie"):
+            load_tokenizer(target("builtin:tiny-chat-seed1"))
+    finally:
+        tiny.clear_checks()
 
-    monkeypatch.setattr(tiny, "model_folder", no_torch)  # where torch is missing, the build says what to install
-    with pytest.raises(TokenizerError, match=r"'builtin:tiny-chat': .*torch is not installed here: "
-                                             r"install eyrie\[jobs\]"):
-        load_tokenizer(target("builtin:tiny-chat"))
+
+@pytest.mark.integration  # a Python process without torch
+def test_builtin_model_tokenizers_load_where_torch_cannot_be_imported():
+    """They ship with eyrie (the Ray worker image, without torch, reconstructs the quickstart's samples)."""
+    code = ("import sys\n"
+            "for m in ('torch', 'safetensors'): sys.modules[m] = None\n"
+            "from eyrie.jobs.reconstruct.tokenizers import load_tokenizer\n"
+            "from eyrie.jobs.spec import TargetSpec\n"
+            "for name in ('builtin:tiny-chat', 'builtin:tiny-chat-seed1', 'builtin:tiny-chat-fp8'):\n"
+            "    tok = load_tokenizer(TargetSpec(model='m', tokenizer=name))\n"
+            "    print(name, ','.join(map(str, tok.encode('<|im_start|>user Paris<|im_end|>'))), tok.sha256)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line.split() for line in r.stdout.splitlines()]
+    assert [n for n, _, _ in lines] == ["builtin:tiny-chat", "builtin:tiny-chat-seed1", "builtin:tiny-chat-fp8"]
+    assert {(v, h) for _, v, h in lines} == {(lines[0][1], lines[0][2])}  # one tokenizer: the recipe's corpus
 
 
 def test_unknown_hf_id_offline_names_the_setting(tmp_path, monkeypatch):

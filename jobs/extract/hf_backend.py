@@ -9,7 +9,8 @@ score the answers (`forward(..., score_from=...)`), over the completion rows in 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,21 @@ def _layers_of(decoder: torch.nn.Module) -> torch.nn.ModuleList:
     return layers
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' progress bars off for what runs inside (eyrie reports its own progress: no per-load
+    bars in job logs), then as they were: the setting is the process's, not this library's."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 class HFBackend:
     """Loads an `AutoModelForCausalLM` and returns per-sample (aux [T, kH], last [T, H]) tensors."""
 
@@ -47,16 +63,15 @@ class HFBackend:
     def __init__(self, model_path: str, *, device: str | None = None, storage_dtype: str = "bfloat16",
                  trust_remote_code: bool = False, compute_dtype: torch.dtype | None = None):
         from transformers import AutoConfig, AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # eyrie reports its own progress; no per-load bars in job logs
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = compute_dtype or default_compute_dtype(self.device, storage_dtype)
         try:
-            config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-            self.facts: ModelFacts = model_facts(config)
-            model = AutoModelForCausalLM.from_pretrained(
-                model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+            with no_progress_bars():
+                config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+                self.facts: ModelFacts = model_facts(config)
+                model = AutoModelForCausalLM.from_pretrained(
+                    model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"extraction.model {model_path!r} cannot be loaded: {e}") from None
         self.model = model.to(self.device).eval()

@@ -397,7 +397,7 @@ def builtin_model(name: str) -> str:
     its hidden states and scores meaning nothing. Both built once into the cache (no download)."""
     from eyrie.jobs.cache import models_dir
     from eyrie.jobs.extract import tiny
-    from eyrie.jobs.extract.hf_backend import build_tiny_model
+    from eyrie.jobs.extract.hf_backend import build_tiny_model, no_progress_bars
 
     if name in tiny.NAMES:
         return str(tiny.model_folder(name))
@@ -406,11 +406,9 @@ def builtin_model(name: str) -> str:
                               f"{', '.join((BUILTIN_TINY, *tiny.NAMES))}")
     folder = models_dir() / f"tiny-llama-{TINY_VOCAB}"
     if not (folder / "config.json").exists():
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        build_tiny_model(tmp, TINY_VOCAB)
+        with no_progress_bars():
+            build_tiny_model(tmp, TINY_VOCAB)
         if folder.exists():  # built meanwhile by another process
             shutil.rmtree(tmp, ignore_errors=True)
         else:

@@ -15,26 +15,45 @@ weights, every Linear quantized to int8 per output channel) and `-fp8` (a round 
 float8_e4m3fn, per-channel scales). A wrong chat template needs no model: render the prompt with
 another family's format.
 
-Built once into the cache (`$EYRIE_CACHE_DIR/models`, beside the tokenizers), in a temporary folder
-renamed into place, so concurrent builders never see half a model. Deterministic: one thread, fixed
-seeds (the figures are the same on one machine; another CPU may round differently).
+The trained models ship with eyrie (package data in `builtin/`, 0.9 MB of safetensors each, the
+sha256 of every file in `builtin/MANIFEST.json`, checked when a process first names the model): the
+same weights on every machine, so the figures measured on them (the quickstart's fidelity, the
+impostor's separation) are the same everywhere. `build` is how they were made, and how they are made
+again (`python hack/tiny_models.py` retrains both and rewrites the shipped files and their hashes;
+bump VERSION with the recipe): deterministic on one machine (one thread, fixed seeds), yet 800 steps
+of training carry a difference in the last bit of one sum into the weights themselves, so another CPU
+(or torch's kernels for another instruction set) trains another model of the same recipe, not these
+bits (tests/test_builtin_models.py measures by how much). The int8 and fp8 impostors are derived
+from the shipped tiny-chat on first use (`quantize`: elementwise IEEE arithmetic, exact on any CPU),
+into the cache (`$EYRIE_CACHE_DIR/models`, a temporary folder renamed into place so concurrent
+builders never see half a model), and their weights checked against the manifest's digest too.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-VERSION = 1  # bump when the recipe changes: the cache key
-NAMES = ("builtin:tiny-chat", "builtin:tiny-chat-seed1", "builtin:tiny-chat-int8", "builtin:tiny-chat-fp8")
+from eyrie.jobs.contract.extraction import ExtractionError
+
+VERSION = 1  # bump when the recipe changes; `python hack/tiny_models.py` then rebuilds the shipped models
+SHIPPED = Path(__file__).with_name("builtin")  # package data: the trained models and MANIFEST.json
+TRAINED = {"builtin:tiny-chat": 0, "builtin:tiny-chat-seed1": 1}  # name -> seed of `build`
+DERIVED = {"builtin:tiny-chat-int8": "int8", "builtin:tiny-chat-fp8": "fp8"}  # name -> `quantize` of tiny-chat
+NAMES = (*TRAINED, *DERIVED)
+WEIGHTS = "model.safetensors"
 STEPS = 800
 BATCH = 8
 MAX_LEN = 384  # tokens per training conversation (longer ones are cut)
@@ -264,7 +283,7 @@ def _train(tok: Any, examples: list[tuple[list[int], int]], seed: int, steps: in
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          bos_token_id=None)
-    torch.manual_seed(seed)  # in build's torch.random.fork_rng: the caller's global generator is left as it was
+    torch.manual_seed(seed)  # in build's own process
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
@@ -314,70 +333,210 @@ def quantize(model: Any, kind: str) -> None:
             m.weight.copy_((q * scale).to(m.weight.dtype))
 
 
+# What a build's arithmetic depends on, pinned in the process that trains (set before torch loads): one
+# thread, and the AVX2 kernels of torch (ATen), of MKL (its conditional numerical reproducibility mode)
+# and of oneDNN, which x86-64 CPUs of the last decade all run, instead of whatever each CPU runs fastest
+# (on this AMD EPYC, AVX-512 kernels train a model whose weights differ by up to 39% of a tensor's range).
+BUILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2",
+             "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def build(folder: str | Path, seed: int = 0, steps: int = STEPS) -> Path:
-    """Train the model (`seed`) and write it with its tokenizer into `folder`."""
+    """Train the model (`seed`) and write it with its tokenizer into `folder`: in a child process with
+    BUILD_ENV (kernels are chosen when torch loads, so only a fresh process can pin them; the caller's
+    torch is left as it was)."""
+    cmd = [sys.executable, "-m", "eyrie.jobs.extract.tiny", "build", str(folder), "--seed", str(seed),
+           "--steps", str(steps)]
+    r = subprocess.run(cmd, env={**os.environ, **BUILD_ENV}, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise BuiltinModelError(f"building a tiny chat model into {folder} failed: {r.stderr[-3000:]}")
+    return Path(folder)
+
+
+def build_platform() -> dict[str, Any]:
+    """What `build`'s bits depend on here, as its child process sees it (the CPU, the versions of the
+    libraries that compute, the kernels torch picked under BUILD_ENV): recorded in MANIFEST.json."""
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.extract.tiny", "platform"], env={**os.environ, **BUILD_ENV},
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def _platform_here() -> dict[str, Any]:
+    import platform
+
+    import tokenizers
+    import torch
+    import transformers
+
+    cpu: dict[str, str] = {}
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = (x.strip() for x in line.partition(":"))
+            if key in ("vendor_id", "model name", "cpu family", "model", "stepping") and key not in cpu:
+                cpu[key] = value
+    return {"machine": platform.machine(), "cpu": cpu, "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+            "cpuCapability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
+            "env": {k: os.environ.get(k) for k in BUILD_ENV}}
+
+
+def _build_here(folder: Path, seed: int, steps: int) -> None:
+    """`build`'s child (this process is its own: torch's settings are its to set)."""
     import torch
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # deterministic, and on a loaded machine far faster than several
-    try:
-        with torch.random.fork_rng(devices=[]):
-            convs = corpus(3000)
-            tok = _tokenizer(_render([*c["messages"], assistant_message(c)], c["tools"]) for c in convs)
-            model = _train(tok, _examples(tok, convs), seed, steps)
-    finally:
-        torch.set_num_threads(threads)
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    convs = corpus(3000)
+    tok = _tokenizer(_render([*c["messages"], assistant_message(c)], c["tools"]) for c in convs)
+    model = _train(tok, _examples(tok, convs), seed, steps)
+    folder.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
 
 
-def quantized_copy(src: str | Path, folder: str | Path, kind: str) -> Path:
-    """The model in `src` with its weights rounded (`quantize`), written with its tokenizer into `folder`."""
+class BuiltinModelError(ExtractionError):
+    """A shipped model's file (or a derived one's weights) is not what MANIFEST.json says: never
+    rebuilt silently, since a rebuilt model is another model (see the module's docstring)."""
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def weights_sha256(tensors: dict[str, Any]) -> str:
+    """A digest of named tensors (names, dtypes, shapes, bytes) that does not depend on how a file
+    lays them out: the check of a derived model's weights, whatever wrote its file."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+_REBUILD = "python hack/tiny_models.py (it retrains them and rewrites builtin/ and MANIFEST.json)"
+
+
+@functools.lru_cache(maxsize=1)
+def manifest() -> dict[str, Any]:
+    """builtin/MANIFEST.json: the recipe VERSION, the platform the models were trained on, and per
+    model the sha256 of each shipped file (trained) or the digest of its weights (derived)."""
+    path = SHIPPED / "MANIFEST.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BuiltinModelError(f"the builtin models' manifest {path} cannot be read ({e}): reinstall eyrie") from e
+    if doc.get("version") != VERSION:
+        raise BuiltinModelError(f"the shipped builtin models are of recipe version {doc.get('version')}, "
+                                f"jobs/extract/tiny.py's VERSION is {VERSION}: rebuild them with {_REBUILD}")
+    return doc
+
+
+_CHECKED: set[str] = set()  # folders whose files matched the manifest in this process
+_CHECK_LOCK = threading.Lock()
+
+
+def _check_shipped(name: str) -> Path:
+    entry = manifest()["models"][name]
+    folder = SHIPPED / entry["folder"]
+    with _CHECK_LOCK:
+        if str(folder) in _CHECKED:
+            return folder
+        for file, want in entry["files"].items():
+            path = folder / file
+            got = file_sha256(path) if path.is_file() else "missing"
+            if got != want:
+                raise BuiltinModelError(f"{name}: {path} has sha256 {got}, MANIFEST.json says {want}: reinstall "
+                                        f"eyrie, or if the recipe changed, rebuild them with {_REBUILD}")
+        _CHECKED.add(str(folder))
+    return folder
+
+
+def clear_checks() -> None:
+    """Forget the manifest and which folders matched it (tests, or a long-lived process whose files changed)."""
+    manifest.cache_clear()
+    with _CHECK_LOCK:
+        _CHECKED.clear()
+
+
+def _check_derived(name: str, folder: Path) -> None:
+    from safetensors.torch import load_file
+
+    want = manifest()["models"][name]["weightsSha256"]
+    with _CHECK_LOCK:
+        if str(folder) in _CHECKED:
+            return
+        got = weights_sha256(load_file(folder / WEIGHTS))
+        if got != want:
+            raise BuiltinModelError(f"{name}: the weights in {folder / WEIGHTS} have digest {got}, MANIFEST.json "
+                                    f"says {want}: delete {folder} to derive it again from the shipped tiny-chat")
+        _CHECKED.add(str(folder))
+
+
+def derive(src: Path, folder: Path, kind: str) -> Path:
+    """The model in `src` with its weights rounded (`quantize`) into `folder`: its weights written anew,
+    every other file (config, tokenizer, template) copied byte for byte."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     quantize(model, kind)
-    out = Path(folder)
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    return out
+    folder.mkdir(parents=True, exist_ok=True)
+    scratch = folder / ".weights"
+    model.save_pretrained(scratch)
+    (scratch / WEIGHTS).replace(folder / WEIGHTS)
+    shutil.rmtree(scratch)
+    for f in src.iterdir():
+        if f.is_file() and f.name != WEIGHTS:
+            shutil.copyfile(f, folder / f.name)
+    return folder
 
 
 _BUILD_LOCK = threading.RLock()
 
 
 def model_folder(name: str) -> Path:
-    """The folder of `builtin:tiny-chat` (or one of its impostors, NAMES), built on first use."""
+    """The folder of `builtin:tiny-chat` or one of its impostors (NAMES): a shipped one's files
+    checked against the manifest, a derived one derived into the cache on first use and checked."""
     from eyrie.jobs.cache import models_dir
-    from eyrie.jobs.contract.extraction import ExtractionError
 
     if name not in NAMES:
         raise ExtractionError(f"unknown builtin chat model {name!r}; known: {', '.join(NAMES)}")
-    suffix = name.removeprefix("builtin:tiny-chat").lstrip("-")
-    folder = models_dir() / f"tiny-chat-v{VERSION}{'-' + suffix if suffix else ''}"
-    if (folder / "config.json").exists():
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # one builder per machine (a simulator and an extraction starting together wait for one build)
-    with _BUILD_LOCK, open(folder.with_name(folder.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / "config.json").exists():
-            tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}-{threading.get_ident()}")
-            if suffix in ("int8", "fp8"):
-                quantized_copy(model_folder(NAMES[0]), tmp, suffix)
-            else:
-                build(tmp, seed=1 if suffix == "seed1" else 0)
-            if folder.exists():  # built meanwhile by another process
-                shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                tmp.replace(folder)
+    if name in TRAINED:
+        return _check_shipped(name)
+    src = _check_shipped(NAMES[0])
+    kind = DERIVED[name]
+    # keyed by the shipped weights: a cache derived from other weights (an older eyrie's) is never taken
+    base = manifest()["models"][NAMES[0]]["files"][WEIGHTS][:12]
+    folder = models_dir() / f"tiny-chat-v{VERSION}-{base}-{kind}"
+    if not (folder / "config.json").exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # one builder per machine (a simulator and an extraction starting together wait for one build)
+        with _BUILD_LOCK, open(folder.with_name(folder.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (folder / "config.json").exists():
+                tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}-{threading.get_ident()}")
+                try:
+                    _check_derived(name, derive(src, tmp, kind))
+                    tmp.replace(folder)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                with _CHECK_LOCK:
+                    _CHECKED.add(str(folder))
+    _check_derived(name, folder)
     return folder
+
+
+def tokenizer_folder(name: str) -> Path:
+    """Where a builtin model's tokenizer is, without torch: an impostor's files other than its
+    weights are tiny-chat's, byte for byte, so its tokenizer is read from the shipped tiny-chat."""
+    if name not in NAMES:
+        raise ExtractionError(f"unknown builtin chat model {name!r}; known: {', '.join(NAMES)}")
+    return _check_shipped(name if name in TRAINED else NAMES[0])
 
 
 # ------------------------------------------------------------------------------- decoding
@@ -430,3 +589,26 @@ def decode(folder: str | Path, prompt_ids: list[int], max_new_tokens: int, tempe
                 break
             step = model(torch.tensor([[nxt]]), past_key_values=step.past_key_values, use_cache=True)
     return out
+
+
+def _main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m eyrie.jobs.extract.tiny", description="build's child process (and "
+                                "what it computes on: `platform`)")
+    p.add_argument("command", choices=["build", "platform"])
+    p.add_argument("folder", type=Path, nargs="?")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=STEPS)
+    a = p.parse_args(argv)
+    if a.command == "platform":
+        print(json.dumps(_platform_here()))
+    elif a.folder is None:
+        p.error("build needs a folder")
+    else:
+        _build_here(a.folder, a.seed, a.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

