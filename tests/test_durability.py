@@ -233,7 +233,11 @@ def test_a_second_start_of_the_same_attempt_is_a_restart_that_keeps_its_lost_wor
     workers lost so far, so that the operator can say so once per rise."""
     from eyrie.jobs.generate.driver import Resume
 
-    assert Resume.disruptions_of(None, "1") == (0, 0)
-    assert Resume.disruptions_of({"attempt": "1", "outcome": "BudgetExhausted"}, "2") == (0, 0)  # a resume
-    assert Resume.disruptions_of({"attempt": "1", "outcome": "Running"}, "1") == (1, 0)
-    assert Resume.disruptions_of({"attempt": "1", "restarts": 1, "workersLost": 2}, "1") == (2, 2)
+    run = "uid-a"
+    assert Resume.disruptions_of(None, "1", run) == (0, 0)
+    assert Resume.disruptions_of({"attempt": "1", "runId": run, "outcome": "BudgetExhausted"}, "2", run) == (0, 0)
+    assert Resume.disruptions_of({"attempt": "1", "runId": run, "outcome": "Running"}, "1", run) == (1, 0)
+    assert Resume.disruptions_of({"attempt": "1", "runId": run, "restarts": 1, "workersLost": 2}, "1", run) == (2, 2)
+    # `kubectl delete dsg`, then the same spec applied again: a new object, attempt 1 again, not a restart
+    assert Resume.disruptions_of({"attempt": "1", "runId": run, "outcome": "Running"}, "1", "uid-b") == (0, 0)
+    assert Resume.disruptions_of({"attempt": "1", "outcome": "Running"}, "1", None) == (1, 0)  # local, no uid

@@ -168,7 +168,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                                               stored_bytes_per_token(spec))}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
-        start = Resume.at_start(prev, ctx.attempt, ckpt, binding)
+        start = Resume.at_start(prev, ctx.attempt, ctx.run_id, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress(),
                             "workersLost": start.workers_lost})
@@ -284,17 +284,19 @@ class Resume:
     workers_lost: int = 0  # this attempt's shard workers lost before this start
 
     @classmethod
-    def at_start(cls, prev: dict | None, attempt: str, ckpt: Checkpoint, binding: Binding) -> Resume:
-        restarts, lost = cls.disruptions_of(prev, attempt)
+    def at_start(cls, prev: dict | None, attempt: str, run_id: str | None, ckpt: Checkpoint,
+                 binding: Binding) -> Resume:
+        restarts, lost = cls.disruptions_of(prev, attempt, run_id)
         return cls(cls.attempts_of(prev, attempt), ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding,
                    restarts=restarts, workers_lost=lost)
 
     @staticmethod
-    def disruptions_of(prev: dict | None, attempt: str) -> tuple[int, int]:
+    def disruptions_of(prev: dict | None, attempt: str, run_id: str | None) -> tuple[int, int]:
         """(this start's restarts, the workers lost before it) from the progress.json it found. The operator gives
-        every new attempt a new number (a local run makes a unique one), so progress of this same attempt means
-        that its job ran before and ended without a word: its Ray head was lost and KubeRay submitted it again."""
-        if prev is None or str(prev.get("attempt")) != attempt:
+        every new attempt of a DatasetGeneration a new number (a local run makes a unique one), so progress of this
+        same attempt and object (`runId`: a deleted and recreated object starts at attempt 1 again) means that its
+        job ran before and ended without a word: its Ray head was lost and KubeRay submitted it again."""
+        if prev is None or str(prev.get("attempt")) != attempt or (prev.get("runId") or None) != (run_id or None):
             return 0, 0
         return int(prev.get("restarts") or 0) + 1, int(prev.get("workersLost") or 0)
 
