@@ -23,17 +23,25 @@ from .testbed import DSG
 
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[str]:
-    """`ray start --head --block` in its own process group, stopped by that group's id."""
+    """`ray start --head --block` in its own process group, stopped by that group's id.
+
+    Ray's CLI as this interpreter's module, not the `ray` script beside it: Ray's workers (the run's driver's
+    coordinator and shard actors) run the Python `ray start` ran under, which must be the one eyrie is installed
+    in; a venv's `ray` may be a link to another environment's script (its shebang that environment's Python).
+    """
     tmp = Path(tempfile.mkdtemp(prefix="eyr-", dir="/tmp"))  # Ray's socket paths must stay short
     port = free_port()
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
-    cmd = [str(Path(bin_dir) / "ray"), "start", "--head", "--block", "--port=0", f"--dashboard-port={port}",
-           f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-           "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2", "--disable-usage-stats",
-           f"--temp-dir={tmp}"]
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", "--port=0",
+           f"--dashboard-port={port}", f"--ray-client-server-port={free_port()}",
+           f"--dashboard-agent-listen-port={free_port()}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+           "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={tmp}"]
     log = (tmp / "ray.log").open("wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # cwd: not the checkout. The dashboard's forkserver is `python -c`, which puts the cwd first on sys.path,
+    # where the checkout's operator/ (eyrie.operator's source) shadows the stdlib's `operator`: an interpreter
+    # whose site-packages hold no .pth that happens to import it first dies there on `import collections`.
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
     address = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -70,14 +78,14 @@ def test_submit_mode_runs_once_across_an_operator_restart(cluster, operator: Ope
         cluster.create(DSG, NS, dsg("sub", spec))
         client = JobSubmissionClient(ray_head)
         sid = "eyrie-default-sub-1"
-        wait_for("submission", lambda: any(j.submission_id == sid for j in client.list_jobs()), timeout=30)
+        wait_for("submission", lambda: any(j.submission_id == sid for j in client.list_jobs()), timeout=120)
         operator.kill()  # restart while the job runs: it must not be submitted a second time
         operator.start()
-        wait_for("Succeeded", phase_is(cluster, "sub", "Succeeded"), timeout=45)
+        wait_for("Succeeded", phase_is(cluster, "sub", "Succeeded"), timeout=180)
         assert sim.stats()["completed"] == 10
     ours = [j for j in client.list_jobs() if (j.submission_id or "").startswith("eyrie-default-sub-")]
     assert [j.submission_id for j in ours] == [sid]
-    wait_for("the driver to exit", lambda: client.get_job_status(sid).value == "SUCCEEDED", timeout=15)
+    wait_for("the driver to exit", lambda: client.get_job_status(sid).value == "SUCCEEDED", timeout=60)
     env_vars = (ours[0].runtime_env or {}).get("env_vars") or {}
     assert env_vars["EYRIE_ATTEMPT"] == "1"
     assert env_vars["RAY_JOB_STOP_WAIT_TIME_S"] == "40"  # requestTimeoutSeconds 10 + 30
@@ -98,15 +106,16 @@ def test_submit_mode_suspend_stops_the_job_gracefully_and_resume_submits_attempt
         spec["generation"]["ray"] = {"mode": "Submit", "address": ray_head}
         cluster.create(DSG, NS, dsg("subp", spec))
         wait_for("some samples done", lambda: (status_of(cluster, "subp").get("samples") or {}).get("done", 0) >= 2,
-                 timeout=90)
+                 timeout=180)
         cluster.patch(DSG, NS, "subp", {"spec": {"suspend": True}})
+        # under the 40 s RAY_JOB_STOP_WAIT_TIME_S after which Ray kills the driver: it left on SIGTERM alone
         wait_for("Ray stopped attempt 1", lambda: client.get_job_status("eyrie-default-subp-1").value == "STOPPED",
-                 timeout=20)
-        wait_for("Suspended", phase_is(cluster, "subp", "Suspended"))
+                 timeout=35)
+        wait_for("Suspended", phase_is(cluster, "subp", "Suspended"), timeout=60)
         assert condition(cluster, "subp", "Suspended")["reason"] == "SuspendedByUser"
         assert status_of(cluster, "subp")["samples"]["done"] < 30
         cluster.patch(DSG, NS, "subp", {"spec": {"suspend": False}})
-        wait_for("Succeeded", phase_is(cluster, "subp", "Succeeded"), timeout=40)
+        wait_for("Succeeded", phase_is(cluster, "subp", "Succeeded"), timeout=180)
         stats = sim.stats()
     assert stats["completed"] == 30  # attempt 2 re-requested nothing attempt 1 persisted
     ids = sorted(j.submission_id for j in client.list_jobs()
