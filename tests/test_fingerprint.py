@@ -19,15 +19,17 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from fault_helpers import API_KEY, persisted, progress, simple_rows, spec_doc, write_rows, write_spec
 
-from eyrie.jobs.contract import layout
+from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.fingerprint import (
     FIELDS,
     Fingerprint,
     FingerprintChanged,
     audit_fingerprint,
     bind,
+    bind_output,
     diff,
     fingerprint,
+    write_doc,
 )
 from eyrie.jobs.errors import InputError
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
@@ -95,6 +97,40 @@ def test_agentic_policy_counts_only_for_whole_conversations():
     base = {"generation.turns": "all"}
     assert fingerprint(spec_of(**base)).id != fingerprint(spec_of(**base, **{"generation.maxTurns": 3})).id
     assert fingerprint(spec_of()).id == fingerprint(spec_of(**{"generation.maxTurns": 3})).id
+
+
+def test_the_simulator_config_file_counts_by_what_it_says_not_where_it_lies(tmp_path):
+    (tmp_path / "a.yaml").write_text("# faults for the demo\nfaultRate: 0.1\nfaults: ['500']\n")
+    (tmp_path / "b.json").write_text('{"faults": ["500"], "faultRate": 0.1}')
+    here, moved = (spec_of(**{"api.simulator.config": str(tmp_path / n)}) for n in ("a.yaml", "b.json"))
+    assert fingerprint(here).fields["api.simulator"]["config"] == {"faultRate": 0.1, "faults": ["500"]}
+    assert fingerprint(here).id == fingerprint(moved).id  # another path, the same behaviours
+    assert fingerprint(here).id != fingerprint(spec_of()).id  # a file's faults against none
+    (tmp_path / "a.yaml").write_text("faultRate: 0.2\nfaults: ['500']\n")  # the same spec, the file edited
+    [change] = diff(fingerprint(moved).fields, fingerprint(here).fields)
+    assert change.field == "api.simulator"
+    assert '"faultRate":0.1' in change.describe().split(" -> ")[0]
+    assert '"faultRate":0.2' in change.describe().split(" -> ")[1]
+
+
+def test_a_resume_after_the_simulator_config_file_was_edited_is_refused(tmp_path):
+    """What a run does first (`bind_output`, before anything is sent), against a store holding a record."""
+    cfg = tmp_path / "sim.yaml"
+    cfg.write_text("divergenceRate: 0\ntextCalls: {formats: {json: 1}}\n")
+    spec = spec_of(**{"api.simulator.config": str(cfg)})
+    store = open_store(f"file://{tmp_path}/out")
+    write_doc(store, bind_output(store, spec, "1"))
+    store.put(layout.part_key(0, 0), records.encode_part([{"sample_id": "s1", "status": "ok"}]))
+    assert bind_output(store, spec, "2").kind == "same"
+    cfg.write_text("divergenceRate: 0\ntextCalls: {formats: {xml: 1}}\n")
+    with pytest.raises(FingerprintChanged) as refused:
+        bind_output(store, spec, "2")
+    assert [c.field for c in refused.value.refused] == ["api.simulator"]
+    assert '"xml":1' in str(refused.value) and "--accept-changed api.simulator" in str(refused.value)
+    assert bind_output(store, spec, "2", accept=["api.simulator"]).kind == "accepted"
+    cfg.unlink()
+    with pytest.raises(InputError, match=f"api.simulator.config: cannot read {cfg}"):
+        bind_output(store, spec, "2")
 
 
 OLD = fingerprint(spec_of())

@@ -11,7 +11,8 @@ labelled with it, never mixed silently with the earlier ones.
 In the fingerprint (`FIELDS`): what is sent or decides how an answer is read back -
 `target.model`, `api.provider` and `api.providerProbe` (routing, and the probe that derives it),
 `api.sampling.*`, `api.simulator` (with the simulator, the
-"model"; its latency aside; set only for `baseUrl: simulated`, so moving to a real API changes it),
+"model"; its latency aside; set only for `baseUrl: simulated`, so moving to a real API changes it; the
+config file it names counts by what the file says, not where it is: an edited file is a changed setting),
 `tools.mode` (audit runs generate structured), `generation.turns` (and, for `turns: all`,
 `onDivergence` and `maxTurns`, which decide what later turns are asked), `target.chatFormat` and
 `target.templateVariant` (the template variant policy), and `prompt.preparation` (the version of
@@ -24,7 +25,9 @@ rate limits, retries and timeouts, streaming, headers, shards, part sizes, Ray, 
 gate (decided per record and recorded there), `target.tokenizer` (reconstruction is rebuilt from the
 records every time), extraction and output.
 
-Torch-free: the operator reads it to refuse a spec edit before it starts a job.
+Torch-free: the operator reads it to refuse a spec edit before it starts a job. It reads no file there:
+only a simulated spec names one (its simulator config), and a cluster never runs the simulator (the spec
+model refuses `baseUrl: simulated` for RayJob and Submit, the operator refuses Local).
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.errors import InputError
@@ -55,7 +60,23 @@ def _simulator(s: DatasetGenerationSpec) -> Any:
         return None
     sim = (s.api.simulator or SimulatorSpec()).dump()
     sim.pop("latencyMs", None)  # how fast, not what it answers
+    if "config" in sim:  # the faults, endpoints, text calls... the file holds, wherever it lies
+        sim["config"] = simulator_file(sim["config"])
     return sim
+
+
+def simulator_file(path: str) -> Any:
+    """A simulator config file's content as parsed (YAML or JSON), as JSON values: what the fingerprint
+    records of it. The file's own checks are the simulator's (`read_behaviour`, when the run starts it);
+    here a file that cannot be read or parsed is refused naming it."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise InputError(f"api.simulator.config: cannot read {p}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"api.simulator.config: {p} is not YAML or JSON: {e}") from None
+    return orjson.loads(orjson.dumps(doc if doc is not None else {}, default=str, option=orjson.OPT_NON_STR_KEYS))
 
 
 def _agentic(key: str) -> Callable[[DatasetGenerationSpec], Any]:
