@@ -575,8 +575,11 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
         p.cond(QUEUED, False, "NotQueued")
         if not can_start or accepted is False:
             return Decision(p.actions, p.status("Pending", attempt))
-        if any(c.attempt != attempt for c in obs.generation_children):
-            # an earlier attempt's child is still there (its deletion under way): never two jobs paying at once
+        if any(c.attempt != attempt and (c.running or obs.spec.generation.ray.mode == "RayJob")
+               for c in obs.generation_children):
+            # an earlier attempt's child is still there: never two jobs paying at once. A RayJob waits until it is
+            # deleted (its cluster may still run); a submission to a user's Ray cluster is never deleted (Ray keeps
+            # its record and logs), and once it has ended nothing of it runs or pays.
             return Decision(p.actions, p.status("Pending", attempt))
         accept = accepted if isinstance(accepted, str) else None
         body = None
@@ -619,9 +622,11 @@ NOT_RETRIED = frozenset({"ChildRejected", "PreRunningDeadlineExceeded", "Deadlin
 
 
 def _retryable(child: GenerationChild, prog: Progress | None) -> bool:
-    """A failed RayJob whose job never said how it ended (no progress of this attempt, or still Running): the
-    infrastructure failed, not the job (whose own failures write outcome Failed, a final GenerationFailed)."""
-    return child.reason not in NOT_RETRIED and (prog is None or prog.outcome == Outcome.RUNNING)
+    """A failed RayJob whose job had started (this attempt's progress says Running) and never said how it ended: the
+    infrastructure failed under a running job (its own failures write outcome Failed, a final GenerationFailed). A job
+    that failed before it wrote any progress (an image, an entrypoint, memory at start) would fail the same way
+    again: the run fails with KubeRay's reason."""
+    return child.reason not in NOT_RETRIED and prog is not None and prog.outcome == Outcome.RUNNING
 
 
 def _retry(p: _Pass, attempt: str, child: GenerationChild) -> Decision:
@@ -718,6 +723,8 @@ def _stop(p: _Pass, child: GenerationChild) -> None:
     """Graceful first: ask Ray to stop; delete once stopped or after the grace period."""
     if child.running and child.stop_requested_at is None:
         p.actions.append(StopGeneration(child.attempt, child.name))
+    elif not child.running and p.obs.spec.generation.ray.mode != "RayJob":
+        return  # an ended submission stays in the user's Ray cluster (its record and logs); nothing of it runs
     elif not child.running or p.obs.now_ts - (child.stop_requested_at or 0) > p.obs.stop_grace:
         p.actions.append(DeleteGeneration(child.attempt, child.name))
 

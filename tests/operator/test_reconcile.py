@@ -689,6 +689,36 @@ CASES = [
         ["CreateGeneration"],
         "Pending",
     ),
+    Case(
+        "Submit mode: the earlier attempt's submission has ended (Ray keeps its record): the next one is submitted",
+        obs(spec(generation__ray={"mode": "Submit", "address": "http://ray:8265"}),
+            generation_children=(gen(state="Stopped"),), status={"attempt": "2"}),
+        ["CreateGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "Submit mode: the earlier attempt's submission still runs: it is stopped and the next one waits",
+        obs(spec(generation__ray={"mode": "Submit", "address": "http://ray:8265"}),
+            generation_children=(gen(state="Running"),), status={"attempt": "2"}),
+        ["StopGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "RayJob mode: the earlier attempt's ended RayJob is still there: deleted, and the next one waits for it",
+        obs(generation_children=(gen(state="Stopped"),), status={"attempt": "2"}),
+        ["DeleteGeneration"],
+        "Pending",
+        attempt="2",
+    ),
+    Case(
+        "a RayJob that failed before its job wrote any progress is not retried: it would fail the same way",
+        obs(generation_children=(gen(state="Failed", reason="AppFailed", message="exit code 137"),), progress=None),
+        ["Event:Warning:AppFailed"],
+        "Failed",
+        conds={"Failed": ("True", "AppFailed")},
+    ),
 ]
 
 
