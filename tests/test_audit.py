@@ -98,6 +98,17 @@ def test_each_text_format_is_counted_exactly(tmp_path):
     assert g["wrongFunctionRate"] == wilson(0, 12).to_dict()
     assert doc["figures"]["bySource"]["tools"]["text"]["neededCallRate"]["n"] == 0  # no answer in those rows
     assert doc["figures"]["byTool"]["get_weather"]["text"]["declaredIn"] == n
+    by = doc["population"]["bySource"]  # the shape each source declared its functions in, in words too
+    assert by["tools"]["declarationShapes"] == {"tools-field": len(CASES_IN_ORDER)}
+    assert by["glaive"]["declarationShapes"] == {"glaive": len(CASES_IN_ORDER)}
+    assert (f"glaive: glaive's 'Use them if required -' {len(CASES_IN_ORDER)}; tools: the `tools` field "
+            f"{len(CASES_IN_ORDER)}.") in doc["verdict"]
+    rows = stored.read_rows(open_store(f"file://{tmp_path}/out"))  # one line per answer bought
+    assert len(rows) == 2 * n and {(r["sampleId"], r["mode"]) for r in rows} == {
+        (sid, m) for sid in doc["sampleIds"] for m in ("text", "structured")}
+    assert all(r["row"] >= 1 and r["source"] in ("tools", "glaive") and r["model"] == "fake/model" for r in rows)
+    assert Counter(c["format"] for r in rows if r["mode"] == "text" for c in r["calls"]) == t["callsByFormat"]
+    assert sum(not r["valid"] for r in rows) == 4 and all(r["why"] for r in rows if not r["valid"])
     assert Decimal(doc["spentUSD"]) == fake.billed
     for e in (t["callRate"], s["callRate"]):
         assert fmt_rate(e) in doc["verdict"]

@@ -15,6 +15,7 @@ from eyrie.jobs.tools.declarations import (
     EMPTY_PARAMETERS,
     TEXT_PREAMBLE,
     DeclarationError,
+    DeclarationShape,
     Prepared,
     Rejected,
     ToolLimits,
@@ -239,7 +240,8 @@ def test_structured_glaive_moves_declarations_out_of_the_system_text():
         messages=[{"role": "system",
                    "content": "You are a helpful assistant with access to the following functions."},
                   {"role": "user", "content": "News for France?"}],
-        tools=expected_tools, declared_tools=expected_tools, declared_from="text", mode="structured")
+        tools=expected_tools, declared_tools=expected_tools, declared_from="text", mode="structured",
+        shapes=(DeclarationShape.GLAIVE,))
     assert p.declared
 
 
@@ -254,7 +256,7 @@ def test_text_mode_keeps_glaive_text_intact_and_sends_no_tools():
     system = GLAIVE_HEAD + json.dumps(NEWS, indent=4)
     prompt = glaive_prompt(system)
     p = prepare_prompt(prompt, "text")
-    assert p == Prepared(prompt.messages, None, [wrap(NEWS)], "text", "text")
+    assert p == Prepared(prompt.messages, None, [wrap(NEWS)], "text", "text", (DeclarationShape.GLAIVE,))
 
 
 def test_text_mode_renders_row_tools_into_the_system_message():
@@ -277,7 +279,7 @@ def test_text_mode_renders_row_tools_into_the_system_message():
 def test_structured_row_tools_pass_through_and_text_in_system_is_left_alone():
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
     p = prepare_prompt(Prompt("o", 0, msgs, [wrap(NEWS)], "openai"), "structured")
-    assert p == Prepared(msgs, [wrap(NEWS)], [wrap(NEWS)], "row", "structured")
+    assert p == Prepared(msgs, [wrap(NEWS)], [wrap(NEWS)], "row", "structured", (DeclarationShape.TOOLS_FIELD,))
 
 
 def test_prompt_without_tools_is_prepared_with_none():

@@ -242,14 +242,18 @@ examples:
   eyrie audit SPEC --from answers.jsonl answers you already have: checked and counted, nothing sent
   eyrie audit SPEC --from answers.jsonl --rerun 40
                                         and the other tools mode bought for 40 of their prompts
+                                        (from the spec's model; --rerun-model MODEL when the file's
+                                        rows name another)
 
 Answers are kept under the output (audit/answers/); an audit with the same prompts and the same model,
-sampling and provider settings reuses them. Results: <output>/audit.json (the history of every audit).
+sampling and provider settings reuses them. Results: <output>/audit.json (the history of every audit)
+and <output>/audit/rows.jsonl (each row or answer: its calls, valid or why not). An audit --from FILE
+has its own output, never the dataset's: --output, default <file name>-audit/ next to FILE.
 """
 
 
 def audit_main(argv: list[str]) -> int:
-    from eyrie.jobs.generate.audit.from_recorded import run_audit_from
+    from eyrie.jobs.generate.audit.from_recorded import FromOptions, run_audit_from
     from eyrie.jobs.generate.audit.run import DEFAULT_SAMPLES, DEFAULT_SEED, AuditError, run_audit
 
     ap = argparse.ArgumentParser(
@@ -270,6 +274,14 @@ def audit_main(argv: list[str]) -> int:
     ap.add_argument("--rerun", type=int, default=0, metavar="N",
                     help="with --from: buy the other tools mode for N of the file's prompts (a seeded sample), "
                          "under the spec's budget")
+    ap.add_argument("--rerun-model", metavar="MODEL",
+                    help="with --rerun: the model to buy the other mode from (default: the spec's target.model; "
+                         "needed when the file's rows say another model answered)")
+    ap.add_argument("--accept-other-model", action="store_true",
+                    help="with --rerun: compare with the spec's model although the file's rows name another")
+    ap.add_argument("--output", metavar="URI",
+                    help="with --from: where the audit is written (default: <file name>-audit/ next to FILE); "
+                         "never the dataset's output")
     args = ap.parse_args(argv)
     if args.samples < 1 or args.rerun < 0:
         print("eyrie audit: --samples must be at least 1 and --rerun at least 0", file=sys.stderr)
@@ -280,14 +292,19 @@ def audit_main(argv: list[str]) -> int:
         ap.error("--rerun goes with --from")
     if args.rerun and args.spec is None:
         ap.error("--rerun needs a SPEC: its model, provider and budget pay for the comparison")
+    if (args.rerun_model or args.accept_other_model) and not args.rerun:
+        ap.error("--rerun-model and --accept-other-model go with --rerun")
+    if args.output and args.from_file is None:
+        ap.error("--output goes with --from (an audit of the spec's prompts is written to its output)")
     dg = load_spec(args.spec) if args.spec else None
     try:
         if args.from_file is not None:
+            opts = FromOptions(args.rerun, args.seed, args.output, args.rerun_model, args.accept_other_model)
             if args.rerun:
                 with provider(dg.spec) as base_url:
-                    doc = run_audit_from(args.from_file, dg, RunContext.from_env(), base_url, args.rerun, args.seed)
+                    doc = run_audit_from(args.from_file, dg, RunContext.from_env(), base_url, opts)
             else:  # nothing is sent: no provider is started or called
-                doc = run_audit_from(args.from_file, dg, RunContext.from_env(), None, 0, args.seed)
+                doc = run_audit_from(args.from_file, dg, RunContext.from_env(), None, opts)
         else:
             with provider(dg.spec) as base_url:
                 doc = run_audit(dg, args.samples, RunContext.from_env(), base_url, args.seed)
@@ -298,7 +315,8 @@ def audit_main(argv: list[str]) -> int:
     if doc.get("changedSince"):
         print(f"settings changed since the last audit ({'; '.join(doc['changedSince'])}): its answers are kept, "
               "not reused", file=sys.stderr)
-    where = f"; written to {open_output(dg.spec).url(layout.AUDIT)}" if dg is not None else ""
+    out = doc["from"]["output"] if args.from_file is not None else open_output(dg.spec).uri
+    where = f"; written to {out.rstrip('/')}/{layout.AUDIT} and {layout.AUDIT_ROWS}"
     print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
           file=sys.stderr)
     if doc["outcome"] != Outcome.DONE:

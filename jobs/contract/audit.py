@@ -1,5 +1,6 @@
-"""What `eyrie audit` leaves in the store: its answers (`audit/answers/<fingerprint>/`) and
-`audit.json` (the latest audit's figures and verdict, and the history of every audit before it).
+"""What `eyrie audit` leaves in the store: its answers (`audit/answers/<fingerprint>/`),
+`audit.json` (the latest audit's figures and verdict, and the history of every audit before it) and
+`audit/rows.jsonl` (the latest audit's verdict on each row or answer, to filter the rows paid for).
 
 The answers are the truth of what the audits paid: `audit_spend` sums them (plus what an audit.json
 written before answers were kept says was paid), so a run's checkpoint and the report count audit
@@ -8,8 +9,9 @@ spend the moment an answer is durable, even when the audit was killed before wri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from decimal import Decimal, InvalidOperation
+from enum import StrEnum
 from typing import Any
 
 import orjson
@@ -91,3 +93,57 @@ def with_entry(previous: dict[str, Any] | None, entry: dict[str, Any], spent_tot
 
 def write_audit(store: Store, doc: dict[str, Any]) -> None:
     store.put(layout.AUDIT, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+
+class RowStatus(StrEnum):
+    """What became of one row (or bought answer) in an audit: `audit/rows.jsonl`'s `status`."""
+
+    OK = "ok"  # an answer, judged: see its calls
+    FAILED = "failed"  # the provider's error instead of an answer
+    UNPARSABLE = "unparsable"  # its declared functions do not parse: not judged
+    NO_DECLARATIONS = "no-declarations"  # it declares no function in a shape eyrie reads: not judged
+    BAD_ROW = "bad-row"  # the row cannot be read (not JSON, no prompt, no answer)
+
+
+MAX_WHY = 5  # reasons kept per row in rows.jsonl
+
+
+def row_entry(base: dict[str, Any], status: RowStatus, checks: dict[str, Any] | None = None,
+              error: str | None = None) -> dict[str, Any]:
+    """One line of `audit/rows.jsonl`: `base` (row, sampleId, source, mode, model, costUSD, ...), the
+    status, the calls found (name, format, valid, errors; from a record's `checks`), and `valid`: the
+    answer's calls all validate and nothing leaked (None: not judged), with `why` not when it is not."""
+    entry: dict[str, Any] = {**base, "status": str(status)}
+    if error:
+        entry["error"] = error
+    if status != RowStatus.OK or checks is None:
+        entry["valid"] = None
+        return entry
+    calls = [{"name": c.get("name"), "format": c.get("format") or "structured", "valid": bool(c.get("valid")),
+              "errors": list(c.get("errors") or ())} for c in checks.get("calls") or ()]
+    why = [f"call {i + 1} ({c['name']}, {c['format']}): {_errors_text(c['errors'])}"
+           for i, c in enumerate(calls) if not c["valid"]]
+    why += [f"leaked tool-call markers in the {where}" for where in sorted(checks.get("leaks") or {})]
+    entry.update({"calls": calls, "prose": bool(checks.get("prose")), "valid": not why})
+    if why:
+        entry["why"] = why[:MAX_WHY]
+    return entry
+
+
+def _errors_text(errors: list[Any]) -> str:
+    """A call's errors (`{"path", "message"}`, as the validator gives them) in one line."""
+    out = [f"{e.get('path') or '(arguments)'}: {e.get('message')}" if isinstance(e, dict) else str(e) for e in errors]
+    return "; ".join(out) or "invalid"
+
+
+def write_rows(store: Store, lines: Iterable[bytes]) -> None:
+    """`audit/rows.jsonl`, one `row_entry` a line (orjson-encoded, newline-terminated), in one put."""
+    store.put(layout.AUDIT_ROWS, b"".join(lines))
+
+
+def read_rows(store: Store) -> list[dict[str, Any]]:
+    try:
+        data = store.get(layout.AUDIT_ROWS)
+    except NotFound:
+        return []
+    return [orjson.loads(line) for line in data.splitlines() if line.strip()]

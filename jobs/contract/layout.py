@@ -16,6 +16,7 @@ PROGRESS = "progress.json"
 AUDIT = "audit.json"
 AUDIT_ANSWERS = "audit/answers"  # what `eyrie audit` bought: one folder per settings fingerprint
 AUDIT_SHARDS = {"text": 0, "structured": 1}  # the audit's answers of each tools mode, as a shard
+AUDIT_ROWS = "audit/rows.jsonl"  # the latest audit's verdict per row or answer (contract/audit.row_entry)
 BUDGET = "budget.json"  # requests stops abandoned in flight: their bounds and what they really cost
 INFLIGHT = "inflight"  # one object per sending worker: what bounds its requests in flight (generate/budget/inflight.py)
 FINGERPRINT = "fingerprint.json"  # what shaped the output's answers (contract/fingerprint.py)

@@ -15,6 +15,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -51,6 +52,8 @@ class ToolLimits:
     max_tool_result_chars: int = 1 << 20  # a dataset's tool result spliced back (turns: all)
     max_errors_per_call: int = 10
     max_message_chars: int = 300
+    max_lead_in_chars: int = 160  # between "tools"/"functions" and the JSON a lead-in introduces
+    max_lead_ins: int = 16  # lead-ins tried per message: prose full of "tools:" stays cheap to read
 
 
 DEFAULT_LIMITS = ToolLimits()
@@ -108,19 +111,56 @@ def _tools_block(text: str, start: int, end: int) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def parse_text_declarations(system_text: str, limits: ToolLimits = DEFAULT_LIMITS) -> tuple[list[Any], str]:
-    """Find function declarations written into a system prompt; return (declarations, the rest).
+class DeclarationShape(StrEnum):
+    """How a prompt declared its functions: what the audit reports per source."""
 
-    Understood: glaive's `... Use them if required -` followed by one or more JSON objects or a JSON
-    list (separated by whitespace; text after the last one is kept), and Hermes' `<tools>...</tools>`
-    block. The declaration block and the `Use them if required -` marker are removed; the sentence
-    before the marker ("You are a helpful assistant with access to the following functions.") stays,
-    since it remains true when the tools arrive natively. Returns the raw declarations (normalise
-    them with `normalize_tools`); ([], system_text) when there are none. Raises DeclarationError
-    when a block is there but does not parse.
+    TOOLS_FIELD = "tools-field"  # the row's (or recorded request's) `tools`, structurally
+    GLAIVE = "glaive"  # "... Use them if required -" and JSON objects or a list (glaive-function-calling-v2)
+    TOOLS_TAG = "tools-tag"  # Hermes' `<tools>...</tools>` block
+    LEAD_IN = "lead-in-json"  # a JSON list or objects after a lead-in ("You have access to these tools: [...]")
+
+
+SHAPE_TEXT = {
+    DeclarationShape.TOOLS_FIELD: "the `tools` field",
+    DeclarationShape.GLAIVE: "glaive's 'Use them if required -'",
+    DeclarationShape.TOOLS_TAG: "a <tools> block",
+    DeclarationShape.LEAD_IN: "JSON after a lead-in",
+}
+
+
+@dataclass(frozen=True)
+class TextDeclarations:
+    """Declarations found in one message's text: the raw declarations, the text without them, and
+    the shapes they came in (empty: none found, `rest` is the text unchanged)."""
+
+    found: list[Any]
+    rest: str
+    shapes: tuple[DeclarationShape, ...] = ()
+
+
+def parse_text_declarations(system_text: str, limits: ToolLimits = DEFAULT_LIMITS) -> tuple[list[Any], str]:
+    """(declarations, the rest) of `read_declarations`, for callers that need no shapes."""
+    got = read_declarations(system_text, limits)
+    return got.found, got.rest
+
+
+def read_declarations(text: str, limits: ToolLimits = DEFAULT_LIMITS) -> TextDeclarations:
+    """Find function declarations written into a message (a system prompt, or the first user turn).
+
+    Understood, in this order: glaive's `... Use them if required -` followed by one or more JSON
+    objects or a JSON list (separated by whitespace; text after the last one is kept); Hermes'
+    `<tools>...</tools>` block; and a JSON list or JSON objects after a lead-in naming tools or
+    functions and ending in `:`, `-` or a line break ("You have access to these tools: [...]",
+    "Functions:\n{...}\n{...}", optionally fenced as ```json), whose first item is a declaration
+    (`{"type": "function", "function": {...}}` or `{"name", "parameters"}`). The declaration block
+    and the glaive marker (or the lead-in's `:`) are removed; the sentence before them stays, since
+    it remains true when the tools arrive natively. Returns the raw declarations (normalise them with
+    `normalize_tools`); nothing found: ([], text). Raises DeclarationError when a block is there but
+    does not parse.
     """
     found: list[Any] = []
-    text = system_text
+    shapes: list[DeclarationShape] = []
+    original = text
     m = _GLAIVE_RE.search(text)
     if m:
         if len(text) - m.end() > limits.max_declaration_bytes:
@@ -131,6 +171,7 @@ def parse_text_declarations(system_text: str, limits: ToolLimits = DEFAULT_LIMIT
             snippet = text[end:end + 40].strip()
             raise DeclarationError(f"expected JSON declarations after {GLAIVE_MARKER!r}, found {snippet!r}")
         found.extend(values)
+        shapes.append(DeclarationShape.GLAIVE)
         text = _join(text[: m.start()], text[end:])
     block = _find_tools_block(text)
     if block:
@@ -139,8 +180,66 @@ def parse_text_declarations(system_text: str, limits: ToolLimits = DEFAULT_LIMIT
             raise DeclarationError(f"<tools> block is {end - start} characters, over the "
                                    f"{limits.max_declaration_bytes} limit")
         found.extend(_tools_block(text, start, end))
+        shapes.append(DeclarationShape.TOOLS_TAG)
         text = _join(text[: start - len("<tools>")], text[end + len("</tools>"):])
-    return found, (text if found else system_text)
+    lead = _lead_in_block(text, limits)
+    if lead is not None:
+        values, cut, end = lead
+        found.extend(values)
+        shapes.append(DeclarationShape.LEAD_IN)
+        head = text[:cut].rstrip()
+        text = _join(head + "." if head[-1:].isalnum() else head, text[end:])
+    if not found:
+        return TextDeclarations([], original)
+    return TextDeclarations(found, text, tuple(dict.fromkeys(shapes)))
+
+
+@lru_cache(maxsize=8)
+def _lead_in_re(max_chars: int) -> re.Pattern[str]:
+    """"tools"/"functions", then up to `max_chars` on the same line (no bracket: "within <tools> tags:"
+    is no lead-in), a `:` or a line break, an optional ```json fence, and JSON opening. Possessive,
+    bounded repeats: each such word costs at most `max_chars` steps, so the scan is linear in the text."""
+    return re.compile(r"\b(?:tools?|functions?)\b[^\n\[\]{}<>:]{0," + str(max_chars) + "}+"
+                      r"(?P<cut>:[ \t]{0,8}+(?:\r?\n[ \t\r\n]{0,20}+)?|\r?\n[ \t\r\n]{0,20}+)"
+                      r"(?P<fence>```(?:json)?[ \t]{0,8}+\r?\n[ \t]{0,20}+)?(?=[\[{])", re.IGNORECASE)
+
+
+_FENCE_END = re.compile(r"[ \t]*\r?\n?[ \t]*```")
+
+
+def _is_declaration(value: Any) -> bool:
+    """The shapes a lead-in's JSON must open with to be read as declarations (not any JSON in prose)."""
+    if not isinstance(value, dict):
+        return False
+    if value.get("type") == "function" and isinstance(value.get("function"), dict):
+        return isinstance(value["function"].get("name"), str)
+    return isinstance(value.get("name"), str) and "parameters" in value
+
+
+def _lead_in_block(text: str, limits: ToolLimits) -> tuple[list[Any], int, int] | None:
+    """(declarations, where the lead-in's `:` starts, where the block ends) of the first lead-in whose
+    JSON opens with a declaration; None when there is none among the first `max_lead_ins` lead-ins.
+    JSON that does not parse is an error only when it names a declaration (`"name"` near its start):
+    other JSON-looking prose after "tools:" is prose."""
+    for tried, m in enumerate(_lead_in_re(limits.max_lead_in_chars).finditer(text)):
+        if tried >= limits.max_lead_ins:
+            return None
+        start = m.end()
+        try:
+            values, end = _json_values(text, start, "after a lead-in")
+        except DeclarationError:
+            if '"name"' in text[start:start + 200]:
+                raise
+            continue
+        if not values or not _is_declaration(values[0]):
+            continue
+        if end - start > limits.max_declaration_bytes:
+            raise DeclarationError(f"declarations are {end - start} characters, over the "
+                                   f"{limits.max_declaration_bytes} limit")
+        if m.group("fence") and (f := _FENCE_END.match(text, end)):
+            end = f.end()
+        return values, m.start("cut"), end
+    return None
 
 
 def _find_tools_block(text: str) -> tuple[int, int] | None:
@@ -300,7 +399,8 @@ class Prepared:
     """What to send: `messages`, and `tools` for the request's `tools` parameter (None: not sent).
 
     `declared_tools` are the tools the model was told about either way (as text or structurally);
-    answers are validated against them. `declared_from` says where they came from.
+    answers are validated against them. `declared_from` says where they came from, `shapes` in which
+    shapes they were written.
     """
 
     messages: list[dict[str, Any]]
@@ -308,6 +408,7 @@ class Prepared:
     declared_tools: list[dict[str, Any]]
     declared_from: Literal["row", "text"] | None
     mode: Mode
+    shapes: tuple[DeclarationShape, ...] = ()
 
     @property
     def declared(self) -> bool:
@@ -321,17 +422,42 @@ class Rejected:
     reason: str
 
 
+def searched(messages: Sequence[dict[str, Any]]) -> list[int]:
+    """Indexes of the messages text declarations are looked for in: every system message with text,
+    and the first user message (where chat UIs without a system prompt get tools pasted)."""
+    out, user_seen = [], False
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "user":
+            if user_seen:
+                continue
+            user_seen = True
+        elif role != "system":
+            continue
+        if isinstance(m.get("content"), str):
+            out.append(i)
+    return out
+
+
+def may_declare(text: str, limits: ToolLimits = DEFAULT_LIMITS) -> bool:
+    """False when `read_declarations` certainly finds nothing in `text` (a cheap look for its markers),
+    for callers that cache readings by everything but a message that cannot declare."""
+    return bool(_GLAIVE_RE.search(text) or "<tools>" in text or _lead_in_re(limits.max_lead_in_chars).search(text))
+
+
 def prepare_prompt(prompt: Prompt, mode: Mode, limits: ToolLimits = DEFAULT_LIMITS) -> Prepared | Rejected:
     """Decide how a prompt's tools are sent.
 
-    Tools given structurally by the row win; otherwise system messages are searched for text
-    declarations (glaive, Hermes). `structured`: tools go in `tools` and the declaration text leaves
-    the system message (dropped if nothing else is left), so the model sees them once, natively.
-    `text`: nothing goes in `tools`; text declarations stay as they were, row tools are rendered
-    into the system message the glaive way (for A/B audits).
+    Tools given structurally by the row win; otherwise the system messages and the first user
+    message are searched for text declarations (`read_declarations`). `structured`: tools go in
+    `tools` and the declaration text leaves its message (a system message left empty is dropped), so
+    the model sees them once, natively. `text`: nothing goes in `tools`; text declarations stay as
+    they were, row tools are rendered into the system message the glaive way (for A/B audits).
+    A first user message that holds nothing but declarations is rejected: no question is left.
     """
     try:
         messages = list(prompt.messages)
+        shapes: list[DeclarationShape] = []
         if prompt.tools:
             if len(prompt.tools) > limits.max_tools:  # before serialising 10,000 of them
                 raise DeclarationError(f"{len(prompt.tools)} tools declared, over the limit of "
@@ -342,20 +468,27 @@ def prepare_prompt(prompt: Prompt, mode: Mode, limits: ToolLimits = DEFAULT_LIMI
                                        f"{limits.max_declaration_bytes} limit")
             raw: list[Any] = list(prompt.tools)
             origin: Literal["row", "text"] | None = "row"
+            shapes.append(DeclarationShape.TOOLS_FIELD)
         else:
-            raw, stripped = [], []
-            for m in messages:
-                content = m.get("content")
-                if m.get("role") == "system" and isinstance(content, str):
-                    found, rest = parse_text_declarations(content, limits)
-                    raw.extend(found)
-                    if found and not rest:
-                        continue
-                    m = {**m, "content": rest} if found else m
-                stripped.append(m)
+            raw = []
+            stripped: list[dict[str, Any] | None] = list(messages)
+            for i in searched(messages):
+                m = messages[i]
+                got = read_declarations(m["content"], limits)
+                if not got.found:
+                    continue
+                raw.extend(got.found)
+                shapes.extend(got.shapes)
+                if got.rest:
+                    stripped[i] = {**m, "content": got.rest}
+                elif m.get("role") == "user":
+                    raise DeclarationError("the first user message holds only tool declarations: no question "
+                                           "is left to send")
+                else:
+                    stripped[i] = None
             origin = "text" if raw else None
             if mode == "structured":
-                messages = stripped
+                messages = [m for m in stripped if m is not None]
         declared = normalize_tools(raw, limits)
     except DeclarationError as e:
         return Rejected(str(e))
@@ -363,11 +496,12 @@ def prepare_prompt(prompt: Prompt, mode: Mode, limits: ToolLimits = DEFAULT_LIMI
         return Rejected("declarations are nested too deeply or hold values that are not JSON")
     if not declared:
         return Prepared(messages, None, [], None, mode)
+    kinds = tuple(dict.fromkeys(shapes))
     if mode == "structured":
-        return Prepared(messages, declared, declared, origin, mode)
+        return Prepared(messages, declared, declared, origin, mode, kinds)
     if origin == "row":
         messages = _with_text_declarations(messages, declared)
-    return Prepared(messages, None, declared, origin, mode)
+    return Prepared(messages, None, declared, origin, mode, kinds)
 
 
 def _with_text_declarations(messages: list[dict[str, Any]],

@@ -2,6 +2,14 @@
 and counted with the audit's figures. Nothing is sent, unless `--rerun N` buys the other tools mode
 for N of the file's prompts (a seeded sample, kept in the audit's answer set like any audit answer).
 
+Such an audit has its own output (`--output`, default `<file name>-audit/` next to the file): it is
+not the dataset's audit, so the dataset's output never shows it, and what `--rerun` pays is booked
+there, under the spec's `budget.maxUSD`, never in the budget of the dataset's run. A file that yields
+nothing to judge (empty, a JSON array, rows without a prompt, an answer or declared functions) is
+refused (`UnusableFile`) with the reason and its first offending rows. `--rerun` buys from the spec's
+model; when the file's rows say another model answered, the comparison would be between models, not
+tools modes, and is refused unless the model is named (`rerun_model`) or the mismatch accepted.
+
 Each row is read by `recorded.py`, its declarations prepared for the mode it was sent in
 (`declarations.prepare_prompt`), its answer checked by `checks.check_response` (text calls read in
 every format, validated like structured ones), and turned into the figures' `AnswerFact`. A row
@@ -18,13 +26,16 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-from collections import deque
+import re
+from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from eyrie.jobs import sources
 from eyrie.jobs.api import reported_cost
@@ -33,7 +44,14 @@ from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.generate.audit import stats
-from eyrie.jobs.generate.audit.recorded import RecordedRow, RowProblem, iter_lines, parse_line, recorded_path
+from eyrie.jobs.generate.audit.recorded import (
+    RecordedRow,
+    RowProblem,
+    first_byte,
+    iter_lines,
+    parse_line,
+    recorded_path,
+)
 from eyrie.jobs.generate.audit.run import (
     DEFAULT_SEED,
     MAX_PROBLEMS,
@@ -41,6 +59,7 @@ from eyrie.jobs.generate.audit.run import (
     AnswerSet,
     AuditError,
     Lowest,
+    answer_row,
     buy,
     declarations_of,
     examples,
@@ -49,11 +68,28 @@ from eyrie.jobs.generate.audit.run import (
 )
 from eyrie.jobs.generate.budget.pricing import Pricing, actual_cost, usd
 from eyrie.jobs.spec import DatasetGeneration
-from eyrie.jobs.store import open_output
+from eyrie.jobs.store import Store, open_store
 from eyrie.jobs.tools import checks, declarations
 
 BATCH_LINES = 2000
 PARALLEL_BYTES = 8 << 20  # smaller files are checked in this process: starting workers would cost more
+SHOWN_ROWS = 5  # offending rows named when a file yields nothing usable
+OUTPUT_SUFFIX = "-audit"  # the default output: `<file name without .jsonl(.gz)>-audit/` next to the file
+
+
+class UnusableFile(AuditError):
+    """The file yields no answer to judge: the message says why and names its first offending rows."""
+
+
+@dataclass(frozen=True)
+class FromOptions:
+    """What `eyrie audit --from` does beyond reading the file."""
+
+    rerun: int = 0  # prompts to buy in the other tools mode
+    seed: int = DEFAULT_SEED
+    output: str | None = None  # the audit's own output; None: `default_output(file)`
+    rerun_model: str | None = None  # the model --rerun buys from (None: the spec's target.model)
+    accept_other_model: bool = False  # --rerun with the spec's model although the rows name another one
 
 
 @dataclass
@@ -65,6 +101,7 @@ class Candidate:
     mode: str
     declared: frozenset[str]
     record: dict[str, Any]  # the recorded answer as a record (for the side-by-side examples)
+    line: int  # its row in the file (1-based)
 
 
 @dataclass
@@ -83,6 +120,11 @@ class RecordedPass:
     priced: dict[str, int] = field(default_factory=lambda: {"usage": 0, "pricing": 0, "unpriced": 0})
     modes: dict[str, int] = field(default_factory=dict)
     candidates: dict[str, Lowest] = field(default_factory=dict)
+    shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> declaration shape -> rows
+    no_tools_rows: list[int] = field(default_factory=list)  # the first rows declaring nothing eyrie reads
+    failed: list[dict[str, Any]] = field(default_factory=list)  # the first rows holding the provider's error
+    models: Counter[str] = field(default_factory=Counter)  # the model each row says answered it
+    lines: list[bytes] = field(default_factory=list)  # audit/rows.jsonl, a line per row, in file order
 
     def __post_init__(self) -> None:
         self.candidates = self.candidates or {m: Lowest(self.rerun) for m in MODES}
@@ -91,6 +133,11 @@ class RecordedPass:
         self.facts += other.facts
         self.problems = (self.problems + other.problems)[:MAX_PROBLEMS]
         self.unparsable = (self.unparsable + other.unparsable)[:MAX_PROBLEMS]
+        self.no_tools_rows = (self.no_tools_rows + other.no_tools_rows)[:MAX_PROBLEMS]
+        self.failed = (self.failed + other.failed)[:MAX_PROBLEMS]
+        self.lines += other.lines
+        self.models.update(other.models)
+        stats.merge_shapes(self.shapes, other.shapes)
         for name in ("bad_rows", "rows", "no_tools", "unparsable_rows", "cost"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, v in other.priced.items():
@@ -125,36 +172,58 @@ def _cost(row: RecordedRow, pricing: Pricing | None, tally: RecordedPass) -> Dec
     return cost
 
 
+def _line(entry: dict[str, Any]) -> bytes:
+    return orjson.dumps(entry) + b"\n"
+
+
 def _add(tally: RecordedPass, item: RecordedRow | RowProblem, job: _Job) -> None:
     if isinstance(item, RowProblem):
         tally.bad_rows += 1
         if len(tally.problems) < MAX_PROBLEMS:
             tally.problems.append({"row": item.line, "error": item.error})
+        tally.lines.append(_line(stored.row_entry({"row": item.line}, stored.RowStatus.BAD_ROW, error=item.error)))
         return
     tally.rows += 1
     tally.modes[item.mode] = tally.modes.get(item.mode, 0) + 1
+    if item.model:
+        tally.models[item.model] += 1
     cost = _cost(item, job.pricing, tally)
     sid = item.prompt.sample_id()
+    base = {"row": item.line, "sampleId": sid, "source": item.prompt.source, "mode": item.mode, "model": item.model,
+            "costUSD": usd(cost) if cost is not None else None}
     got = declarations_of(item.prompt, item.mode)
+    shapes = tally.shapes.setdefault(item.prompt.source, {})
     if isinstance(got, declarations.Rejected):
+        stats.count_shapes(shapes, None)
         tally.unparsable_rows += 1
         if len(tally.unparsable) < MAX_PROBLEMS:
             tally.unparsable.append({"row": item.line, "error": got.reason})
         tally.facts.append(stats.AnswerFact(sid, item.prompt.source, item.mode, "unparsable"))
+        tally.lines.append(_line(stored.row_entry(base, stored.RowStatus.UNPARSABLE, error=got.reason)))
         return
+    stats.count_shapes(shapes, got.shapes)
     if not got.names:
         tally.no_tools += 1
+        if len(tally.no_tools_rows) < MAX_PROBLEMS:
+            tally.no_tools_rows.append(item.line)
+        tally.lines.append(_line(stored.row_entry(base, stored.RowStatus.NO_DECLARATIONS)))
         return
     check = None if item.response is None else checks.check_response(got.prepared, item.response, got.validator)
     tally.facts.append(stats.fact_from_check(sid, item.prompt.source, item.mode, check, got.names, item.usage,
                                                    float(cost) if cost is not None else None))
-    if job.rerun and check is not None:
+    if check is None:
+        if len(tally.failed) < MAX_PROBLEMS:
+            tally.failed.append({"row": item.line, "error": item.error})
+        tally.lines.append(_line(stored.row_entry(base, stored.RowStatus.FAILED, error=item.error)))
+        return
+    tally.lines.append(_line(stored.row_entry(base, stored.RowStatus.OK, check.to_record())))
+    if job.rerun:
         rec: dict[str, Any] = {"sample_id": sid, "source": item.prompt.source, "toolsMode": item.mode,
                                "usage": item.usage, "response": item.response,
                                "costUSD": usd(cost) if cost is not None else None, "status": "ok",
                                "checks": check.to_record()}
         tally.candidates[item.mode].offer(priority(job.seed, sid), Candidate(sid, item.prompt, item.mode, got.names,
-                                                                             rec))
+                                                                             rec, item.line))
 
 
 def _check_batch(job: _Job, batch: list[tuple[int, bytes] | RowProblem]) -> RecordedPass:
@@ -207,11 +276,68 @@ def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun:
     return total
 
 
+def default_output(path: str | Path) -> str:
+    """`answers.jsonl(.gz)` -> `file://.../answers-audit`: the audit of a file is written next to it."""
+    p = recorded_path(path).expanduser().resolve()
+    stem = re.sub(r"(\.jsonl|\.json)?(\.gz)?$", "", p.name) or p.name
+    return f"file://{p.parent / (stem + OUTPUT_SUFFIX)}"
+
+
+def _open(uri: str, dg: DatasetGeneration | None) -> Store:
+    out = dg.spec.output if dg is not None else None
+    return open_store(uri, out.endpoint if out else None, None, out.region if out else None)
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names are one model: case aside, a vendor prefix aside (`kimi-k2.5` is
+    `moonshotai/kimi-k2.5`), an OpenRouter variant aside (`:free`), and a dated snapshot of it
+    (`-20250905`, `-0905`) is it."""
+    def norm(name: str) -> str:
+        return name.strip().lower().rsplit("/", 1)[-1].split(":", 1)[0]
+
+    x, y = sorted((norm(a), norm(b)), key=len)
+    return x == y or re.fullmatch(re.escape(x) + r"-\d{4,8}", y) is not None
+
+
+def other_models(models: Counter[str], asked: str) -> dict[str, int]:
+    """The rows' models that are not `asked`, with their row counts."""
+    return {m: n for m, n in models.most_common() if not same_model(m, asked)}
+
+
+def unusable(path: Path, tally: RecordedPass) -> str | None:
+    """Why the file yields nothing to judge (None: it does), with its first offending rows (1-based)."""
+    if any(f.status == "ok" for f in tally.facts):
+        return None
+    name = path.name
+    if not tally.rows and not tally.bad_rows:
+        return f"--from {name}: the file is empty: nothing to audit (one JSON object a line is expected)"
+    if first_byte(path) == b"[":
+        reason = ("it is one JSON array, not JSON lines (one object a line): convert it with "
+                  f"`jq -c '.[]' {name} > {name.removesuffix('.json')}.jsonl`")
+    elif not tally.rows:
+        reason = f"none of its {tally.bad_rows:,} rows can be read"
+    else:
+        parts = [(tally.no_tools, "declare no function in a shape eyrie reads (docs/operating.md, Tool "
+                                  "declarations eyrie reads)"),
+                 (tally.unparsable_rows, "declare functions that do not parse"),
+                 (sum(f.status == "failed" for f in tally.facts), "hold the provider's error, not an answer"),
+                 (tally.bad_rows, "cannot be read")]
+        reason = "no row holds an answer to judge: " + ", ".join(f"{n:,} rows {what}" for n, what in parts if n)
+    rows = sorted([(p["row"], p["error"]) for p in tally.problems]
+                  + [(u["row"], f"declarations do not parse: {u['error']}") for u in tally.unparsable]
+                  + [(r, "no declared function found") for r in tally.no_tools_rows]
+                  + [(f["row"], f"the provider's error: {f['error']}") for f in tally.failed])[:SHOWN_ROWS]
+    shown = "; ".join(f"row {r}: {why[:160]}" for r, why in rows)
+    return f"--from {name}: nothing usable: {reason}. First offending rows: {shown}"
+
+
 def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunContext, base_url: str | None,
-                   rerun: int = 0, seed: int = DEFAULT_SEED) -> dict[str, Any]:
-    """Figures of answers a user already has; with `rerun`, the other mode bought for that many
-    of their prompts (under the spec's budget). Nothing is sent without `rerun`. With a spec the
-    document is written to its output's audit.json; without one it is only returned."""
+                   opts: FromOptions = FromOptions()) -> dict[str, Any]:
+    """Figures of answers a user already has; with `opts.rerun`, the other mode bought for that many
+    of their prompts (under the spec's budget, booked in the audit's own output). Nothing is sent
+    without `rerun`. The document is written to the audit's own output (`opts.output`, default
+    `default_output(path)`), with `audit/rows.jsonl`; never to the dataset's output."""
+    rerun, seed = opts.rerun, opts.seed
     if rerun and dg is None:
         raise AuditError("--rerun needs a SPEC: its model, provider and budget pay for the comparison")
     p = recorded_path(path)
@@ -222,47 +348,76 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
         prices = dg.spec.effective_pricing()
         pricing = Pricing(prices.input_per_million, prices.output_per_million)
     tally = analyse_recorded(p, pricing, rerun=rerun, seed=seed)
+    why = unusable(p, tally)
+    if why:
+        raise UnusableFile(why)
+    store = _open(opts.output or default_output(p), dg)
     picked = tally.picked()
     facts = list(tally.facts)
-    sent, spent, outcome, message = 0, Decimal(0), Outcome.DONE, ""
+    sent, reused, spent, outcome, message = 0, 0, Decimal(0), Outcome.DONE, ""
     fp: dict[str, Any] | None = None
     changed: list[str] = []
     examples_doc: list[dict[str, Any]] = []
-    store = open_output(dg.spec) if dg is not None else None
-    if dg is not None and store is not None and picked:
-        other = {"text": "structured", "structured": "text"}
-        answers = AnswerSet(store, dg.spec)
+    lines = tally.lines
+    asked = None
+    bought_mode = None
+    if dg is not None and picked:
+        asked = opts.rerun_model or dg.spec.target.model
+        others = other_models(tally.models, asked)
+        if others and not opts.rerun_model and not opts.accept_other_model:
+            named = ", ".join(f"{m} ({n:,} rows)" for m, n in list(others.items())[:3])
+            raise AuditError(f"--rerun: the file's rows say {named} answered, but the spec's model is {asked!r}: the "
+                             "comparison would be between two models, not two tools modes. Name the model to buy "
+                             f"the other mode from with --rerun-model MODEL (e.g. --rerun-model {next(iter(others))}), "
+                             "or pass --accept-other-model to compare with the spec's model knowingly")
+        spec_dg = dg
+        if opts.rerun_model:
+            spec_dg = dg.model_copy(deep=True)
+            spec_dg.spec.target.model = opts.rerun_model
+        recorded_mode = picked[0].mode
+        bought_mode = {"text": "structured", "structured": "text"}[recorded_mode]
+        answers = AnswerSet(store, spec_dg.spec)
         fp, changed = answers.fingerprint.to_json(), answers.changed_since(stored.read_audit(store))
         todo: dict[str, list[tuple[str, sources.Prompt]]] = {m: [] for m in MODES}
         for c in picked:
-            if c.sample_id not in answers.have(other[c.mode]):
-                todo[other[c.mode]].append((c.sample_id, c.prompt))
-        sent, spent, outcome, message = buy(dg, ctx, base_url, answers, todo)
+            if c.sample_id not in answers.have(bought_mode):
+                todo[bought_mode].append((c.sample_id, c.prompt))
+        reused = len(picked) - len(todo[bought_mode])
+        sent, spent, outcome, message = buy(spec_dg, ctx, base_url, answers, todo)
         by_id = {c.sample_id: c for c in picked}
         pairs = answers.load(set(by_id))
-        bought = [stats.fact_from_record(rec, by_id[sid].declared)
-                  for m in MODES for sid, rec in pairs[m].items()]
-        facts += bought
-        sides: dict[str, dict[str, records.Record]] = {m: dict(pairs[m]) for m in MODES}
+        bought = {sid: rec for sid, rec in pairs[bought_mode].items()}
+        bought_facts = [stats.fact_from_record(rec, by_id[sid].declared) for sid, rec in bought.items()]
+        # the figures compare the file's answers in one mode with the answers bought in the other: the
+        # file's own answers in the bought mode (another model's, perhaps) are counted in `from` only
+        facts = [f for f in tally.facts if f.mode == recorded_mode] + bought_facts
+        sides: dict[str, dict[str, records.Record]] = {recorded_mode: {}, bought_mode: dict(bought)}
         side_facts: dict[str, dict[str, stats.AnswerFact]] = {m: {} for m in MODES}
-        for f in bought:
-            side_facts[f.mode][f.sample_id] = f
+        for f in bought_facts:
+            side_facts[bought_mode][f.sample_id] = f
         for c in picked:
             sides[c.mode][c.sample_id] = c.record  # type: ignore[assignment]
             side_facts[c.mode][c.sample_id] = stats.fact_from_record(c.record, c.declared)
         examples_doc = examples({c.sample_id: c.prompt for c in picked}, sides, side_facts)
+        lines = [*lines, *(answer_row(rec, {"row": by_id[sid].line, "sampleId": sid, "source": by_id[sid].prompt.source,
+                                            "mode": bought_mode, "model": asked, "bought": True})
+                           for sid, rec in bought.items())]
     judged = sum(1 for f in tally.facts if f.status != "unparsable")
     population = {"prompts": tally.rows, "declaredPrompts": judged}
     figures = stats.summarize(facts, population)
     entry = {
         "kind": "from", "at": now_iso(), "samples": len(picked), "seed": seed,
-        "model": dg.spec.target.model if dg is not None else None, "fingerprint": fp, "changedSince": changed,
-        "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
-        "reused": len(picked) - sent if picked else 0, "population": population,
-        "from": {"file": str(path), "rows": tally.rows, "badRows": tally.bad_rows, "problems": tally.problems,
-                 "modes": tally.modes, "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows,
-                 "unparsable": tally.unparsable, "costUSD": usd(tally.cost), "priced": tally.priced},
-        "figures": figures, "verdict": stats.verdict(figures, recorded=p.name),
+        "model": asked if asked else dg.spec.target.model if dg is not None else None, "fingerprint": fp,
+        "changedSince": changed, "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
+        "reused": reused, "population": population,
+        "from": {"file": str(path), "output": store.uri, "rows": tally.rows, "badRows": tally.bad_rows,
+                 "problems": tally.problems, "modes": tally.modes, "models": dict(tally.models.most_common(20)),
+                 "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows, "unparsable": tally.unparsable,
+                 "declarationShapes": tally.shapes, "costUSD": usd(tally.cost), "priced": tally.priced},
+        "figures": figures,
+        "verdict": stats.verdict(figures, recorded=p.name, shapes=tally.shapes,
+                                 bought=(bought_mode, sent, reused) if bought_mode else None),
         "examples": examples_doc, "sampleIds": [c.sample_id for c in picked],
     }
+    stored.write_rows(store, lines)
     return finish(store, entry)

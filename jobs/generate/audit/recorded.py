@@ -50,6 +50,7 @@ class RecordedRow:
     response: Response | None
     usage: dict[str, Any] | None
     error: str | None = None
+    model: str | None = None  # the model that answered, as the row says (the response's, else the request's)
 
 
 @dataclass(slots=True)
@@ -86,6 +87,9 @@ def _prompt(raw: dict[str, Any], name: str, line: int) -> tuple[sources.Prompt |
         row, fmt = raw, "sharegpt"
     elif "system" in raw and "chat" in raw:
         row, fmt = raw, "glaive"
+    elif "prompt" in raw or "completion" in raw:
+        return "a completion-style row ('prompt'/'completion'): no chat messages to read the declared tools " \
+               "from; expected 'request' (a chat-completions body), 'messages', 'conversations' or 'system' and 'chat'"
     else:
         return "no prompt: expected 'request' (a chat-completions body), 'messages', 'conversations' or " \
                "'system' and 'chat'"
@@ -133,18 +137,29 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
     if isinstance(doc, str):
         return RowProblem(line, doc)
     usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else None
+    model = _model(raw, doc)
     try:
         response, usage = parse_completion(doc)
     except ApiError as e:  # the provider's error instead of an answer: a failed request, not a bad row
-        return RecordedRow(line, prompt, mode, None, usage, error=f"{type(e).__name__}: {e}")
+        return RecordedRow(line, prompt, mode, None, usage, error=f"{type(e).__name__}: {e}", model=model)
     except _Retry as e:
         if e.kind == "error-body" or doc.get("error"):  # the provider's error too, a transient one
-            return RecordedRow(line, prompt, mode, None, usage, error=e.message)
+            return RecordedRow(line, prompt, mode, None, usage, error=e.message, model=model)
         return RowProblem(line, f"answer: {e.message}")
     for key in ("content", "reasoning"):
         if response.get(key) is not None and not isinstance(response.get(key), str):
             return RowProblem(line, f"answer: {key} is a JSON {sources.json_type_name(response[key])}, not a string")
-    return RecordedRow(line, prompt, mode, response, usage)
+    return RecordedRow(line, prompt, mode, response, usage, model=model)
+
+
+def _model(raw: dict[str, Any], doc: dict[str, Any]) -> str | None:
+    """Who answered: the answer's `model` (what the provider says served it), else the request's, else
+    the row's."""
+    request = raw.get("request")
+    for value in (doc.get("model"), request.get("model") if isinstance(request, dict) else None, raw.get("model")):
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:200]
+    return None
 
 
 def recorded_path(path: str | Path) -> Path:
@@ -163,6 +178,19 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes] | RowProblem]:
                     yield line, raw_line
         except (OSError, EOFError) as e:
             yield RowProblem(line + 1, f"the file is corrupt from here on ({type(e).__name__}: {e})")
+
+
+def first_byte(path: str | Path) -> bytes:
+    """The file's first byte that is not whitespace (b"" for none; read through gzip): `[` is a JSON
+    array someone meant as JSON lines."""
+    with _open(recorded_path(path)) as f:
+        try:
+            while chunk := f.read(1 << 16):
+                if stripped := chunk.lstrip():
+                    return stripped[:1]
+        except (OSError, EOFError):
+            return b""
+    return b""
 
 
 def parse_line(raw_line: bytes, name: str, line: int) -> RecordedRow | RowProblem:

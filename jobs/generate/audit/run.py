@@ -18,8 +18,9 @@ What it promises:
 - **Paid from the budget.** Requests go through the run's coordinator and in-flight bounds; what
   the audit paid is part of the spend the next run starts from (`contract/audit.audit_spend`), and
   of what `eyrie report` shows as spent and paid per provider, as soon as an answer is durable.
-- `--from FILE` reads answers someone already paid for (`audit_from.py`): the same checks and
-  figures, nothing sent; `--rerun N` buys the other mode for N of those prompts.
+- `--from FILE` reads answers someone already paid for (`from_recorded.py`): the same checks and
+  figures, nothing sent; `--rerun N` buys the other mode for N of those prompts. It is written to an
+  output of its own (never the dataset's), and what it buys is paid and booked there.
 """
 
 from __future__ import annotations
@@ -124,6 +125,11 @@ class Declared:
     validator: ToolValidator
     names: frozenset[str]
 
+    @property
+    def shapes(self) -> tuple[declarations.DeclarationShape, ...]:
+        """The shapes its declarations were written in (none when it declares nothing)."""
+        return self.prepared.shapes if self.names else ()
+
     @classmethod
     def of(cls, prepared: declarations.Prepared | declarations.Rejected) -> Declared | declarations.Rejected:
         if isinstance(prepared, declarations.Rejected):
@@ -141,6 +147,9 @@ def declarations_of(prompt: sources.Prompt, mode: str) -> Declared | declaration
     the last user turn, so rows that differ only there (a dataset's usual case) share one reading,
     one validator and one set of names."""
     head = prompt.messages[:-1] if prompt.messages and prompt.messages[-1].get("role") == "user" else None
+    if head is not None and not any(m.get("role") == "user" for m in head) \
+            and declarations.may_declare(str(prompt.messages[-1].get("content"))):
+        head = None  # the last user turn is the first, which may hold the declarations itself
     if head is None:
         return Declared.of(declarations.prepare_prompt(prompt, mode))  # type: ignore[arg-type]
     key = orjson.dumps([mode, head, prompt.tools])
@@ -165,13 +174,16 @@ def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Pic
     declared: dict[str, frozenset[str]] = {}
     pop: dict[str, Any] = {"prompts": 0, "declaredPrompts": 0, "unparsable": 0, "bySource": {}}
     for src in dg.spec.sources:
-        counts = pop["bySource"].setdefault(src.name, {"prompts": 0, "declaredPrompts": 0})
+        counts = pop["bySource"].setdefault(src.name, {"prompts": 0, "declaredPrompts": 0,
+                                                       "declarationShapes": {}})
         for item in sources.iter_source(src, dg.spec.output.endpoint):
             if isinstance(item, sources.BadRow):
                 continue
             pop["prompts"] += 1
             counts["prompts"] += 1
             got = declarations_of(item, "structured")
+            stats.count_shapes(counts["declarationShapes"], None if isinstance(got, declarations.Rejected)
+                               else got.shapes)
             if isinstance(got, declarations.Rejected):
                 pop["unparsable"] += 1
                 continue
@@ -236,6 +248,7 @@ class AnswerSet:
 
     def __init__(self, store: Store, spec: DatasetGenerationSpec):
         self.fingerprint = audit_fingerprint(spec)
+        self.root = store  # the output the answers are kept and paid in
         self.store = stored.answer_store(store, self.fingerprint.id)
         self.states: dict[str, ShardState] = {m: scan_shard(self.store, layout.AUDIT_SHARDS[m]) for m in MODES}
 
@@ -295,7 +308,9 @@ async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
         mspec.tools.mode = mode
         config = WorkerConfig(mspec.model_dump_json(by_alias=True), f"audit-{mode}", "audit", base_url,
                               spec.api.max_concurrency, spec.api.requests_per_minute, spec.api.tokens_per_minute)
-        workers.append((ShardWorker(config, coord, None, api_key=api_key), layout.AUDIT_SHARDS[mode], items))
+        # the worker's in-flight bounds go where the answers are paid (a --from audit's own output)
+        workers.append((ShardWorker(config, coord, None, answers.root, api_key=api_key), layout.AUDIT_SHARDS[mode],
+                        items))
     async with contextlib.AsyncExitStack() as clients:
         for worker, _shard, _items in workers:
             await clients.enter_async_context(worker.open_client())
@@ -312,9 +327,10 @@ async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
 
 def buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: AnswerSet,
          todo: dict[str, list[tuple[str, sources.Prompt]]]) -> tuple[int, Decimal, str, str]:
-    """Send what the answer set lacks, paid from the budget: (requests sent, spent, outcome, message)."""
+    """Send what the answer set lacks, paid from the budget of the store the answer set is in (the
+    dataset's output, or a `--from` audit's own): (requests sent, spent, outcome, message)."""
     spec = dg.spec
-    store = open_output(spec)
+    store = answers.root
     count = sum(len(v) for v in todo.values())
     if not count:
         answers.compact(spec.generation.part_records)
@@ -396,6 +412,17 @@ def _facts(pairs: dict[str, dict[str, records.Record]], declared: dict[str, froz
                 for sid, rec in pairs[m].items()} for m in MODES}
 
 
+def answer_row(rec: records.Record, base: dict[str, Any]) -> bytes:
+    """`audit/rows.jsonl`'s line of an answer the audit bought (its record); `base` says where its prompt
+    is (row, 1-based, sampleId, source, mode, model)."""
+    status = {"ok": stored.RowStatus.OK, "rejected": stored.RowStatus.UNPARSABLE}.get(str(rec.get("status")),
+                                                                                   stored.RowStatus.FAILED)
+    error = rec.get("error")
+    why = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+    entry = stored.row_entry({**base, "costUSD": rec.get("costUSD")}, status, rec.get("checks"), why)
+    return orjson.dumps(entry) + b"\n"
+
+
 def finish(store: Store | None, entry: dict[str, Any]) -> dict[str, Any]:
     """Make `entry` the latest audit in audit.json (history kept), unless it repeats the latest
     exactly (nothing bought, the same sample): then the stored document is the answer."""
@@ -404,7 +431,7 @@ def finish(store: Store | None, entry: dict[str, Any]) -> dict[str, Any]:
     prev = stored.read_audit(store)
     same = ("fingerprint", "kind", "seed", "sampleIds", "from")
     if prev and entry.get("sent") == 0 and all(prev.get(k) == entry.get(k) for k in same):
-        return {**prev, **{k: entry[k] for k in ("sent", "reused", "spentUSD", "outcome", "message")}}
+        return {**prev, **{k: entry[k] for k in ("sent", "reused", "spentUSD", "outcome", "message", "verdict")}}
     doc = stored.with_entry(prev, entry, stored.audit_spend(store))
     stored.write_audit(store, doc)
     return doc
@@ -426,6 +453,9 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
     sids = {sid for sid, _ in picked.prompts}
     pairs = answers.load(sids)
     facts = _facts(pairs, picked.declared, picked.references)
+    stored.write_rows(store, (answer_row(pairs[m][sid], {"row": p.row + 1, "sampleId": sid, "source": p.source,
+                                                         "mode": m, "model": spec.target.model})
+                              for sid, p in picked.prompts for m in MODES if sid in pairs[m]))
     figures = stats.summarize([f for m in MODES for f in facts[m].values()], picked.population)
     entry = {
         "kind": "prompts", "at": now_iso(), "samples": len(picked.prompts), "seed": seed,
@@ -433,7 +463,9 @@ def run_audit(dg: DatasetGeneration, samples: int, ctx: RunContext, base_url: st
         "changedSince": answers.changed_since(stored.read_audit(store)),
         "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
         "reused": 2 * len(picked.prompts) - wanted, "population": picked.population,
-        "figures": figures, "verdict": stats.verdict(figures),
+        "figures": figures,
+        "verdict": stats.verdict(figures, shapes={k: v["declarationShapes"]
+                                                  for k, v in picked.population["bySource"].items()}),
         "examples": examples(dict(picked.prompts), pairs, facts),
         "sampleIds": [sid for sid, _ in picked.prompts],
     }

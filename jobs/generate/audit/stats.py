@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from eyrie.jobs.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
+from eyrie.jobs.tools.declarations import SHAPE_TEXT, DeclarationShape
 
 if TYPE_CHECKING:
     from eyrie.jobs.tools.checks import ResponseCheck
@@ -190,6 +191,44 @@ def fact_from_check(sample_id: str, source: str, mode: str, check: ResponseCheck
 def _output_tokens(usage: dict[str, Any] | None) -> int | None:
     tokens = (usage or {}).get("completion_tokens")
     return tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
+
+
+# ------------------------------------------------------------------------ declaration shapes
+
+NO_DECLARATIONS, NOT_PARSABLE = "none", "unparsable"  # keys beside the DeclarationShape values
+
+
+def count_shapes(counts: dict[str, int], shapes: Sequence[DeclarationShape] | None) -> None:
+    """Count a prompt's declarations by shape; `shapes` None: they did not parse, empty: there were none."""
+    keys = (NOT_PARSABLE,) if shapes is None else [str(k) for k in shapes] or [NO_DECLARATIONS]
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+
+
+def merge_shapes(into: dict[str, dict[str, int]], other: dict[str, dict[str, int]]) -> None:
+    for source, counts in other.items():
+        mine = into.setdefault(source, {})
+        for k, v in counts.items():
+            mine[k] = mine.get(k, 0) + v
+
+
+def shapes_phrase(by_source: dict[str, dict[str, int]]) -> str:
+    """Which declaration shapes each source's prompts used, in words (the verdict's last sentence)."""
+    parts = []
+    for source, counts in sorted(by_source.items())[:MAX_GROUPS]:
+        found = [f"{SHAPE_TEXT[DeclarationShape(k)]} {v:,}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+                 if k not in (NO_DECLARATIONS, NOT_PARSABLE)]
+        if counts.get(NOT_PARSABLE):
+            found.append(f"not parsable {counts[NOT_PARSABLE]:,}")
+        if counts.get(NO_DECLARATIONS):
+            found.append(f"no declaration {counts[NO_DECLARATIONS]:,}")
+        parts.append(f"{source}: {', '.join(found)}")
+    if not parts:
+        return ""
+    if not any(k not in (NO_DECLARATIONS, NOT_PARSABLE) for c in by_source.values() for k in c):
+        return (f"No prompt declared functions in a shape eyrie reads ({'; '.join(parts)}): see docs/operating.md, "
+                "Tool declarations eyrie reads.")
+    return f"Prompts by how they declared functions: {'; '.join(parts)}."
 
 
 # ------------------------------------------------------------------------------------ figures
@@ -470,15 +509,39 @@ def _cost_phrase(proj: dict[str, Any]) -> str:
             f"{_money(hi, ref)}] {word} than the text run.")
 
 
-def verdict(figs: dict[str, Any], *, recorded: str | None = None) -> str:
+def verdict(figs: dict[str, Any], *, recorded: str | None = None,
+            shapes: dict[str, dict[str, int]] | None = None, bought: tuple[str, int, int] | None = None) -> str:
     """The audit in one paragraph, every number taken from `figs` and printed as the tables print
-    it. `recorded`: the name of a `--from` file whose answers the text side (or both) came from."""
+    it. `recorded`: the name of a `--from` file whose answers the text side (or both) came from;
+    `shapes`: per source, the prompts by declaration shape (`count_shapes`); `bought`: with
+    `--rerun`, (the bought mode, requests sent, answers reused)."""
+    phrase = shapes_phrase(shapes or {})
+    return " ".join(p for p in (_verdict(figs, recorded, bought), phrase) if p)
+
+
+def _lead(modes: dict[str, Any], recorded: str | None, bought: tuple[str, int, int] | None) -> str:
+    """Where the two sides' answers came from: both bought, both recorded, or one recorded and one bought
+    (its count is the requests sent now plus the answers reused from an earlier audit)."""
+    if not recorded:
+        return ""
+    if bought is None:
+        return (f"In the {modes['text']['answers']} text and {modes['structured']['answers']} structured answers "
+                f"recorded in {recorded}, ")
+    mode, sent, reused = bought
+    other = "structured" if mode == "text" else "text"
+    b = modes[mode]
+    got = b["answers"] + b["failed"] + b["unparsable"]
+    failed = f", {b['failed']} of them failed" if b["failed"] else ""
+    return (f"In the {modes[other]['answers']} answers recorded in {recorded} ({other}) and the {got} bought {mode} "
+            f"({sent} requests sent now, {reused} answers reused{failed}), ")
+
+
+def _verdict(figs: dict[str, Any], recorded: str | None, bought: tuple[str, int, int] | None) -> str:
     modes = figs.get("modes") or {}
     t, s = modes.get("text"), modes.get("structured")
     out = []
     if t and s:
-        lead = f"In the {t['answers']} answers recorded in {recorded} (text) and {s['answers']} bought structured, " \
-            if recorded else ""
+        lead = _lead(modes, recorded, bought)
         out.append(f"{lead}{'as' if lead else 'As'} text, the model called a tool on {fmt_rate(t['callRate'])} of "
                    f"{t['answers']} prompts that declare tools vs {fmt_rate(s['callRate'])} of {s['answers']} "
                    "structured")
