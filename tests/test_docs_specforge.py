@@ -14,8 +14,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eyrie.jobs.extract.run import builtin_model, run_extraction
+from eyrie.jobs.extract.specforge import SPECFORGE_VERSION
 from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
 from eyrie.jobs.spec import TargetSpec
 from tests.extract_helpers import make_spec
@@ -84,32 +86,47 @@ def test_the_docs_commands_do_what_they_say_eyrie_then_specforge(tmp_path, monke
     for name, body in files().items():
         (work / name).write_text(body)
     ran = []
+    env = None  # SpecForge's own environment: where its `specforge` and `pip` are
     for argv in commands():
         argv = [where.get(a, a) for a in argv]
-        if argv[:2] == ["eyrie", "export"]:
+        if argv[:3] == ["python", "-m", "venv"]:  # not made here (no network): the test checks what goes in
+            env = argv[3]
+        elif env and argv[0] == f"{env}/bin/pip":
+            assert argv[1:] == ["install", f"specforge=={SPECFORGE_VERSION}"], argv  # its pins, not eyrie's
+            ran.append("pip install specforge")
+        elif argv[0] == "cd":
+            monkeypatch.chdir(argv[1])
+        elif argv[:2] == ["eyrie", "export"]:
             assert export_main(argv[2:]) == 0, argv
             ran.append(" ".join(argv[:3]))
         elif argv[0] == "cat" and argv[-2] == ">":
             Path(argv[-1]).write_text("".join(Path(a).read_text() for a in argv[1:-2]))
-        elif argv[:2] == ["specforge", "train"]:
+        elif argv[0] == f"{env}/bin/specforge" and argv[1] == "train":  # in its own environment, never eyrie's
             assert argv[2] == "-c", argv
             config, overrides = argv[3], argv[4:]
             capsys.readouterr()
             assert specforge_main(["train", "-c", config, "--plan", *overrides]) == 0, argv
             assert '"kind"' in capsys.readouterr().out  # the process plan, printed
+            values = yaml.safe_dump(yaml.safe_load(Path(config).read_text()))  # the settings, not the comments
+            assert str(tmp_path) not in values  # portable: no path of this machine
             cfg = load_config(config, overrides)
+            # every path relative to the export folder, the one it is run from
             if cfg.mode == "offline":
-                assert any(Path(cfg.data.hidden_states_path).rglob("data_*.ckpt"))
+                assert cfg.data.hidden_states_path == "." and any(Path(".").rglob("data_*.ckpt"))
                 assert Path(cfg.model.draft_model_config).is_file()
             else:
                 assert Path(cfg.data.prompts_path or cfg.data.train_data_path).is_file()
                 assert Path(cfg.model.vocab_mapping_path).is_file() and Path(cfg.model.draft_model_config).is_file()
-            assert cfg.model.target_model_path == (chat if "quickstart" in config else tiny), config
+            # the builtin targets exist only where eyrie is installed: the export carries a copy
+            model = chat if "quickstart" in Path.cwd().name else tiny
+            assert cfg.model.target_model_path == "target-model", config
+            assert (Path("target-model") / "config.json").read_bytes() == (Path(model) / "config.json").read_bytes()
             ran.append(f"specforge train {cfg.mode}")
         else:
             pytest.fail(f"docs/operating.md names a command this test does not run: {argv}")
     # offline and online, for the quickstart and for Kimi K2.5
-    assert sorted(ran) == sorted(["eyrie export specforge"] * 2 + ["eyrie export specforge-online"] * 2
+    assert sorted(ran) == sorted(["pip install specforge"] + ["eyrie export specforge"] * 2
+                                 + ["eyrie export specforge-online"] * 2
                                  + ["specforge train offline"] * 2 + ["specforge train online"] * 2), ran
 
 

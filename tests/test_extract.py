@@ -490,7 +490,7 @@ def test_specforge_export_loads_in_specforges_own_dataset_for_every_stored_dtype
 
 @pytest.mark.integration
 def test_the_offline_export_is_what_specforge_train_takes_draft_run_config_and_vocab_mapping(tmp_path, tiny,
-                                                                                             backend):
+                                                                                             backend, monkeypatch):
     """Beside the features: a draft config of the target's shape, read through SpecForge's own
     resolver (and equal to the one it would derive from the target), a run config its schema accepts,
     and the vocab mapping its code builds from what the export holds."""
@@ -510,8 +510,12 @@ def test_the_offline_export_is_what_specforge_train_takes_draft_run_config_and_v
     r = export_specforge(store, sf)
     assert r.draft_config == str((sf / DRAFT_CONFIG).resolve()) and r.draft_error is None
     cfg = Config.model_validate(yaml.safe_load((sf / RUN_CONFIG).read_text()))
-    assert (cfg.mode, cfg.data.hidden_states_path, cfg.model.target_model_path) == ("offline", str(sf.resolve()),
-                                                                                    str(tiny))
+    # portable: every path relative to the export folder, where `specforge train` is run from
+    assert (cfg.mode, cfg.data.hidden_states_path, cfg.model.draft_model_config) == ("offline", ".", DRAFT_CONFIG)
+    assert cfg.model.target_model_path == os.path.relpath(tiny.resolve(), sf.resolve()) == r.target_model_path
+    assert str(tmp_path.parent) not in (sf / RUN_CONFIG).read_text()  # no absolute path of this machine
+    monkeypatch.chdir(sf)
+    assert Path(cfg.model.target_model_path).resolve() == tiny.resolve()
     provider = algorithm_providers().model.draft_config
     ours = resolve_draft_config(cfg, provider=provider).to_dict()
     theirs = resolve_draft_config(Config.model_validate({**cfg.model_dump(), "model": {

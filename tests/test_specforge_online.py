@@ -9,7 +9,9 @@ multi-turn with tool calls."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -68,10 +70,12 @@ def specforge_reads(out: Path, tok: LoadedTokenizer, config: str) -> list[tuple[
 
     data = DataConfig(**yaml.safe_load((out / config).read_text())["data"])
     path = data.prompts_path or data.train_data_path
-    tasks = prepare_prompt_tasks(path, AutoTokenizer.from_pretrained(str(tok.folder)), chat_template=data.chat_template,
-                                 max_length=data.max_length, is_preformatted=data.is_preformatted,
-                                 train_only_last_turn=data.train_only_last_turn, cache_dir=None, cache_key=None,
-                                 num_proc=1, min_loss_tokens=1)
+    with contextlib.chdir(out):  # its paths are relative to the export folder, where `specforge train` runs
+        tasks = prepare_prompt_tasks(path, AutoTokenizer.from_pretrained(str(tok.folder)),
+                                     chat_template=data.chat_template, max_length=data.max_length,
+                                     is_preformatted=data.is_preformatted,
+                                     train_only_last_turn=data.train_only_last_turn, cache_dir=None, cache_key=None,
+                                     num_proc=1, min_loss_tokens=1)
     return sorted((tuple(t["payload"]["input_ids"]), tuple(t["payload"]["loss_mask"])) for t in tasks)
 
 
@@ -96,7 +100,7 @@ def test_qwen3_rows_are_rebuilt_by_specforge_exactly_and_its_trainer_reads_them_
     assert specforge_reads(out, qwen, "data-config.yaml") == eyrie_rows(samples)
     assert specforge_reads(out, qwen, "data-config-tokens.yaml") == eyrie_rows(samples)
     cfg = yaml.safe_load((out / "data-config.yaml").read_text())["data"]
-    assert cfg == {"train_data_path": str((out / "data.jsonl").resolve()), "is_preformatted": True,
+    assert cfg == {"train_data_path": "data.jsonl", "is_preformatted": True,
                    "chat_template": template, "train_only_last_turn": True, "max_length": max(len(s.input_ids)
                                                                                              for s in samples)}
     stored = json.loads(store.get(layout.SPECFORGE_ONLINE))  # the run's report reads it from there
@@ -250,13 +254,33 @@ def test_without_specforge_the_rows_are_written_unchecked_and_verify_is_refused(
     from eyrie.jobs.extract import specforge_online
 
     store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
-    monkeypatch.setattr(specforge_online, "specforge_importable", lambda: "ModuleNotFoundError: specforge")
-    with pytest.raises(specforge_online.SpecForgeUnavailable, match=r"pip install --no-deps specforge==0\.2\.0"):
+    no_specforge = "ModuleNotFoundError: No module named 'specforge'"
+    monkeypatch.setattr(specforge_online, "specforge_importable", lambda: no_specforge)
+    with pytest.raises(specforge_online.SpecForgeUnavailable, match=r"`pip install --no-deps specforge==0\.2\.0`"):
         export(store, tmp_path / "sf", verify=True)
     r = export(store, tmp_path / "sf")
     assert (r.verified, r.written, r.summary["exact"], r.chat_template, r.chosen_by) == (
         False, 5, None, "qwen3-thinking", "format")
     assert r.summary["parserCpuSeconds"] is None and r.summary["cpuSeconds"] > 0
+    assert "`pip install --no-deps specforge==0.2.0`" in r.summary["notVerified"]  # the fix, said on the summary
+
+
+@pytest.mark.parametrize(("missing", "command"), [
+    ("ModuleNotFoundError: No module named 'specforge'", "`pip install --no-deps specforge==0.2.0`"),
+    ("ModuleNotFoundError: No module named 'multiprocess'", "`pip install 'eyrie[specforge]'`"),
+    ("ModuleNotFoundError: No module named 'datasets'", "`pip install 'eyrie[specforge]'`")])
+def test_each_import_failure_names_the_command_that_fixes_it(tmp_path, qwen, monkeypatch, missing, command):
+    """What a new user met: `No module named 'specforge'`, then `'multiprocess'`, and no word of the fix."""
+    from eyrie.jobs.extract import specforge_online
+
+    store, _ = samples_store(tmp_path / "run", qwen, "qwen3", conversations(True))
+    monkeypatch.setattr(specforge_online, "specforge_importable", lambda: missing)
+    both = "`pip install 'eyrie[specforge]' && pip install --no-deps specforge==0.2.0`"
+    for kw in ({"model": "builtin:tiny-chat"}, {"verify": True}):
+        with pytest.raises(specforge_online.SpecForgeUnavailable) as e:
+            export(store, tmp_path / "sf", **kw)
+        assert missing in str(e.value) and command in str(e.value) and both in str(e.value), str(e.value)
+    assert not (tmp_path / "sf").exists()
 
 
 def target_config(folder: Path, vocab: int) -> Path:
@@ -269,7 +293,8 @@ def target_config(folder: Path, vocab: int) -> Path:
 
 
 def test_with_the_target_model_it_writes_the_vocab_mapping_and_draft_specforge_online_training_needs(tmp_path,
-                                                                                                      qwen):
+                                                                                                      qwen,
+                                                                                                      monkeypatch):
     """SpecForge 0.2.0's online training refuses to start without model.vocab_mapping_path (its capture
     servers and trainer cannot derive one shared mapping): with --model the export writes it, by
     SpecForge's own mapping code from the loss tokens, and a draft config SpecForge builds its draft from;
@@ -298,9 +323,10 @@ def test_with_the_target_model_it_writes_the_vocab_mapping_and_draft_specforge_o
     chosen = set((torch.arange(32000) + d2t).tolist())
     assert chosen == set(torch.nonzero(t2d).flatten().tolist()) and set(loss) <= chosen  # every loss token mapped
     section = yaml.safe_load((out / "data-config-tokens.yaml").read_text())
-    assert section["model"] == {"target_model_path": str(model), "trust_remote_code": False,
-                                "draft_model_config": str((out / "draft-config.json").resolve()),
-                                "vocab_mapping_path": str((out / "vocab-mapping.pt").resolve())}
+    # portable: paths relative to the export folder (a local target too), where `specforge train` runs
+    assert section["model"] == {"target_model_path": os.path.relpath(model, out), "trust_remote_code": False,
+                                "draft_model_config": "draft-config.json", "vocab_mapping_path": "vocab-mapping.pt"}
+    monkeypatch.chdir(out)
     assert yaml.safe_load((out / "data-config.yaml").read_text())["model"] == section["model"]
     run = {**section, "training": {"strategy": "eagle3"},
            "deployment": {"mode": "disaggregated", "disaggregated": {
@@ -320,7 +346,7 @@ def test_with_the_target_model_it_writes_the_vocab_mapping_and_draft_specforge_o
     assert draft.vocab_mapping_loaded and torch.equal(draft.t2d.cpu(), t2d) and torch.equal(draft.d2t.cpu(), d2t)
     summary = json.loads((out / "eyrie_export.json").read_text())
     assert (summary["files"]["vocabMapping"], summary["draftVocabSize"], summary["model"]) == (
-        "vocab-mapping.pt", 32000, str(model))
+        "vocab-mapping.pt", 32000, os.path.relpath(model, out))
 
 
 def test_the_vocab_mapping_is_specforges_own_to_the_bit():
@@ -426,3 +452,21 @@ def test_the_report_shows_how_many_rows_specforge_trains_on_exactly(tmp_path, qw
     assert "SpecForge online hand-off" in text
     assert f"{5 - over} of 5 rows exactly as eyrie rebuilt them" in text and f"over_max_length {over}" in text
     assert f"{5 - over} of 5 rows exactly as eyrie rebuilt them" in render(d)
+
+
+def test_the_run_config_names_a_target_that_exists_where_specforge_trains(tmp_path):
+    """A builtin demo target exists only in eyrie's package or cache: it is copied into the export and
+    named relatively; a model id stays an id; a local folder is named relative to the export folder."""
+    from eyrie.jobs.extract.run import builtin_model, is_builtin_folder
+    from eyrie.jobs.extract.specforge import TARGET_MODEL, portable_target
+
+    out = tmp_path / "sf"
+    out.mkdir()
+    chat = builtin_model("builtin:tiny-chat")
+    assert is_builtin_folder(chat) and portable_target(chat, out) == TARGET_MODEL
+    assert sorted(p.name for p in (out / TARGET_MODEL).iterdir()) == sorted(p.name for p in Path(chat).iterdir())
+    assert (out / TARGET_MODEL / "config.json").read_bytes() == (Path(chat) / "config.json").read_bytes()
+    assert portable_target("moonshotai/Kimi-K2.5", out) == "moonshotai/Kimi-K2.5"
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    assert not is_builtin_folder(str(tmp_path / "models" / "mine"))
+    assert portable_target(str(tmp_path / "models" / "mine"), out) == "../models/mine"

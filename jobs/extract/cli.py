@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 
 
@@ -81,7 +82,7 @@ def export_main(argv: list[str]) -> int:
     if args.max_length is not None and args.max_length < 1:
         p.error("--max-length must be at least 1")
 
-    from eyrie.jobs.extract.specforge import DRAFT_CONFIG, RUN_CONFIG, ExportOptions, export_specforge
+    from eyrie.jobs.extract.specforge import DRAFT_CONFIG, RUN_CONFIG, TRAIN_INSTALL, ExportOptions, export_specforge
     from eyrie.jobs.store import open_store
 
     opts = ExportOptions(overwrite=args.overwrite, max_length=args.max_length, truncate=args.truncate,
@@ -95,8 +96,9 @@ def export_main(argv: list[str]) -> int:
               + ("" if args.truncate or not r.over_max_length else
                  " (SpecForge will cut them at max_len; --truncate cuts them here, loss mask alike)"))
     if r.draft_config:
-        print(f"wrote {DRAFT_CONFIG} (an EAGLE-3 draft of the target's shape) and {RUN_CONFIG}: "
-              f"specforge train -c {args.dir}/{RUN_CONFIG}")
+        print(f"wrote {DRAFT_CONFIG} (an EAGLE-3 draft of the target's shape) and {RUN_CONFIG} (target "
+              f"{r.target_model_path}); train in SpecForge's own environment ({TRAIN_INSTALL}), from the folder: "
+              f"cd {shlex.quote(args.dir)} && ~/specforge-env/bin/specforge train -c {RUN_CONFIG}")
     else:
         print(f"no {DRAFT_CONFIG}: the target's config could not be read ({r.draft_error}); pass --model, or let "
               f"SpecForge derive the draft from model.target_model_path in {RUN_CONFIG}")
@@ -156,7 +158,7 @@ def online_summary(s: dict) -> str:
              f"{s['chatTemplate']}, {s['chosenBy']}; max_length {s['maxLength']}) and all {s['samples']} as token "
              "ids to tokens.jsonl"]
     if not s["verified"]:
-        lines.append("not verified: SpecForge's parser was not run (--no-verify, or specforge is not installed)")
+        lines.append(f"not verified: SpecForge's parser was not run ({s.get('notVerified') or '--no-verify'})")
     else:
         lines.append(f"SpecForge {s['specforgeVersion']} will train on {s['exact']} of {s['samples']} rows exactly as "
                      f"eyrie rebuilt them" + (f" ({s['truncated']} of them cut at max_length)" if s["truncated"]
@@ -178,5 +180,6 @@ def online_summary(s: dict) -> str:
         lines.append("no vocab-mapping.pt: SpecForge's online training needs one (model.vocab_mapping_path); export "
                      "with --model REF, the target model")
     lines.append("train: data-config.yaml (text) or data-config-tokens.yaml (the ids as they are) is the model and "
-                 "data section of a `specforge train -c CONFIG` run config (docs/operating.md, Train a drafter)")
+                 "data section of a `specforge train -c CONFIG` run config, its paths relative to the folder: run it "
+                 "from there, in SpecForge's own environment (docs/operating.md, Train a drafter)")
     return "\n".join(lines)

@@ -416,6 +416,22 @@ def builtin_model(name: str) -> str:
     return str(folder)
 
 
+def is_builtin_folder(path: str) -> bool:
+    """Whether `path` is one of the builtin models' folders (eyrie's package or its cache): a path that
+    exists only where eyrie is installed, so a hand-off to another environment must carry the files."""
+    from pathlib import Path
+
+    from eyrie.jobs.cache import models_dir
+    from eyrie.jobs.extract import tiny
+
+    try:
+        p = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError):
+        return False
+    roots = (Path(tiny.__file__).resolve().parent / "builtin", models_dir().expanduser().resolve())
+    return p.is_dir() and any(p.is_relative_to(root) for root in roots)
+
+
 def model_path(spec: Any) -> str:
     path = spec.extraction.model or spec.target.tokenizer
     if not path:

@@ -44,6 +44,7 @@ import torch
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.codec import decode
 from eyrie.jobs.extract.layers import SPECFORGE_AUX_LAYERS
+from eyrie.jobs.extract.run import is_builtin_folder
 from eyrie.jobs.extract.shards import ShardError, layout_of, list_indexes, load_index, parse_header
 from eyrie.jobs.store import NotFound, Store
 
@@ -53,8 +54,16 @@ SAMPLE_IDS = "sample_ids.jsonl"
 DRAFT_CONFIG = "draft-config.json"
 RUN_CONFIG = "specforge-offline.yaml"
 EXPORT_DTYPE = torch.bfloat16
+TARGET_MODEL = "target-model"  # a builtin demo target, copied into the export (it exists nowhere else)
 _OURS = re.compile(r"^(rows_\d+-\d+|sample_ids\.jsonl|eyrie_export\.json|\.sample_ids\.jsonl\.tmp|"
-                   r"draft-config\.json|specforge-offline\.yaml)$")
+                   r"draft-config\.json|specforge-offline\.yaml|target-model)$")
+SPECFORGE_VERSION = "0.2.0"  # the release whose data code the exports are checked against
+# Where SpecForge trains: its own environment, with its own pins (torch, transformers, sglang)
+TRAIN_INSTALL = f"python -m venv ~/specforge-env && ~/specforge-env/bin/pip install specforge=={SPECFORGE_VERSION}"
+# Beside eyrie, for the exports' checks: SpecForge's data code only, without its pins (--no-deps)
+CHECK_INSTALL = f"pip install 'eyrie[specforge]' && pip install --no-deps specforge=={SPECFORGE_VERSION}"
+RUN_FROM_HERE = ("Paths are relative to this folder: run specforge train from it (cd into it), in SpecForge's own "
+                 f"environment\n({TRAIN_INSTALL}; docs/operating.md, Train a drafter with SpecForge).")
 # What SpecForge copies from the target's (text) config into the EAGLE-3 draft it generates
 # (specforge/training/model_loading.py `_TARGET_ARCHITECTURE_FIELDS`), and its EAGLE-3 defaults.
 DRAFT_FIELDS = ("vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
@@ -87,6 +96,7 @@ class ExportResult:
     longest: int = 0
     draft_config: str | None = None  # draft-config.json when the target's config could be read
     draft_error: str | None = None  # else why not
+    target_model_path: str | None = None  # as the run config names it (portable_target)
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -246,6 +256,34 @@ def draft_config(model_config: Any, aux_layers: list[int] | None) -> dict[str, A
     return doc
 
 
+def install_hint(why: str) -> str:
+    """The command that fixes SpecForge's data code not importing beside eyrie (`why`: the import error):
+    SpecForge itself (without its pins), or the modules its data code imports (eyrie[specforge])."""
+    if "No module named 'specforge" in why or "'specforge' is not a package" in why:
+        first = (f"SpecForge is not installed here: `pip install --no-deps specforge=={SPECFORGE_VERSION}` (--no-deps: "
+                 "its pins, torch and sglang, are for training, in SpecForge's own environment)")
+    else:
+        first = "a module SpecForge's data code imports is missing here: `pip install 'eyrie[specforge]'` installs them"
+    return f"{first}; both at once: `{CHECK_INSTALL}`"
+
+
+def portable_target(model: str, out: Path) -> str:
+    """The target as a run config names it (`model.target_model_path`), for SpecForge's environment, run
+    from the export folder: a builtin demo model (which exists only where eyrie is installed) is copied
+    into the folder and named `target-model`; a local folder, relative to the export folder; a model
+    id as it is."""
+    if is_builtin_folder(model):
+        dest = out / TARGET_MODEL
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(model, dest)
+        return TARGET_MODEL
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return os.path.relpath(p.resolve(), out.resolve())
+    return model
+
+
 def _training_files(out: Path, index: dict[str, Any], result: ExportResult, opts: ExportOptions) -> None:
     """draft-config.json (when the target's config can be read) and specforge-offline.yaml."""
     import yaml
@@ -261,11 +299,13 @@ def _training_files(out: Path, index: dict[str, Any], result: ExportResult, opts
         result.draft_config = str((out / DRAFT_CONFIG).resolve())
     except Exception as e:  # the features are written and valid; only the convenience is missing
         result.draft_error = f"{type(e).__name__}: {e}"
-    run = {"model": {"target_model_path": str(model) if model else "<the target model>",
-                     **({"draft_model_config": result.draft_config} if result.draft_config else {})},
-           "data": {"hidden_states_path": str(out.resolve()), "max_length": opts.max_length or result.longest},
+    target = portable_target(str(model), out) if model else "<the target model>"
+    result.target_model_path = target
+    run = {"model": {"target_model_path": target,
+                     **({"draft_model_config": DRAFT_CONFIG} if result.draft_config else {})},
+           "data": {"hidden_states_path": ".", "max_length": opts.max_length or result.longest},
            "training": {"strategy": "eagle3"}}
-    head = ("SpecForge 0.2.0 run config for offline EAGLE-3 training on this export: specforge train -c "
+    head = (f"SpecForge {SPECFORGE_VERSION} run config for offline EAGLE-3 training on this export: specforge train -c "
             f"{RUN_CONFIG}\n(add training.* settings, output_dir; the vocab mapping is counted from the features' "
-            "loss tokens).\n")
+            f"loss tokens).\n{RUN_FROM_HERE}\n")
     (out / RUN_CONFIG).write_text("".join(f"# {x}\n" for x in head.splitlines()) + yaml.safe_dump(run, sort_keys=False))

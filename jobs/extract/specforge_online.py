@@ -57,13 +57,22 @@ from eyrie.jobs.context import usable_cores
 from eyrie.jobs.contract import layout
 from eyrie.jobs.extract.layers import resolve_layers
 from eyrie.jobs.extract.run import SampleRow, builtin_model, list_sample_shards, read_samples
-from eyrie.jobs.extract.specforge import DRAFT_CONFIG, ExportError, draft_config, prepare_dir
+from eyrie.jobs.extract.specforge import (
+    DRAFT_CONFIG,
+    RUN_FROM_HERE,
+    SPECFORGE_VERSION,
+    TARGET_MODEL,
+    ExportError,
+    draft_config,
+    install_hint,
+    portable_target,
+    prepare_dir,
+)
 from eyrie.jobs.extract.specforge_check import CAUSE_TEXT, Difference, compare, runs
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
 from eyrie.jobs.spec import TargetSpec
 from eyrie.jobs.store import NotFound, Store
 
-SPECFORGE_VERSION = "0.2.0"  # the release whose data code this export is checked against
 FORMAT_TEMPLATES: dict[str, tuple[str, ...]] = {  # SpecForge's templates for eyrie's named chat formats
     "kimi-k2.5": ("kimi-k2-thinking", "kimi-k2-instruct"),
     "qwen3": ("qwen3-thinking", "qwen3-instruct"),
@@ -78,7 +87,7 @@ EXAMPLES = 3  # mismatched rows quoted per cause in the summary
 DATA, TOKENS, MISMATCHED, SUMMARY = "data.jsonl", "tokens.jsonl", "mismatched.jsonl", "eyrie_export.json"
 CONFIG, CONFIG_TOKENS = "data-config.yaml", "data-config-tokens.yaml"
 VOCAB_MAPPING = "vocab-mapping.pt"
-_OURS = {DATA, TOKENS, MISMATCHED, SUMMARY, CONFIG, CONFIG_TOKENS, VOCAB_MAPPING, DRAFT_CONFIG}
+_OURS = {DATA, TOKENS, MISMATCHED, SUMMARY, CONFIG, CONFIG_TOKENS, VOCAB_MAPPING, DRAFT_CONFIG, TARGET_MODEL}
 
 
 class SpecForgeUnavailable(ExportError):
@@ -114,11 +123,13 @@ class OnlineResult:
     train_only_last_turn: bool = True
     max_length: int = 0
     verified: bool = False
+    not_verified: str | None = None  # why SpecForge's parser was not run, and the command that fixes it
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # this process's (from the export's start) and its parser processes' (start-up too)
     parser_cpu_seconds: float | None = None  # of which inside SpecForge's parser (None: not verified)
     draft: dict[str, Any] | None = None  # draft-config.json's content (with model)
-    model: str | None = None  # the target model as SpecForge is told it (model.target_model_path)
+    model: str | None = None  # the target model's config as read here (a folder or HF id)
+    target_model_path: str | None = None  # the target as the run config names it (portable_target)
     loss_tokens: Counter[int] = field(default_factory=Counter)  # counted for the vocab mapping (with model)
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -416,23 +427,22 @@ def _configs(out: Path, r: OnlineResult, tok: LoadedTokenizer, opts: OnlineOptio
             f"  {tok.name} (files sha256 {tok.sha256}).\n")
     model: dict[str, Any] = {}
     if r.draft is not None:
-        model = {"model": {"target_model_path": r.model, "trust_remote_code": opts.trust_remote_code,
-                           "draft_model_config": str((out / DRAFT_CONFIG).resolve()),
-                           "vocab_mapping_path": str((out / VOCAB_MAPPING).resolve())}}
-        tail += "Add training: and deployment: (online training: disaggregated, Mooncake; docs/operating.md)."
+        model = {"model": {"target_model_path": r.target_model_path, "trust_remote_code": opts.trust_remote_code,
+                           "draft_model_config": DRAFT_CONFIG, "vocab_mapping_path": VOCAB_MAPPING}}
+        tail += "Add training: and deployment: (online training: disaggregated, Mooncake; docs/operating.md).\n"
     else:
         tail += ("Online training needs model.vocab_mapping_path too: export with --model REF (the target) to have "
-                 f"{VOCAB_MAPPING} and {DRAFT_CONFIG} written.")
+                 f"{VOCAB_MAPPING} and {DRAFT_CONFIG} written.\n")
     _yaml(out / CONFIG,
           f"SpecForge {SPECFORGE_VERSION} run config (specforge train -c CONFIG): the data section for {DATA},\n"
           f"preformatted text; {r.exact} of {r.samples} rows rebuilt by SpecForge's parser exactly as eyrie has them.\n"
-          + tail, {**model, "data": {"train_data_path": str((out / DATA).resolve()), "is_preformatted": True,
+          + tail + RUN_FROM_HERE, {**model, "data": {"train_data_path": DATA, "is_preformatted": True,
                                      "chat_template": r.chat_template, "train_only_last_turn": r.train_only_last_turn,
                                      "max_length": r.max_length}})
     _yaml(out / CONFIG_TOKENS,
           f"SpecForge {SPECFORGE_VERSION} run config: the data section for {TOKENS}, eyrie's ids and loss mask read "
-          "as they are\n(pre-tokenized records: no chat template, no re-tokenization).\n" + tail,
-          {**model, "data": {"prompts_path": str((out / TOKENS).resolve()), "max_length": r.max_length}})
+          "as they are\n(pre-tokenized records: no chat template, no re-tokenization).\n" + tail + RUN_FROM_HERE,
+          {**model, "data": {"prompts_path": TOKENS, "max_length": r.max_length}})
 
 
 def auto_workers(rows: int, cores: int) -> int:
@@ -451,13 +461,11 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
     why = specforge_importable()
     verify = why is None if opts.verify is None else opts.verify
     if verify and why is not None:
-        raise SpecForgeUnavailable(
-            f"--verify: SpecForge's data code does not import here ({why}); install it beside eyrie with "
-            f"`pip install 'eyrie[specforge]' && pip install --no-deps specforge=={SPECFORGE_VERSION}`, "
-            "or pass --no-verify")
+        raise SpecForgeUnavailable(f"--verify: SpecForge's data code does not import here ({why}): "
+                                   f"{install_hint(why)}; or pass --no-verify")
     if opts.model and why is not None:
         raise SpecForgeUnavailable(f"--model: the vocab mapping is made by SpecForge's own code, which does not "
-                                   f"import here ({why})")
+                                   f"import here ({why}): {install_hint(why)}")
     run = _run_summary(store)
     fmt = str((run.get("chatTemplate") or {}).get("format") or "auto")
     shards = list_sample_shards(store)
@@ -467,6 +475,9 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
     total, longest, packed, top_id = _scan(store, shards)
     r = OnlineResult(samples=total, verified=verify, train_only_last_turn=not packed,
                      max_length=opts.max_length or longest)
+    if not verify:
+        r.not_verified = "--no-verify" if why is None else f"SpecForge's data code does not import here ({why}): " \
+            f"{install_hint(why)}"
     r.draft, r.model = _draft(opts, top_id)
     probe = []
     for row in _rows(store, shards):
@@ -496,6 +507,7 @@ def export_specforge_online(store: Store, out_dir: str | Path, opts: OnlineOptio
     if r.draft is not None:
         (out / DRAFT_CONFIG).write_text(orjson.dumps(r.draft, option=orjson.OPT_INDENT_2).decode() + "\n")
         _vocab_mapping(out, r)
+        r.target_model_path = portable_target(str(r.model), out)
     _configs(out, r, tok, opts)
     r.seconds = round(time.monotonic() - t0, 3)
     r.cpu_seconds = round(r.cpu_seconds + time.process_time() - c0, 3)  # this process's and its workers'
@@ -583,7 +595,7 @@ def _summary(store: Store, out: Path, r: OnlineResult, run: dict[str, Any], tok:
         "tokenizer": {"name": tok.name, "sha256": tok.sha256},
         "chatTemplate": r.chat_template, "chosenBy": r.chosen_by, "probe": r.probe,
         "isPreformatted": True, "trainOnlyLastTurn": r.train_only_last_turn, "maxLength": r.max_length,
-        "verified": r.verified,
+        "verified": r.verified, "notVerified": r.not_verified,
         "samples": r.samples,
         # rows SpecForge's parser rebuilds exactly as eyrie has them (None: not checked)
         "exact": r.exact if r.verified else None,
@@ -595,7 +607,7 @@ def _summary(store: Store, out: Path, r: OnlineResult, run: dict[str, Any], tok:
         "files": {"text": DATA, "tokens": TOKENS, "config": CONFIG, "configTokens": CONFIG_TOKENS,
                   "mismatched": MISMATCHED, "vocabMapping": VOCAB_MAPPING if r.draft else None,
                   "draftConfig": DRAFT_CONFIG if r.draft else None},
-        "model": r.model,
+        "model": r.target_model_path,
         "draftVocabSize": r.draft["draft_vocab_size"] if r.draft else None,
         "workers": workers, "seconds": r.seconds,
         # CPU of the export's processes, and of it inside SpecForge's own parser: what is not eyrie's
