@@ -368,3 +368,27 @@ def test_a_from_audit_has_its_own_output_and_the_next_run_neither_shows_nor_coun
     shown = r.stdout + r.stderr
     assert not out.exists(layout.AUDIT) and "answers.jsonl" not in shown
     assert "audit verdict" not in shown and "audit spend" not in shown, shown
+
+
+def test_tools_pasted_after_a_lead_in_are_judged_not_counted_as_undeclared(tmp_path):
+    """The issue's file: tools pasted into the system prompt as a plain JSON list (OpenAI objects) or
+    bare objects in the first user message; before, every row was "without declared functions"."""
+    pasted = "You have access to these tools: " + json.dumps(TOOLS)
+    bare = "Functions:\n" + "\n".join(json.dumps(t["function"]) for t in TOOLS)
+    rows = [{"request": {"messages": [{"role": "system", "content": pasted},
+                                      {"role": "user", "content": f"case={c} Weather in Paris?"}]},
+             "response": chat_completion(text_message(c))} for c in CASES_IN_ORDER]
+    rows += [{"messages": [{"role": "user", "content": f"{bare}\n\ncase={c} Weather in Paris?"}],
+              "response": text_message(c), "usage": {"prompt_tokens": 9, "completion_tokens": 9}}
+             for c in CASES_IN_ORDER]
+    path = tmp_path / "pasted.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    doc = run_audit_from(path, None, RunContext("t"), None)
+    f = doc["from"]
+    assert f["noTools"] == 0 and f["unparsableRows"] == 0
+    assert f["declarationShapes"] == {"pasted.jsonl": {"lead-in-json": 2 * len(CASES_IN_ORDER)}}
+    t = doc["figures"]["modes"]["text"]
+    assert t["answers"] == 2 * len(CASES_IN_ORDER)
+    assert {c: x["count"] for c, x in t["formats"].items()} == dict(Counter(CATEGORY[c] for c in CASES_IN_ORDER
+                                                                            for _ in range(2)))
+    assert f"pasted.jsonl: JSON after a lead-in {2 * len(CASES_IN_ORDER)}." in doc["verdict"]
