@@ -10,6 +10,7 @@ import orjson
 from rich.console import Console
 
 from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.errors import InputError
 from eyrie.jobs.spec import PROVIDER_TAG_PATTERN, load_spec
@@ -80,7 +81,7 @@ def providers_main(argv: list[str]) -> int:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(orjson.dumps(out.doc, option=orjson.OPT_INDENT_2))
-    print(f"spent ${out.spent_now} on {out.sent_now} requests"
+    print(f"spent {dollars(out.spent_now)} on {out.sent_now} requests"
           f"{' (stored probe reused)' if out.reused else ''}; stored in {store.url('providers.json')}", file=sys.stderr)
     if out.stop is not None:
         print(f"why: {out.stop[1]}", file=sys.stderr)

@@ -44,6 +44,8 @@ ON_SCALE = 0.2  # the budget line is drawn once spend reaches this share of it
 WIDTH = 640  # fixed: a responsive plot re-lays itself out on every resize (and mid-screenshot)
 
 Figure = tuple[str, str, go.Figure]  # (section, title, figure)
+# a dollar axis: its ticks and hover labels at most 6 decimals, as `dollars` prints money (d3-format)
+USD_AXIS = {"title": "USD", "tickprefix": "$", "hoverformat": ",.6~f", "rangemode": "tozero"}
 
 
 def _fig(title: str, **layout: Any) -> go.Figure:
@@ -108,7 +110,7 @@ def spend_figure(d: ReportData) -> go.Figure | None:
     if not pts:
         return None
     runs = attempts(pts)
-    f = _fig("spend over time against the budget", yaxis_title="USD")
+    f = _fig("spend over time against the budget", yaxis=USD_AXIS)
     f.add_scatter(**_series(runs, lambda p: _usd(p, "spentUSD")), name="spent", mode="lines+markers")
     f.add_scatter(**_series(runs, lambda p: _usd(p, "spentUSD") + _usd(p, "reservedUSD")),
                   name="spent + reserved (in flight)", mode="lines", line={"dash": "dot"})
@@ -217,7 +219,7 @@ def audit_figures(d: ReportData) -> list[go.Figure]:
               "leakRate": "leak rate"}
     for mode in modes:
         _bars(rates, list(labels.values()), [figs["modes"][mode].get(k) for k in labels], mode)
-    dollars = _fig("audit: dollars per answer (95% intervals)", yaxis_title="USD")
+    dollars = _fig("audit: dollars per answer (95% intervals)", yaxis=USD_AXIS)
     _bars(dollars, modes, [figs["modes"][m]["costPerAnswer"] for m in modes], "USD per answer")
     return [rates, dollars]
 

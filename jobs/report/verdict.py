@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from eyrie.jobs.contract.money import PRICE_PLACES
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import dollars, num, rate
@@ -169,7 +170,7 @@ def money_line(d: ReportData) -> Line:
         figures["kept"] = f"{kept:,}"
         bought.append(f"{figures['perSample']} per kept sample ({figures['kept']})")
     if trained:
-        figures["perMillionTokens"] = dollars(spent * MILLION / trained)
+        figures["perMillionTokens"] = dollars(spent * MILLION / trained, PRICE_PLACES)
         figures["trained"] = f"{trained:,}"
         bought.append(f"{figures['perMillionTokens']} per million trained tokens ({figures['trained']})")
     if bought:
