@@ -41,14 +41,14 @@ def test_the_provider_tables_print_money_through_dollars():
 
     from rich.console import Console
 
-    from eyrie.jobs.report.providers import listing_table, probe_table
+    from eyrie.jobs.report.providers import listing_table, probe_table, served_table
 
     doc = {"model": "m", "listed": True, "spentUSD": "0.0183648", "settings": {"samples": 4}, "reference": "a",
            "listing": [{"tag": "a", "providerName": "A", "pricing": {"promptPerMillion": "0.6",
                                                                      "completionPerMillion": "3.739842"}}],
            "candidates": [{"tag": "a", "passed": True, "answers": 4, "sent": 4, "costPerAnswerUSD": "0.0003304125"}]}
     console = Console(record=True, width=200, file=io.StringIO())
-    console.print(listing_table(doc), probe_table(doc))
+    console.print(listing_table(doc), probe_table(doc), served_table(doc))
     text = console.export_text()
     assert "$0.60" in text and "$3.7398" in text and "3.739842" not in text
     assert "spent $0.018365" in text and "$0.00033" in text and "0.0003304125" not in text

@@ -1,6 +1,7 @@
 """Money as people read it (issue 32 section 3): every amount the CLI prints (the run's summary, the
 provider probe's tables, the audit's verdict and tables, `eyrie report`, the report page) has at most
-6 decimals, and a price per million tokens at most 4. Real `eyrie` processes against the simulator."""
+6 decimals, and a price per million tokens at most 4; off a terminal all of it fits 100 columns.
+Real `eyrie` processes against the simulator."""
 
 from __future__ import annotations
 
@@ -12,26 +13,20 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))
+from screen import AMOUNT, too_precise, too_wide
+
 pytestmark = pytest.mark.integration  # tier (tests/conftest.py): `eyrie` as a process against the simulator
 
 ROOT = Path(__file__).resolve().parents[1]
-AMOUNT = re.compile(r"\$[\d,]*\.(\d+)")
-PER_MILLION = re.compile(r"\$[\d,]*\.(\d+) per million")
-LONG_DECIMAL = re.compile(r"\d\.\d{7,}")  # a raw float or Decimal: a $ column's cells carry no $ of their own
-
-
-def too_precise(text: str) -> list[str]:
-    """The amounts in `text` printed with more than 6 decimals (prices per million: more than 4), and
-    any number with more than 6 decimals at all."""
-    amounts = [m.group(0) for m in AMOUNT.finditer(text) if len(m.group(1)) > 6]
-    prices = [m.group(0) for m in PER_MILLION.finditer(text) if len(m.group(1)) > 4]
-    return amounts + prices + LONG_DECIMAL.findall(text)
 
 
 def test_too_precise_finds_what_it_should():
     assert too_precise("spent $0.0183648; $/answer 0.0003304125; $3.739842 per million") == [
         "$0.0183648", "$3.739842 per million", "0.0183648", "0.0003304125"]
     assert too_precise("spent $0.018365 of $1.00; $3.7398 per million; 84.9%, 1.743") == []
+    url = "report: file:///tmp/" + "x" * 100 + "/report.html"
+    assert too_wide(f"{'y' * 100}\n{url}\n{'z ' * 60}") == [("z " * 60).rstrip() + " "]
 
 
 def eyrie(*args: str, cwd: Path) -> str:
@@ -47,7 +42,7 @@ def test_every_amount_the_cli_prints_has_at_most_six_decimals(tmp_path):
     out = examples / "eyrie-out" / "quickstart-providers"
     said = {
         "providers": eyrie("providers", spec, "--samples", "4", cwd=tmp_path),
-        "run": eyrie("run", spec, "--until", "samples", "--no-progress", cwd=tmp_path),
+        "run": eyrie("run", spec, "--until", "samples", "--no-progress", "--verbose", cwd=tmp_path),
         "audit": eyrie("audit", spec, "--samples", "4", cwd=tmp_path),
         "report": eyrie("report", str(out), cwd=tmp_path),
     }
@@ -56,6 +51,8 @@ def test_every_amount_the_cli_prints_has_at_most_six_decimals(tmp_path):
     for command, text in said.items():
         assert AMOUNT.search(text), command
         assert too_precise(text) == [], command
+        # off a terminal every table fits 100 columns, its cells wrapped, never cut
+        assert too_wide(text) == [] and "…" not in text, (command, too_wide(text))
     page = (out / "report.html").read_text()
     shown = re.sub(r"<script.*?</script>", "", page, flags=re.S)  # the plots' data are numbers, not text
     assert AMOUNT.search(shown) and too_precise(shown) == []

@@ -30,6 +30,7 @@ from eyrie.jobs.store import FileStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 from browser import find_browser, open_page
+from screen import too_wide
 
 ARTIFACTS = Path(os.environ.get("EYRIE_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 
@@ -320,15 +321,15 @@ def test_time_axes_mark_attempts_and_draw_nothing_across_the_gap(tmp_path):
 
 
 @pytest.mark.integration
-def test_report_to_a_file_or_pipe_is_not_squeezed_to_80_columns(tmp_path):
+def test_report_to_a_file_or_pipe_fits_100_columns_and_cuts_nothing(tmp_path):
     _full_store(tmp_path / "out")
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": ""})
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert max(len(line.rstrip()) for line in lines) > 120
-    assert "…" not in r.stdout  # nothing cut with an ellipsis
-    assert any("provider fireworks (below floor)" in line and "74.0%" in line for line in lines)
+    assert too_wide(r.stdout) == [] and max(len(line.rstrip()) for line in r.stdout.splitlines()) > 80
+    assert "…" not in r.stdout  # nothing cut with an ellipsis: cells wrap
+    assert any("provider fireworks" in line and "74.0%" in line for line in r.stdout.splitlines())
+    assert "otherTool 1, otherArguments 2, missingCall 0, extraCall 0" in r.stdout
 
 
 @pytest.mark.integration
@@ -486,7 +487,7 @@ def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tm
     assert html.escape(data.audit["verdict"]) in page and "As text, the model called a tool on" in page
     assert page.count("side by side: the same prompt in both modes") == 1  # the audit's tables once
     console = Console(record=True, width=160, file=io.StringIO())
-    print_report(data, console, full=False)  # eyrie run's one screen: the verdict right after the run table
+    print_report(data, console)  # the audit's verdict right after the run table
     text = console.export_text()
     assert text.index("audit verdict") < text.index("samples by outcome")
     old = FileStore(tmp_path / "old")

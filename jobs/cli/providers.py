@@ -52,6 +52,7 @@ def providers_main(argv: list[str]) -> int:
     from eyrie.jobs.generate.probe.run import ProbeSettings, run_probe
     from eyrie.jobs.pipeline import provider
     from eyrie.jobs.report.providers import listing_table, routing_yaml, tables
+    from eyrie.jobs.report.terminal import console_for
     from eyrie.jobs.store import open_output
 
     settings = ProbeSettings.from_spec(dg.spec, samples=args.samples, providers=args.providers,
@@ -69,7 +70,7 @@ def providers_main(argv: list[str]) -> int:
         assert out.stop is not None
         print(f"eyrie providers: {out.stop[1]}", file=sys.stderr)
         return EXIT_CODES.get(out.stop[0], 1)
-    console = Console(width=max(160, Console().width))
+    console = console_for()
     console.print(listing_table(out.doc))
     for table in tables(out.doc):
         console.print(table)
