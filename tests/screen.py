@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-WIDTH = 100  # eyrie's width off a terminal (report/terminal.py WIDTH)
+WIDTH = 100  # eyrie's width off a terminal (report/text.py WIDTH)
 AMOUNT = re.compile(r"\$[\d,]*\.(\d+)")
 PER_MILLION = re.compile(r"\$[\d,]*\.(\d+) per million")
 LONG_DECIMAL = re.compile(r"\d\.\d{7,}")  # a raw float or Decimal: a $ column's cells carry no $ of their own

@@ -108,7 +108,7 @@ class LiveProgress:
 def log_line(s: Shown, rps: float, elapsed_s: float) -> str:
     """"eyrie: 0:00:05 generating 20/45 done, spent $0.004512 of $1.00, 3.2 req/s, forecast ...":
     what the bar shows, in at most `WIDTH` columns (the figures after the rate as they fit)."""
-    from eyrie.jobs.report.terminal import WIDTH
+    from eyrie.jobs.report.text import WIDTH
 
     m, sec = divmod(int(elapsed_s), 60)
     line = (f"eyrie: {m // 60}:{m % 60:02d}:{sec:02d} {s.stage} {s.finished}/{s.total if s.total is not None else '?'}"
@@ -161,6 +161,15 @@ def run_main(argv: list[str]) -> int:
                                           accept_changed=args.accept_changed)
     except KeyboardInterrupt:  # outside generation's own handling (samples, extraction: rebuilt on resume)
         outcome, message = Outcome.STOPPED, "interrupted; run the same command again to resume"
+    try:
+        _finish(store, outcome, message, args.verbose)
+    except KeyboardInterrupt:  # a Ctrl-C after the run: the summary is cut short, the outcome stands
+        print(f"eyrie: interrupted; the summary and tables again: eyrie report {store.uri}", file=sys.stderr)
+    return EXIT_CODES.get(outcome, 1)
+
+
+def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None:
+    """What the run ends with: the summary's lines, then the verdict (or every table) and the page."""
     prog = read_progress(store) or {}
     lines = summary_lines(prog, store.uri)
     variants = prog.get("templateVariants")
@@ -178,18 +187,17 @@ def run_main(argv: list[str]) -> int:
         print(fitted(line, err.width if err.is_terminal else None), file=sys.stderr)
     if prog:
         try:
-            _report(store, args.verbose)
+            _report(store, verbose)
         except Exception as e:  # a by-product: its failure must not change the run's exit code
             print(f"report not written: {type(e).__name__}: {e} (retry with `eyrie report {store.uri} --html "
                   "FILE`)", file=sys.stderr)
-    return EXIT_CODES.get(outcome, 1)
 
 
 def fitted(line: str, width: int | None = None) -> str:
     """A summary line wrapped to the terminal (or `WIDTH` columns off one), its continuation lines
     indented. A line that is a label and a long word (a URL, a path) stays whole: wrapped, it could
     not be copied, nor found by its label."""
-    from eyrie.jobs.report.terminal import WIDTH
+    from eyrie.jobs.report.text import WIDTH  # light: a Ctrl-C now must not land in a slow import
 
     width = width or WIDTH
     words = line.split()

@@ -20,12 +20,11 @@ from rich.text import Text
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.report.data import ReportData
-from eyrie.jobs.report.text import human_bytes, num, rate
+from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
 from eyrie.jobs.report.verdict import scoring_model, verdict
 from eyrie.jobs.tools.gate import Tally
 
 pct = rate  # every rate the report prints, in one format
-WIDTH = 100  # columns when not on a terminal: what a log viewer or an editor shows without scrolling
 
 
 def console_for(stderr: bool = False, file: IO[str] | None = None) -> Console:
