@@ -21,7 +21,7 @@ from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
-from eyrie.jobs.report.verdict import scoring_model, verdict
+from eyrie.jobs.report.verdict import scoring_model, verdict, written_agreement
 from eyrie.jobs.tools.gate import Tally
 
 pct = rate  # every rate the report prints, in one format
@@ -453,18 +453,20 @@ def fidelity_table(d: ReportData) -> Table | None:
                     + (f" (floor {rate(float(floor))}, on low: {fid.get('onLow')})" if floor is not None
                        else " (no floor set)"),
               title_justify="left",
-              caption="top-1: answer tokens that are the scoring model's own argmax; NLL: mean per answer token; "
-                      "< floor: samples under extraction.fidelity.minTop1Agreement (- without one); call rate: "
+              caption="n: samples; top-1: answer tokens that are the scoring model's own argmax; text: the same "
+                      "over the reasoning and content the model wrote (what the floor judges); NLL: mean per answer "
+                      "token; < floor: samples under extraction.fidelity.minTop1Agreement (- without one); calls: "
                       "answers that called a tool, of those whose prompt declared tools; invalid: of the calls; "
                       "gaps: prompt / completion tokens, mean of ours - the provider's usage", caption_justify="left")
     # short headers: nine columns in 100 with nothing cut (the first folds)
     t.add_column("answers of", overflow="fold", min_width=16)
-    for col in ("samples", "top-1", "NLL", "< floor", "call rate", "invalid", "leaks", "gaps"):
+    for col in ("n", "top-1", "text", "NLL", "< floor", "calls", "invalid", "leaks", "gaps"):
         t.add_column(col, justify="right", no_wrap=True)
 
     def row(label: str, g: dict[str, Any]) -> None:
         gaps = [num((g.get(k) or {}).get("mean"), 1) for k in ("promptTokenGap", "completionTokenGap")]
-        t.add_row(label, str(g.get("samples", 0)), rate(g.get("top1Agreement")), num(g.get("meanNLL")),
+        t.add_row(label, str(g.get("samples", 0)), rate(g.get("top1Agreement")), rate(written_agreement(g)),
+                  num(g.get("meanNLL")),
                   "-" if floor is None else str(g.get("lowSamples", 0)), rate(g.get("toolCallRate")),
                   rate(g.get("invalidCallRate")), rate(g.get("leakRate")), " / ".join(gaps))
 
