@@ -82,8 +82,9 @@ def providers_main(argv: list[str]) -> int:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(orjson.dumps(out.doc, option=orjson.OPT_INDENT_2))
-    print(f"spent {dollars(out.spent_now)} on {out.sent_now} requests"
-          f"{' (stored probe reused)' if out.reused else ''}; stored in {store.url('providers.json')}", file=sys.stderr)
+    print(f"spent {dollars(out.spent_now)} on {out.sent_now} requests{' (stored probe reused)' if out.reused else ''}",
+          file=sys.stderr)
+    print(f"stored in {store.url('providers.json')}", file=sys.stderr)  # its own line: a path is copied whole
     if out.stop is not None:
         print(f"why: {out.stop[1]}", file=sys.stderr)
         return EXIT_CODES[Outcome.NO_PROVIDER_PASSES]

@@ -374,12 +374,13 @@ def audit_main(argv: list[str]) -> int:
         return 2
     print_audit(doc)
     if doc.get("changedSince"):
-        print(f"settings changed since the last audit ({'; '.join(doc['changedSince'])}): its answers are kept, "
-              "not reused", file=sys.stderr)
-    where = f"; written to {open_output(dg.spec).url(layout.AUDIT)}" if dg is not None else ""
-    print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
+        print(fitted(f"settings changed since the last audit ({'; '.join(doc['changedSince'])}): its answers are "
+                     "kept, not reused"), file=sys.stderr)
+    print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused)",
           file=sys.stderr)
+    if dg is not None:  # its own line: a path is copied whole
+        print(f"written to {open_output(dg.spec).url(layout.AUDIT)}", file=sys.stderr)
     if doc["outcome"] != Outcome.DONE:
-        print(f"stopped early: {doc['message']}", file=sys.stderr)
+        print(fitted(f"stopped early: {doc['message']}"), file=sys.stderr)
         return 3
     return 0

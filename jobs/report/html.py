@@ -461,7 +461,8 @@ CONFIG = {"displaylogo": False, "responsive": False, "displayModeBar": "hover"}
 def plot_div(div_id: str, fig: go.Figure) -> str:
     """A plot's place and its figure as JSON, drawn by `LOADER` once plotly.js is inflated."""
     spec = fig.to_json().replace("</", "<\\/")  # no "</script>" inside the script element
-    return (f"<div id='{div_id}' class='plotly-graph-div' style='width:{WIDTH}px;height:{HEIGHT}px'></div>"
+    # the div as plotly writes it (double quotes: what readers of the page look for)
+    return (f'<div id="{div_id}" class="plotly-graph-div" style="width:{WIDTH}px;height:{HEIGHT}px"></div>'
             f"<script type='application/json' class='eyrie-plot' data-div='{div_id}'>{spec}</script>")
 
 

@@ -153,7 +153,7 @@ def tools_table(d: ReportData) -> Table | None:
     t = Table(title="tool semantics of the persisted answers", title_justify="left",
               caption="call rate: answers that called a tool, of those whose prompt declared tools; invalid: "
                       "of the calls; leaks: answers with leaked tool-call markers", caption_justify="left")
-    t.add_column("source / provider", no_wrap=True)
+    t.add_column("source / provider", overflow="fold")  # a long name folds; the figures stay whole
     for col in ("answers", "declared", "call rate", "calls", "invalid", "leaks"):
         t.add_column(col, justify="right", no_wrap=True)
     for name, tally in sorted(a.by_source.items()):
@@ -312,9 +312,9 @@ def _audit_examples(doc: dict[str, Any]) -> Table | None:
     if not ex:
         return None
     t = Table(title="side by side: the same prompt in both modes", title_justify="left", show_lines=True)
-    t.add_column("prompt", ratio=1)
-    t.add_column("text", ratio=2)
-    t.add_column("structured", ratio=2)
+    t.add_column("prompt", ratio=1, overflow="fold")  # a call's JSON is one long word: folded, never cut
+    t.add_column("text", ratio=2, overflow="fold")
+    t.add_column("structured", ratio=2, overflow="fold")
 
     def side(s: dict[str, Any] | None) -> str:
         if not s:
