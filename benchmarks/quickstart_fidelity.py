@@ -1,14 +1,16 @@
 """Fidelity on the quickstart, as a user runs it: `eyrie run examples/quickstart.yaml` (the simulated
-provider serving `builtin:tiny-chat`'s own greedy answers, extraction scoring them with the same
-model) and `eyrie run examples/quickstart-impostor.yaml` (the provider serving
-`builtin:tiny-chat-seed1`, another model of the same recipe, under the same name), each a process of
-its own on local Ray with the examples' defaults, in a copy of examples/.
+provider serving `builtin:tiny-chat`'s own greedy answers, calls and all: `answerModelCalls: model`,
+extraction scoring them with the same model) and `eyrie run examples/quickstart-impostor.yaml` (the
+provider serving `builtin:tiny-chat-seed1`, another model of the same recipe, under the same name),
+each a process of its own on local Ray with the examples' defaults, in a copy of examples/.
 
-Figures: top-1 agreement over all answer tokens and per segment (reasoning, content, tool calls),
-mean NLL, the providers under the floor, how many samples' prompt and completion token counts are
-exact, and each run's wall time (the shipped models are checked against their hashes first, outside
-the timed runs, and that time printed). Targets: the quickstart's reasoning and content >= 0.95 and overall >=
-0.8 (its floor); the impostor under the floor (0.8), flagged, with every token count still exact.
+Figures: top-1 agreement over all answer tokens, over the text the model wrote (reasoning and
+content: what the floor judges) and per segment (reasoning, content, tool calls), mean NLL, the
+providers under the floor, how many samples' prompt and completion token counts are exact, and each
+run's wall time (the shipped models are checked against their hashes first, outside the timed runs,
+and that time printed). Targets: the quickstart's text >= 0.95 (the impostor example's floor) and
+every segment >= 0.95; the impostor's text under that floor, flagged, with every token count still
+exact.
 
     python benchmarks/quickstart_fidelity.py
 """
@@ -24,8 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOOR = 0.8
-TARGET_TEXT = 0.95
+FLOOR = 0.95  # examples/quickstart-impostor.yaml's extraction.fidelity.minTop1Agreement
 
 
 def run(examples: Path, name: str) -> tuple[dict, float]:
@@ -41,13 +42,15 @@ def run(examples: Path, name: str) -> tuple[dict, float]:
 def show(name: str, manifest: dict, wall: float) -> dict:
     fid, rec = manifest["fidelity"], manifest["reconstruction"]["samples"]
     seg = {k: v["top1Agreement"] for k, v in fid["overall"]["segments"].items()}
+    text = fid["overall"]["writtenTop1Agreement"]
     kept = rec["kept"]
     exact = (rec["promptTokenGap"]["exact"] == kept and rec["completionTokenGap"]["exact"] == kept)
-    print(f"  {name:20s} {wall:5.0f} s  top-1 {fid['overall']['top1Agreement']:.3f} "
+    print(f"  {name:20s} {wall:5.0f} s  top-1 {fid['overall']['top1Agreement']:.3f}, text {text:.3f} "
           f"({', '.join(f'{k} {v:.3f}' for k, v in seg.items())})  mean NLL {fid['overall']['meanNLL']:.3f}  "
           f"below floor: {', '.join(fid['belowFloor']) or 'none'}  samples {kept}, token counts exact: "
           f"prompt {rec['promptTokenGap']['exact']}, completion {rec['completionTokenGap']['exact']}")
-    return {"top1": fid["overall"]["top1Agreement"], "seg": seg, "below": fid["belowFloor"], "exact": exact}
+    return {"top1": fid["overall"]["top1Agreement"], "text": text, "seg": seg, "below": fid["belowFloor"],
+            "exact": exact}
 
 
 def main() -> None:
@@ -64,12 +67,12 @@ def main() -> None:
                                    ignore=shutil.ignore_patterns("eyrie-out"))
         own = show("quickstart", *run(examples, "quickstart"))
         imp = show("quickstart-impostor", *run(examples, "quickstart-impostor"))
-    ok = (own["seg"]["reasoning"] >= TARGET_TEXT and own["seg"]["content"] >= TARGET_TEXT and own["top1"] >= FLOOR
-          and own["exact"] and imp["top1"] < FLOOR and imp["below"] and imp["exact"])
-    print(f"RESULT quickstart_fidelity own={own['top1']:.3f} own_reasoning={own['seg']['reasoning']:.3f} "
-          f"own_content={own['seg']['content']:.3f} impostor={imp['top1']:.3f} "
-          f"impostor_text={imp['seg']['reasoning']:.3f}/{imp['seg']['content']:.3f} "
-          f"target=own_text>={TARGET_TEXT},own>={FLOOR},impostor<{FLOOR},counts_exact {'PASS' if ok else 'MISS'}")
+    ok = (own["text"] >= FLOOR and all(v >= FLOOR for v in own["seg"].values()) and own["exact"]
+          and imp["text"] < FLOOR and imp["below"] and imp["exact"])
+    print(f"RESULT quickstart_fidelity own={own['top1']:.3f} own_text={own['text']:.3f} "
+          f"own_segments={'/'.join(f'{v:.3f}' for v in own['seg'].values())} impostor={imp['top1']:.3f} "
+          f"impostor_text={imp['text']:.3f} impostor_segments={'/'.join(f'{v:.3f}' for v in imp['seg'].values())} "
+          f"target=own_text_and_segments>={FLOOR},impostor_text<{FLOOR},counts_exact {'PASS' if ok else 'MISS'}")
 
 
 if __name__ == "__main__":

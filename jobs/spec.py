@@ -505,8 +505,10 @@ class FidelitySpec(Model):
     enabled: bool = True
     """Score every answer under the target model in the extraction forward pass (one LM-head projection)."""
     min_top1_agreement: float | None = Field(default=None, ge=0, le=1)
-    """Floor on a sample's top-1 agreement (share of its completion tokens that are the model's argmax);
-    samples under it are flagged or excluded, providers under it get a Warning event."""
+    """Floor on top-1 agreement (share of tokens that are the model's argmax) over the text the model wrote:
+    its reasoning and content (a tool call's tokens are rebuilt from the parsed call by the chat template and
+    agree more easily), all answer tokens where there are none; samples under it are flagged or excluded,
+    providers under it get a Warning event."""
     on_low: Literal["flag", "exclude"] = "flag"
     """flag: kept and marked in the fidelity files; exclude: also kept out of the hidden-state index and
     the SpecForge export (what training reads)."""

@@ -123,3 +123,35 @@ def test_kill_minus_9_books_the_bill_plus_at_most_the_worst_case_in_flight(tmp_p
     assert a["requests"] <= CONCURRENCY and a["thisAttempt"] == a["requests"]  # booked by the resume
     said = " ".join(r.stderr.split())
     assert f"more may be billed for {a['unreconciled']} requests abandoned in flight" in said
+
+
+def test_ctrl_c_twice_the_provider_says_what_the_abandoned_requests_cost_and_that_is_booked(tmp_path):
+    """A provider that names each generation before answering and prices it once billed (OpenRouter's
+    `GET /generation?id=`): the requests a second Ctrl-C abandoned are asked about when the attempt
+    ends (and again by the next one while the provider has not billed them yet), booked at what they
+    really cost, and the summary says so. Booked spend ends equal to the provider's bill."""
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(60))
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    with slow_provider(latency_s=2.5, generations=True) as (provider, url):
+        spec = write_spec(tmp_path, spec_doc(prompts, out, url, concurrency=CONCURRENCY, max_usd=str(MAX_USD)))
+        rc, stderr = _stopped_mid_run(spec, store, provider, _ctrl_c_twice)
+        assert rc == 6, stderr[-3000:]
+        bill = provider.settled()
+        stopped = progress(store)
+        assert spent_sum(persisted(store)) < bill  # paid for answers it never stored
+        _bounded(Decimal(stopped["spentUSD"]), bill)
+        assert stopped["abandoned"]["requests"] > 0
+        r = _resume(spec)  # asks about any the provider had not billed when the stop was accounted
+        bill = provider.settled()
+    assert len(persisted(store)) == 60 and provider.lookups >= stopped["abandoned"]["requests"]
+    prog = progress(store)
+    a = prog["abandoned"]
+    assert a["requests"] == stopped["abandoned"]["requests"] and a["unreconciled"] == 0
+    assert a["reconciled"] == a["requests"] and Decimal(a["upToUSD"]) == 0
+    assert Decimal(prog["spentUSD"]) == bill  # the records' costs plus what the provider said: the bill, exactly
+    assert Decimal(a["reconciledUSD"]) == a["requests"] * provider.cost
+    said = " ".join((stderr + r.stderr).split())
+    assert (f"{a['reconciled']} requests abandoned in flight cost {dollars(Decimal(a['reconciledUSD']))} (what the "
+            "provider billed for them") in said
+    assert "the provider's key usage rose $" in said  # GET /key: shown beside the booking, never booked from

@@ -269,7 +269,9 @@ def test_run_in_audit_mode_prints_the_audit_without_a_terminal(tmp_path):
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     err = " ".join(r.stderr.split())
-    assert "audit verdict" in err and "As text, the model called a tool on" in err and "n=6" in err
+    # the summary ends with the audit's verdict (its tables: --verbose, eyrie report), in 25 lines
+    assert "audit verdict" in err and "As text, the model called a tool on" in err and "of 6 prompts" in err
+    assert len(r.stderr.splitlines()) <= 26 and "n=6" not in err
     report = (tmp_path / "out" / layout.REPORT).read_text()
     # the first screen: the run's verdict, then the audit's, before the sample and the plots
     sections = [report.index(m) for m in ("<h2>Verdict</h2>", "<h2>Audit: tools as text vs structured</h2>"

@@ -377,3 +377,25 @@ def test_rollup_weights_by_tokens_and_names_providers_under_the_floor():
     # a provider whose answers were all excluded before extraction still shows its tool figures
     assert sec["byProvider"]["p3"] == {**FidelityTally().summary(), "answers": 1}
     assert sec["byProvider"]["p2"]["excluded"] == 1 and sec["belowFloor"] == ["p2"]
+
+
+def test_the_floor_judges_the_text_the_model_wrote_not_the_template_built_calls():
+    """An impostor's tool calls agree easily (their tokens are the template's markers and JSON layout,
+    rebuilt by eyrie from the parsed call); the floor is judged on its reasoning and content, all
+    tokens only where a sample wrote neither (docs/operating.md: the quickstart's impostor)."""
+    t = FidelityTally()
+    t.add_sample((400, 100.0, 368), {"reasoning": (100, 30.0, 85), "content": (100, 30.0, 85),
+                                     "tool_calls": (200, 40.0, 198)}, False, False)
+    assert t.top1_agreement == pytest.approx(0.92) and t.floor_agreement == pytest.approx(0.85)
+    assert below_floor({"impostor": t}, 0.9) == ["impostor"]
+    assert fidelity_section({("impostor", "s"): t}, None, 0.9, "flag")["overall"]["writtenTop1Agreement"] == 0.85
+    calls_only = FidelityTally()
+    calls_only.add_sample((10, 1.0, 10), {"tool_calls": (10, 1.0, 10)}, False, False)
+    assert calls_only.floor_agreement == 1.0 and below_floor({"p": calls_only}, 0.9) == []
+    row = {"top1_agreement": 0.92, "reasoning_tokens": 100, "reasoning_top1_agreement": 0.85, "content_tokens": 100,
+           "content_top1_agreement": 0.85, "tool_calls_tokens": 200, "tool_calls_top1_agreement": 0.99}
+    apply_floor(row, 0.9, "exclude")
+    assert row["below_floor"] is True and row["excluded"] is True
+    row = {"top1_agreement": 0.92, "reasoning_tokens": None, "content_tokens": None}  # segments unknown
+    apply_floor(row, 0.9, "exclude")
+    assert row["below_floor"] is False

@@ -247,8 +247,9 @@ def test_a_changed_spec_is_refused_before_anything_is_sent_then_an_accepted_chan
     assert new_id != old_id
     labels = Counter((r["fingerprint"], r["request"]["model"], r["request"].get("temperature")) for r in recs)
     assert labels == {(old_id, "test/model", 1.0): 8, (new_id, "moonshotai/kimi-k2.5", 0.2): 4}
-    assert "resumed attempt 2: reused 8 answers" in r.stderr and "this attempt paid $" in r.stderr
-    assert f"earlier ones keep {old_id}" in r.stderr
+    said = " ".join(r.stderr.split())  # the summary wraps at 100 columns
+    assert "resumed attempt 2: reused 8 answers" in said and "this attempt paid $" in said
+    assert f"earlier ones keep {old_id}" in said
     # the manifest says what the records say: two models, per fingerprint counts and sampling
     manifest = json.loads(open_store(out).get(layout.MANIFEST))
     assert manifest["model"] is None and manifest["models"] == {"test/model": 8, "moonshotai/kimi-k2.5": 4}

@@ -152,7 +152,7 @@ def _sim_run(tmp_path, n: int, canary: int, **extra):
 
     def run(**more):
         spec = make_spec(tmp_path, prompts, out, extra={"tools.gate.canarySamples": canary, **extra, **more})
-        r = run_cli(spec, "--inline")
+        r = run_cli(spec, "--inline", "--verbose")  # every table: the run table's forecast row
         return r, progress(out)
 
     return out, run

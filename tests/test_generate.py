@@ -125,7 +125,7 @@ def test_budget_exhaustion_then_resume_pays_nothing_twice(tmp_path):
         spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, max_usd="0.006", mode="Local")
         r = run_cli(spec, env={"EYRIE_NO_RAY": "1"})
         assert r.returncode == 3, r.stderr
-        assert "budget exhausted" in r.stderr
+        assert "budget exhausted" in " ".join(r.stderr.split())  # wrapped at 100 columns
         first = progress(out)
         spent1 = Decimal(first["spentUSD"])
         assert first["outcome"] == "BudgetExhausted"
@@ -158,7 +158,7 @@ def test_insufficient_credits_stops_without_retrying(tmp_path):
         r = run_cli(spec, env={"EYRIE_NO_RAY": "1"})
         stats = sim.stats()
     assert r.returncode == 5, r.stderr
-    assert "insufficient credits" in r.stderr
+    assert "insufficient credits" in " ".join(r.stderr.split())  # wrapped at 100 columns
     assert progress(out)["outcome"] == "InsufficientCredits"
     assert stats["requests"] <= 2  # in-flight ones only, never retried
     assert persisted(out) == []

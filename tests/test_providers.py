@@ -4,6 +4,7 @@ endpoints that pass; the probe's answers are paid once; bad input costs nothing.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -531,7 +532,7 @@ def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch)
 
     from rich.console import Console
 
-    from eyrie.jobs.cli.run import ProgressBar
+    from eyrie.jobs.cli.run import LiveProgress
     from eyrie.jobs.generate.driver import run_generation
 
     eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.2) for t in ("acme", "b")]
@@ -547,7 +548,7 @@ def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch)
     assert probing[0]["probe"]["answers"] == 0 and probing[-1]["probe"]["answers"] == 12
     assert all(s["probe"]["answersPlanned"] == 12 for s in probing)
     screen = io.StringIO()
-    with ProgressBar(True, Console(file=screen, force_terminal=True, width=200)) as bar:
+    with LiveProgress("bar", Console(file=screen, force_terminal=True, width=200)) as bar:
         bar.update(probing[-1])
         bar._p.refresh()
         shown_probe = screen.getvalue()
@@ -555,3 +556,13 @@ def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch)
     assert "probing providers" in shown_probe and "12/12" in shown_probe
     last = screen.getvalue()[len(shown_probe):]
     assert "generating" in last and "12/12" in last and "probing" not in last
+    # off a terminal: lines in a log, no bar's control codes, each stage's own figures
+    log = io.StringIO()
+    with LiveProgress("log", Console(file=log, width=100), every_s=0) as lines:
+        lines.update(probing[-1])
+        lines.update(snaps[-1])
+    said = log.getvalue().splitlines()
+    assert len(said) == 2 and "\x1b" not in log.getvalue()
+    assert re.fullmatch(r"eyrie: 0:00:0\d probing providers 12/12 done, spent \$[\d.]+ of \$[\d.]+, [\d.]+ req/s.*",
+                        said[0]), said
+    assert " generating 12/12 done, spent " in said[1] and all(len(x) <= 100 for x in said)

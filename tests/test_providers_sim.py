@@ -174,4 +174,4 @@ def test_the_quickstart_providers_example_drops_two_of_four(tmp_path) -> None:
     assert c["legacy"]["toolCallRate"] < c["deepseek"]["toolCallRate"]
     assert "order: [slowcloud, deepseek]" in run.stdout
     again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
-    assert again.returncode == 0 and "spent $0 on 0 requests (stored probe reused)" in again.stderr
+    assert again.returncode == 0 and "spent $0.00 on 0 requests (stored probe reused)" in again.stderr

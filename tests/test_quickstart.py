@@ -5,16 +5,21 @@ under the same name: only fidelity sees it)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from screen import PROGRESS, elapsed_s, progress_lines, too_wide
 
 from eyrie.jobs.extract import read_sample
 from eyrie.jobs.store import open_store
@@ -25,19 +30,23 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_example(tmp_path: Path, name: str, **kw) -> tuple[subprocess.CompletedProcess, Path]:
-    """`eyrie run examples/NAME.yaml` on a copy of examples/ (without any output of a local run: the
-    output is written next to the spec), and the output folder."""
+def run_example(tmp_path: Path, name: str, progress: bool = False, **kw) -> tuple[subprocess.CompletedProcess, Path]:
+    """`eyrie run examples/NAME.yaml` (`--no-progress` unless `progress`: off a terminal, its log lines)
+    on a copy of examples/ (without any output of a local run: the output is written next to the
+    spec), and the output folder."""
     examples = shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("eyrie-out"))
-    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(examples / f"{name}.yaml"), "--no-progress"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=900, **kw)
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(examples / f"{name}.yaml"),
+                        *([] if progress else ["--no-progress"])], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=900, **kw)
     assert r.returncode == 0, r.stderr[-3000:]
     return r, examples / "eyrie-out" / name
 
 
 def test_quickstart_runs_end_to_end(tmp_path):
     env = {**os.environ, "EYRIE_CACHE_DIR": os.environ.get("EYRIE_CACHE_DIR", str(Path.home() / ".cache/eyrie"))}
-    r, out = run_example(tmp_path, "quickstart", env=env)
+    start = time.monotonic()
+    r, out = run_example(tmp_path, "quickstart", progress=True, env=env)  # off a terminal: the progress log
+    took = time.monotonic() - start
     progress = json.loads((out / "progress.json").read_text())
     assert progress["outcome"] == "Done" and progress["stage"] == "done"
     assert progress["samples"]["total"] == 45
@@ -67,23 +76,40 @@ def test_quickstart_runs_end_to_end(tmp_path):
     assert fid["byProvider"]["eyrie-simulator"]["answers"] >= done
     scored = [r for f in sorted((out / "fidelity").glob("shard-*.parquet")) for r in pq.read_table(f).to_pylist()]
     assert {r["sample_id"] for r in scored} == {r["sample_id"] for r in rows}
-    assert "fidelity: the answers scored by builtin:tiny-chat (no floor set)" in r.stderr
-    # the provider serves the scoring model's own greedy text: its reasoning and content agree with the
-    # model's argmax nearly everywhere (the simulator's own tool calls less), so fidelity reads high
+    assert "Fidelity: Scored by builtin:tiny-chat" in r.stderr and "no floor set" in r.stderr
+    # the provider serves the scoring model's own greedy answers, calls and all (answerModelCalls: model):
+    # every segment agrees with the model's argmax nearly everywhere, so fidelity reads high, and far
+    # above the impostor example's floor (0.95, judged on the reasoning and content the model wrote)
     segments = fid["overall"]["segments"]
-    assert segments["reasoning"]["top1Agreement"] > 0.95 and segments["content"]["top1Agreement"] > 0.95
-    assert fid["overall"]["top1Agreement"] > 0.8
-    assert "provider eyrie-simulator" in r.stderr
+    assert all(segments[s]["top1Agreement"] > 0.95 for s in ("reasoning", "content", "tool_calls")), segments
+    assert fid["overall"]["top1Agreement"] > 0.95 and fid["overall"]["writtenTop1Agreement"] > 0.95
+    # the tiny model's own calls are often broken: paid, then kept out by onInvalidCall: drop
+    assert progress["samples"]["discarded"] == 45 - done and done + progress["samples"]["discarded"] == 45
+    # what the screen says (issue 32 section 3): a progress line every few seconds in the log, then a
+    # summary of at most 25 lines in 100 columns; the tables are `eyrie report`'s
+    assert too_wide(r.stderr) == [] and "…" not in r.stderr, too_wide(r.stderr)
+    log = progress_lines(r.stderr)
+    assert len(log) >= 2 and int(log[-1].group(5)) <= 45 and all(m.group(6) == "45" for m in log), r.stderr
+    times = [elapsed_s(m) for m in log]
+    assert all(b - a >= 4 for a, b in itertools.pairwise(times)) and times[-1] <= took  # every 5 s, rounded down
+    lines = r.stderr.splitlines()
+    end = [x.rstrip() for x in lines[lines.index(log[-1].group(0)) + 1:]]
+    assert len(end) <= 25 and end[0].startswith(f"outcome: Done  samples done {done}/45"), "\n".join(end)
+    assert [x for x in lines if x.rstrip() not in end and not PROGRESS.match(x)] == [f"eyrie: output file://{out}"]
+    assert "verdict" in end and f"tables: eyrie report file://{out}" in r.stderr
+    tables = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(out)], capture_output=True,
+                            text=True, timeout=300)
+    assert "fidelity: the answers scored by builtin:tiny-chat (no floor set)" in tables.stdout
+    assert "provider" in tables.stdout and "eyrie-simulator" in tables.stdout and not too_wide(tables.stdout)
     # the simulator counts with the target's tokenizer: every completion is what reconstruction rebuilt
     summary = manifest["reconstruction"]["samples"]
     assert summary["completionTokenGap"]["exact"] == done and "token_count_gap" not in summary["flags"]
     # the run ends with where its report is, and the report is a page every browser opens offline
     report = out / "report.html"
-    assert f"report: file://{report}" in r.stderr and "tool semantics" in r.stderr
+    assert f"report: file://{report}" in r.stderr and "Tool semantics" in r.stderr
     series = [json.loads(line) for line in (out / "timeseries.jsonl").read_text().splitlines()]
     assert len(series) >= 2 and series[-1]["spentUSD"] == progress["spentUSD"]
     assert series[-1]["done"] == done and [p["t"] for p in series] == sorted(p["t"] for p in series)
-    sys.path.insert(0, str(Path(__file__).parent))
     from test_report import check_page, check_verdict
 
     from eyrie.jobs.report import collect
@@ -103,24 +129,29 @@ def test_quickstart_runs_end_to_end(tmp_path):
 
 
 def test_the_impostor_example_passes_every_check_but_fidelity(tmp_path):
-    """examples/quickstart-impostor.yaml: the provider serves another model's answers (the same
-    recipe, another seed) under the target's name. Tool calls, token counts and templates all hold;
-    the target model scoring the answers finds them unlike its own, under the spec's floor."""
+    """examples/quickstart-impostor.yaml: the provider serves another model's answers, calls and all
+    (the same recipe, another seed) under the target's name. Token counts and templates hold; the
+    target model scoring the answers finds the text they wrote unlike its own, under the spec's floor
+    (judged on reasoning and content: the tool calls' template-built tokens agree more easily)."""
     r, out = run_example(tmp_path, "quickstart-impostor")
     manifest = json.loads((out / "manifest.json").read_text())
     rec = manifest["reconstruction"]["samples"]
-    assert rec["kept"] == 45 and rec["completionTokenGap"]["exact"] == 45 and rec["promptTokenGap"]["exact"] == 45
+    kept = rec["kept"]
+    assert kept == manifest["samples"]["done"] > 30  # less those whose broken calls were dropped (paid)
+    assert rec["completionTokenGap"]["exact"] == kept and rec["promptTokenGap"]["exact"] == kept
     fid = manifest["fidelity"]
-    assert fid["belowFloor"] == ["eyrie-simulator"] and fid["overall"]["top1Agreement"] < 0.8
-    assert fid["overall"]["segments"]["content"]["top1Agreement"] < 0.9  # the text is not the target's
-    assert "provider eyrie-simulator (below floor)" in r.stderr
+    assert fid["belowFloor"] == ["eyrie-simulator"] and fid["overall"]["writtenTop1Agreement"] < 0.9
+    segments = fid["overall"]["segments"]
+    assert segments["content"]["top1Agreement"] < 0.9 and segments["reasoning"]["top1Agreement"] < 0.9
+    said = " ".join(r.stderr.split())
+    assert "floor 95.0% on that text, under it: eyrie-simulator" in said  # the summary's verdict
     # the verdict the page opens with (its figures in a browser: test_quickstart_runs_end_to_end)
     from eyrie.jobs.report import collect
     from eyrie.jobs.report.verdict import verdict
 
     lines = {x.key: x for x in verdict(collect(open_store(f"file://{out}")))}
     assert lines["fidelity"].status == "bad" and "under it: eyrie-simulator" in lines["fidelity"].text
-    assert lines["tools"].status == "ok" and lines["reconstruction"].status == "ok"
+    assert lines["reconstruction"].status == "ok"  # the dropped answers are the tool policy's, not its fault
     page = (out / "report.html").read_text()
     assert "class='bad' data-line='fidelity'" in page and "class='ok' data-line='reconstruction'" in page
 

@@ -30,6 +30,7 @@ from eyrie.jobs.store import FileStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 from browser import find_browser, open_page
+from screen import too_wide
 
 ARTIFACTS = Path(os.environ.get("EYRIE_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts"))
 
@@ -49,12 +50,13 @@ def test_timeseries_stays_bounded_evenly_spread_and_keeps_first_and_latest():
 
 
 def test_timeseries_point_keeps_only_the_plotted_counters():
-    snap = {"spentUSD": "0.5", "reservedUSD": "0.1", "requests": 7, "retries": 2, "inFlight": 3,
+    snap = {"spentUSD": "0.5", "reservedUSD": "0.1", "forecastUSD": "0.9", "requests": 7, "retries": 2, "inFlight": 3,
             "errors": {"429": 2, "500": 1},
             "samples": {"total": 10, "done": 4, "rejected": 1, "discarded": 0, "failed": 0},
             "tools": {"perTool": {"x": {}}}}
     p = timeseries.point(snap, "a1")
     assert p["errors"] == 3 and p["done"] == 4 and p["attempt"] == "a1" and "tools" not in p
+    assert p["forecastUSD"] == "0.9"  # the projection as it stood then: the page plots how it moved
     assert datetime.fromisoformat(p["t"].replace("Z", "+00:00")).tzinfo is not None
 
 
@@ -257,7 +259,7 @@ def test_sections_without_data_are_left_out(tmp_path):
     print_report(data, console)
     text = console.export_text()
     assert "$0.00 (0.0% of $5.00)" in text and "reconstruction" not in text and "fidelity" not in text
-    assert "<script" in render(data)  # still a page
+    assert "<main>" in render(data) and "plotly-gz" not in render(data)  # still a page, no library without a plot
 
 
 def test_a_run_without_extraction_has_no_fidelity_section(tmp_path):
@@ -298,7 +300,7 @@ def test_the_verdict_answers_four_questions_with_the_runs_own_figures(tmp_path):
     assert "lowest provider fireworks at 74.0%" in fid.text and "under it: fireworks" in fid.text
     money = lines["money"].figures
     assert money == {"spent": "$0.44", "budget": "$1.00", "perSample": "$0.008", "kept": "55",
-                     "perMillionTokens": "$36.666667", "trained": "12,000", "discarded": "$0.012346",
+                     "perMillionTokens": "$36.6667", "trained": "12,000", "discarded": "$0.012346",
                      "projected": "$0.47"}
     for v in lines.values():  # every figure is in the sentence, as printed
         assert all(f in v.text for f in v.figures.values()), v
@@ -319,16 +321,85 @@ def test_time_axes_mark_attempts_and_draw_nothing_across_the_gap(tmp_path):
     assert y[:5] == [36.0] * 5 and y[6:] == [36.0] * 5
 
 
+def _points(n: int, every_s: float = 10.0, **at: dict) -> list[dict]:
+    """`n` points of one attempt, 6 requests and 5 answers per interval; `at[k]` overrides point k."""
+    t0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    return [{"t": (t0 + timedelta(seconds=every_s * k)).isoformat().replace("+00:00", "Z"), "attempt": "a",
+             "spentUSD": str(0.01 * k), "reservedUSD": "0", "requests": 6 * k, "retries": 0, "errors": 0,
+             "done": 5 * k, "rejected": 0, "discarded": 0, "failed": 0, "total": 100, **at.get(str(k), {})}
+            for k in range(n)]
+
+
+def test_a_short_last_interval_joins_the_one_before_instead_of_spiking_the_rate(tmp_path):
+    """The run's last point is written when it ends, often a moment after the one before: one request
+    in 0.2 s is no rate of 300 a minute."""
+    from eyrie.jobs.report.html import throughput_figure
+
+    pts = _points(7)
+    last = dict(pts[-1], requests=pts[-1]["requests"] + 1, done=pts[-1]["done"] + 1,
+                t=(datetime.fromisoformat(pts[-1]["t"].replace("Z", "+00:00")) + timedelta(seconds=0.2))
+                .isoformat().replace("+00:00", "Z"))
+    data = collect(FileStore(tmp_path / "out"))
+    data.series = [*pts, last]
+    fig = throughput_figure(data)
+    answers, requests = (list(fig.data[i].y) for i in (0, 1))
+    assert requests[:5] == [36.0] * 5 and answers[:5] == [30.0] * 5
+    assert requests[-1] == pytest.approx(60 * 7 / 10.2) and answers[-1] == pytest.approx(60 * 6 / 10.2)
+    assert max(requests) < 45  # before: 300 a minute at the last point
+    assert list(fig.data[1].x)[-1] == datetime.fromisoformat(last["t"].replace("Z", "+00:00"))  # still ends there
+
+
+def test_the_forecast_line_follows_the_projection_from_the_canary_on(tmp_path):
+    """The forecast as it stood at each point (none before the canary was measured), not one value
+    drawn across the whole run: the spend never runs past a line that stopped meaning anything."""
+    from eyrie.jobs.report.html import spend_figure
+
+    store = FileStore(tmp_path / "out")
+    store.put(layout.PROGRESS, orjson.dumps({"attempt": "a", "outcome": "Done", "spentUSD": "0.06", "maxUSD": "0.1",
+                                             "forecastUSD": "0.06"}))
+    data = collect(store)
+    data.series = _points(7, **{str(k): {"forecastUSD": f} for k, f in ((3, "0.04"), (4, "0.05"), (5, "0.06"),
+                                                                         (6, "0.06"))})
+    forecast = next(t for t in spend_figure(data).data if t.name.startswith("forecast"))
+    assert forecast.name == "forecast (now $0.06)"
+    assert list(forecast.y) == [0.04, 0.05, 0.06, 0.06]
+    assert list(forecast.x) == [datetime.fromisoformat(p["t"].replace("Z", "+00:00")) for p in data.series[3:]]
+
+
+def test_the_pages_sample_is_coherent_where_that_can_be_told_and_of_median_length():
+    from eyrie.jobs.report.data import SHOWN_WHY, Showcase, choose_sample, grounded
+
+    def rec(user: str, args: str, system: str = "") -> dict:
+        return {"status": "ok", "checks": {"called": True, "invalidCalls": 0, "leaked": False},
+                "request": {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]},
+                "response": {"tool_calls": [{"function": {"name": "get_weather", "arguments": args}}]}}
+
+    assert not grounded(rec("What's the weather like in Lagos right now?", '{"city": "Berlin"}'))
+    assert grounded(rec("What's the weather like in Lagos right now?", '{"city": "lagos"}'))
+    assert grounded(rec("I weigh 70 kg and I am 1.75 m tall.", '{"weight": 70.0, "height": 1.75}'))
+    assert not grounded(rec("I weigh 70 kg and I am 1.75 m tall.", '{"weight": 60.0, "height": 72.0}'))
+    assert not grounded(rec("What's the weather?", '{"city": "Paris"}', system="cities: Paris, Rome"))
+    assert not grounded(rec("Weather in Paris?", '{}'))  # nothing taken from the prompt: nothing to check
+    rows = [{"sample_id": f"s{n}", "turn": 0, "n_tokens": n, "flags": []} for n in (10, 50, 60, 70, 500, 5000)]
+    rows.append({"sample_id": "s65", "turn": 0, "n_tokens": 65, "flags": ["token_count_gap"]})
+    show = Showcase(grounded={("s50", 0), ("s70", 0), ("s500", 0), ("s5000", 0), ("s65", 0)},
+                    plain={("s10", 0), ("s60", 0)})
+    assert choose_sample(rows, show) == (rows[3], "grounded")  # 70: the median of 50, 70, 500 (never 65, 5000)
+    assert choose_sample(rows, Showcase(plain={("s10", 0), ("s60", 0)})) == (rows[0], "plain")  # the lower middle
+    assert choose_sample(rows, Showcase()) == (rows[2], "any")
+    assert "take every argument from the prompt" in SHOWN_WHY["grounded"]
+
+
 @pytest.mark.integration
-def test_report_to_a_file_or_pipe_is_not_squeezed_to_80_columns(tmp_path):
+def test_report_to_a_file_or_pipe_fits_100_columns_and_cuts_nothing(tmp_path):
     _full_store(tmp_path / "out")
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", str(tmp_path / "out")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": ""})
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert max(len(line.rstrip()) for line in lines) > 120
-    assert "…" not in r.stdout  # nothing cut with an ellipsis
-    assert any("provider fireworks (below floor)" in line and "74.0%" in line for line in lines)
+    assert too_wide(r.stdout) == [] and max(len(line.rstrip()) for line in r.stdout.splitlines()) > 80
+    assert "…" not in r.stdout  # nothing cut with an ellipsis: cells wrap
+    assert any("provider fireworks" in line and "74.0%" in line for line in r.stdout.splitlines())
+    assert "otherTool 1, otherArguments 2, missingCall 0, extraCall 0" in r.stdout
 
 
 @pytest.mark.integration
@@ -347,6 +418,17 @@ RENDERED = """JSON.stringify(Array.from(document.querySelectorAll('.plotly-graph
   marks: Array.from(d.querySelectorAll('g.trace path, g.trace .point path'))
            .filter(p => (p.getAttribute('d') || '').length > 4).length,
   width: d.getBoundingClientRect().width, height: d.getBoundingClientRect().height,
+  modebar: !!d.querySelector('.modebar'),
+  // text the toolbar would hide: the title, subplot titles, attempt labels, the legend
+  covered: (() => {
+    const m = d.querySelector('.modebar');
+    if (!m) return [];
+    const a = m.getBoundingClientRect();
+    return Array.from(d.querySelectorAll('.gtitle, .annotation-text, .legendtext')).filter(t => {
+      const b = t.getBoundingClientRect();
+      return b.width > 0 && !(a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top);
+    }).map(t => t.textContent);
+  })(),
 })))"""
 READY = ("Array.from(document.querySelectorAll('.plotly-graph-div'))"
          ".every(d => d.querySelector('svg.main-svg') !== null)")
@@ -365,6 +447,9 @@ def check_page(page: Path, expected_titles: list[str], shot: str) -> list[dict]:
     assert [p["title"] for p in plots] == expected_titles
     for p in plots:
         assert p["svg"] >= 1 and p["marks"] >= 1 and p["width"] > 200 and p["height"] > 200, p
+        assert p["modebar"] and p["covered"] == [], p  # the toolbar is there, and hides no text
+    # plotly.js travels gzipped: the page is a fraction of the 4.8 MB it weighed with the bundle as it is
+    assert page.stat().st_size < 2_300_000, page.stat().st_size
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / shot).write_bytes(result.screenshot)
     assert result.screenshot[:8] == b"\x89PNG\r\n\x1a\n" and len(result.screenshot) > 20_000
@@ -380,6 +465,7 @@ FIRST_SCREEN = """JSON.stringify({
   sampleTop: (document.querySelector('#sample') || {getBoundingClientRect: () => ({top: -1})})
     .getBoundingClientRect().top,
   firstPlotTop: document.querySelector('.plotly-graph-div').getBoundingClientRect().top,
+  why: (document.querySelector('#sample .why') || {}).textContent || '',
   prompt: Array.from(document.querySelectorAll('pre.sample span.p')).map(s => s.textContent).join(''),
   trained: Array.from(document.querySelectorAll('pre.sample span.t')).map(s => s.textContent).join(''),
   trainedColour: Array.from(new Set(Array.from(document.querySelectorAll('pre.sample span.t'))
@@ -423,7 +509,8 @@ def check_verdict(page: Path, output: Path, shot: str) -> dict:
     assert int(money["kept"].replace(",", "")) == summary["kept"]
     assert abs(_usd(money["perSample"]) - spent / summary["kept"]) <= half
     assert int(money["trained"].replace(",", "")) == summary["responseTokens"]
-    assert abs(_usd(money["perMillionTokens"]) - spent * 1_000_000 / summary["responseTokens"]) <= half
+    price_half = Decimal("0.00005")  # a price per million tokens: 4 decimals
+    assert abs(_usd(money["perMillionTokens"]) - spent * 1_000_000 / summary["responseTokens"]) <= price_half
     assert abs(_usd(money["projected"]) - Decimal(progress["forecastUSD"])) <= half
     if "discardedUSD" in progress:
         assert abs(_usd(money["discarded"]) - Decimal(progress["discardedUSD"])) <= half
@@ -449,6 +536,8 @@ def test_the_page_opens_with_the_verdict_then_the_sample_then_the_plots(tmp_path
     page = Path(publish(store).removeprefix("file://"))
     got = check_verdict(page, tmp_path / "out", "report-verdict.png")
     assert got["prompt"] == PROMPT and got["trained"] == "".join(ANSWER)  # every token, in its place
+    assert got["why"] == "Chosen: no answer's tool calls take all their arguments from the prompt; of the answers " \
+                         "without a tool call, the one of median length."
     assert [x["status"] for x in got["lines"]] == ["warn", "warn", "bad", "info"]
     plots = got["plots"]
     ticks = plots["per tool"]["y2ticks"]
@@ -485,7 +574,7 @@ def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tm
     assert html.escape(data.audit["verdict"]) in page and "As text, the model called a tool on" in page
     assert page.count("side by side: the same prompt in both modes") == 1  # the audit's tables once
     console = Console(record=True, width=160, file=io.StringIO())
-    print_report(data, console, full=False)  # eyrie run's one screen: the verdict right after the run table
+    print_report(data, console)  # the audit's verdict right after the run table
     text = console.export_text()
     assert text.index("audit verdict") < text.index("samples by outcome")
     old = FileStore(tmp_path / "old")

@@ -10,6 +10,7 @@ import orjson
 from rich.console import Console
 
 from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.errors import InputError
 from eyrie.jobs.spec import PROVIDER_TAG_PATTERN, load_spec
@@ -51,6 +52,7 @@ def providers_main(argv: list[str]) -> int:
     from eyrie.jobs.generate.probe.run import ProbeSettings, run_probe
     from eyrie.jobs.pipeline import provider
     from eyrie.jobs.report.providers import listing_table, routing_yaml, tables
+    from eyrie.jobs.report.terminal import console_for
     from eyrie.jobs.store import open_output
 
     settings = ProbeSettings.from_spec(dg.spec, samples=args.samples, providers=args.providers,
@@ -68,7 +70,7 @@ def providers_main(argv: list[str]) -> int:
         assert out.stop is not None
         print(f"eyrie providers: {out.stop[1]}", file=sys.stderr)
         return EXIT_CODES.get(out.stop[0], 1)
-    console = Console(width=max(160, Console().width))
+    console = console_for()
     console.print(listing_table(out.doc))
     for table in tables(out.doc):
         console.print(table)
@@ -80,8 +82,9 @@ def providers_main(argv: list[str]) -> int:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(orjson.dumps(out.doc, option=orjson.OPT_INDENT_2))
-    print(f"spent ${out.spent_now} on {out.sent_now} requests"
-          f"{' (stored probe reused)' if out.reused else ''}; stored in {store.url('providers.json')}", file=sys.stderr)
+    print(f"spent {dollars(out.spent_now)} on {out.sent_now} requests{' (stored probe reused)' if out.reused else ''}",
+          file=sys.stderr)
+    print(f"stored in {store.url('providers.json')}", file=sys.stderr)  # its own line: a path is copied whole
     if out.stop is not None:
         print(f"why: {out.stop[1]}", file=sys.stderr)
         return EXIT_CODES[Outcome.NO_PROVIDER_PASSES]

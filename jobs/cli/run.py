@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eyrie.jobs.context import RunContext
@@ -27,25 +29,61 @@ EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
 err = Console(stderr=True)
 
 
-class ProgressBar:
-    """done/total, $ spent vs budget, requests/s, retries and errors, live on the terminal; while the
-    provider probe sends (progress.json at stage probe), its answers of those its verdict needs."""
+PROGRESS_LOG_EVERY_S = 5.0  # off a terminal: one progress line this often (a CI log's progress bar)
 
-    def __init__(self, enabled: bool, console: Console = err):
-        self.enabled = enabled
+
+@dataclass(frozen=True)
+class Shown:
+    """What the live progress shows of a snapshot: one reading for the bar and the log alike."""
+
+    stage: str  # generating | probing providers
+    total: int | None
+    finished: int
+    requests: int  # sent by this stage of this attempt
+    spent: str
+    budget: str
+    forecast: str | None
+    retries: int
+    errors: int
+
+    @classmethod
+    def of(cls, snap: dict[str, Any]) -> Shown:
+        probe = snap.get("probe")  # only in the probe stage's snapshots
+        if probe:
+            total, finished, requests = probe["answersPlanned"], probe["answers"], probe["requests"]
+        else:
+            s = snap["samples"]
+            total, finished = s["total"], s["done"] + s["rejected"] + s["discarded"] + s["failed"]
+            requests = snap.get("requests", 0)  # this attempt's requests
+        forecast = snap.get("forecastUSD")
+        return cls("probing providers" if probe else "generating", total, finished, requests,
+                   dollars(snap["spentUSD"]), dollars(snap["maxUSD"]), dollars(forecast) if forecast else None,
+                   snap.get("retries", 0), sum(snap.get("errors", {}).values()))
+
+
+class LiveProgress:
+    """done/total, $ spent vs budget, requests/s, retries and errors while a run sends: a live bar on
+    a terminal (`bar`), one line every `PROGRESS_LOG_EVERY_S` off one (`log`: a file or a CI log gets
+    no bar's control codes), or nothing. While the provider probe sends (progress.json at stage
+    probe), its answers of those its verdict needs."""
+
+    def __init__(self, mode: str, console: Console = err, every_s: float = PROGRESS_LOG_EVERY_S):
+        self.mode, self.console, self.every_s = mode, console, every_s
         self._p = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[spent]} / {task.fields[budget]}"),
             TextColumn("forecast {task.fields[forecast]}"),
             TextColumn("{task.fields[rps]:.1f} req/s"),
             TextColumn("retries {task.fields[retries]}"), TextColumn("errors {task.fields[errors]}"),
-            TimeElapsedColumn(), console=console, transient=False, disable=not enabled)
+            TimeElapsedColumn(), console=console, transient=False, disable=mode != "bar")
+        self._start = time.monotonic()
         self._t0: float | None = None  # the stage's first update: sending starts after preflight
+        self._logged = -every_s  # the first snapshot is logged at once
         self._stage = ""
         self._task = self._p.add_task("generating", total=None, spent="$0", budget="?", forecast="?", rps=0.0,
                                       retries=0, errors=0)
 
-    def __enter__(self) -> ProgressBar:
+    def __enter__(self) -> LiveProgress:
         self._p.__enter__()
         return self
 
@@ -53,22 +91,33 @@ class ProgressBar:
         self._p.__exit__(*exc)
 
     def update(self, snap: dict) -> None:
-        probe = snap.get("probe")  # only in the probe stage's snapshots
-        stage = "probing providers" if probe else "generating"
-        if stage != self._stage:  # each stage's bar and request rate from its own start
-            self._stage, self._t0 = stage, time.monotonic()
-            self._p.reset(self._task, description=stage)
-        if probe:
-            total, finished, requests = probe["answersPlanned"], probe["answers"], probe["requests"]
-        else:
-            s = snap["samples"]
-            total, finished = s["total"], s["done"] + s["rejected"] + s["discarded"] + s["failed"]
-            requests = snap.get("requests", 0)  # this attempt's requests
-        rps = requests / max(1e-3, time.monotonic() - (self._t0 or time.monotonic()))
-        forecast = snap.get("forecastUSD")
-        self._p.update(self._task, total=total, completed=finished, spent=dollars(snap["spentUSD"]),
-                       budget=dollars(snap["maxUSD"]), forecast=dollars(forecast) if forecast else "?", rps=rps,
-                       retries=snap.get("retries", 0), errors=sum(snap.get("errors", {}).values()))
+        s = Shown.of(snap)
+        now = time.monotonic()
+        if s.stage != self._stage:  # each stage's bar and request rate from its own start
+            self._stage, self._t0 = s.stage, now
+            self._p.reset(self._task, description=s.stage)
+        rps = s.requests / max(1e-3, now - (self._t0 or now))
+        if self.mode == "bar":
+            self._p.update(self._task, total=s.total, completed=s.finished, spent=s.spent, budget=s.budget,
+                           forecast=s.forecast or "?", rps=rps, retries=s.retries, errors=s.errors)
+        elif self.mode == "log" and now - self._logged >= self.every_s:
+            self._logged = now
+            print(log_line(s, rps, now - self._start), file=self.console.file, flush=True)
+
+
+def log_line(s: Shown, rps: float, elapsed_s: float) -> str:
+    """"eyrie: 0:00:05 generating 20/45 done, spent $0.004512 of $1.00, 3.2 req/s, forecast ...":
+    what the bar shows, in at most `WIDTH` columns (the figures after the rate as they fit)."""
+    from eyrie.jobs.report.text import WIDTH
+
+    m, sec = divmod(int(elapsed_s), 60)
+    line = (f"eyrie: {m // 60}:{m % 60:02d}:{sec:02d} {s.stage} {s.finished}/{s.total if s.total is not None else '?'}"
+            f" done, spent {s.spent} of {s.budget}, {rps:.1f} req/s")
+    for more in ([f"forecast {s.forecast}"] if s.forecast else []) + [f"retries {s.retries}", f"errors {s.errors}"]:
+        if len(line) + 2 + len(more) > WIDTH:
+            break
+        line += f", {more}"
+    return line
 
 
 def run_main(argv: list[str]) -> int:
@@ -76,7 +125,11 @@ def run_main(argv: list[str]) -> int:
     ap.add_argument("spec", help="YAML file with a DatasetGeneration (or just its spec)")
     ap.add_argument("--until", choices=UNTIL, default="all",
                     help="stop after this stage (the operator runs generation with --until samples)")
-    ap.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    ap.add_argument("--no-progress", action="store_true",
+                    help="no live progress (a bar on a terminal, else a line every few seconds)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="end with every table of the report (default: the summary and the verdict; the tables "
+                         "are `eyrie report OUTPUT`'s)")
     ap.add_argument("--accept-changed", nargs="+", default=[], metavar="FIELD",
                     help="keep the answers the output holds although these fingerprint fields changed (a prefix "
                          "such as api.sampling names all under it); new answers are labelled with the new "
@@ -98,37 +151,59 @@ def run_main(argv: list[str]) -> int:
               f"the current directory, as eyrie did before relative outputs resolved next to the spec, like "
               f"sources); this run writes to {store.uri} instead. To go on with the earlier one, move it there or "
               f"set output.uri to {earlier}", file=sys.stderr)
-    show = not args.no_progress and err.is_terminal
+    mode = "off" if args.no_progress else "bar" if err.is_terminal else "log"
     try:
-        with ProgressBar(show) as bar:
-            outcome, message = run_stages(dg, ctx, args.until, inline=inline, on_progress=bar.update,
+        with LiveProgress(mode) as live:
+            outcome, message = run_stages(dg, ctx, args.until, inline=inline, on_progress=live.update,
                                           notify=lambda msg: err.print(f"eyrie: {msg}", markup=False),
-                                          on_audit=lambda doc: print_audit(doc, err),
+                                          # the summary ends with the audit's verdict; its tables: --verbose
+                                          on_audit=(lambda doc: print_audit(doc, err)) if args.verbose else None,
                                           accept_changed=args.accept_changed)
     except KeyboardInterrupt:  # outside generation's own handling (samples, extraction: rebuilt on resume)
         outcome, message = Outcome.STOPPED, "interrupted; run the same command again to resume"
+    try:
+        _finish(store, outcome, message, args.verbose)
+    except KeyboardInterrupt:  # a Ctrl-C after the run: the summary is cut short, the outcome stands
+        print(f"eyrie: interrupted; the summary and tables again: eyrie report {store.uri}", file=sys.stderr)
+    return EXIT_CODES.get(outcome, 1)
+
+
+def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None:
+    """What the run ends with: the summary's lines, then the verdict (or every table) and the page."""
     prog = read_progress(store) or {}
-    for line in summary_lines(prog, store.uri):
-        print(line, file=sys.stderr)
+    lines = summary_lines(prog, store.uri)
     variants = prog.get("templateVariants")
     if variants and variants.get("byProvider"):
         chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted"
                            + (f"; thinking {'on' if c['thinking'] else 'off'} where the request did not say"
                               if isinstance(c.get("thinking"), bool) else "") + ")"
                            for p, c in variants["byProvider"].items())
-        print(f"template variant of {variants['format']} per provider: {chosen}", file=sys.stderr)
-        for c in variants["byProvider"].values():
-            if c.get("how") == "mismatch" and c.get("message") and outcome != Outcome.TEMPLATE_MISMATCH:
-                print(f"warning: {c['message']}", file=sys.stderr)
+        lines.append(f"template variant of {variants['format']} per provider: {chosen}")
+        lines += [f"warning: {c['message']}" for c in variants["byProvider"].values()
+                  if c.get("how") == "mismatch" and c.get("message") and outcome != Outcome.TEMPLATE_MISMATCH]
     if message:
-        print(f"why: {message}", file=sys.stderr)
+        lines.append(f"why: {message}")
+    for line in lines:
+        print(fitted(line, err.width if err.is_terminal else None), file=sys.stderr)
     if prog:
         try:
-            _report(store)
+            _report(store, verbose)
         except Exception as e:  # a by-product: its failure must not change the run's exit code
             print(f"report not written: {type(e).__name__}: {e} (retry with `eyrie report {store.uri} --html "
                   "FILE`)", file=sys.stderr)
-    return EXIT_CODES.get(outcome, 1)
+
+
+def fitted(line: str, width: int | None = None) -> str:
+    """A summary line wrapped to the terminal (or `WIDTH` columns off one), its continuation lines
+    indented. A line that is a label and a long word (a URL, a path) stays whole: wrapped, it could
+    not be copied, nor found by its label."""
+    from eyrie.jobs.report.text import WIDTH  # light: a Ctrl-C now must not land in a slow import
+
+    width = width or WIDTH
+    words = line.split()
+    if len(line) <= width or (len(words) <= 4 and any(len(w) > width // 2 for w in words)):
+        return line
+    return textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
 
 
 def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
@@ -139,7 +214,7 @@ def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
                  if s.get("discarded") else "")
     out = [f"outcome: {prog.get('outcome')}  samples done {s.get('done')}/{s.get('total')} (rejected "
            f"{s.get('rejected')} never sent, {discarded}failed {s.get('failed')})  spent "
-           f"{dollars(prog.get('spentUSD', 0))} of {dollars(prog.get('maxUSD', 0))}  output {uri}"]
+           f"{dollars(prog.get('spentUSD', 0))} of {dollars(prog.get('maxUSD', 0))}"]
     r = prog.get("resume") or {}
     if int(r.get("attempt") or 1) > 1:
         out.append(f"resumed attempt {r['attempt']}: reused {r.get('reusedAnswers', 0)} answers "
@@ -179,16 +254,21 @@ def abandoned_lines(prog: dict[str, Any]) -> list[str]:
     return ["; ".join(parts)]
 
 
-def _report(store: Store) -> None:
-    """The one-screen summary, and the full report written beside the manifest."""
+def _report(store: Store, verbose: bool = False) -> None:
+    """The verdict (every table with `verbose`), and the full report written beside the manifest."""
     from eyrie.jobs.report import collect, publish
-    from eyrie.jobs.report.terminal import console_for, print_report
+    from eyrie.jobs.report.terminal import console_for, print_report, summary
 
     data = collect(store)
-    # a log file gets whole tables, not ones squeezed into 80 columns
-    print_report(data, console_for(stderr=True), full=False)
+    console = console_for(stderr=True)
+    if verbose:
+        print_report(data, console)
+    else:
+        console.print(Group(*summary(data)))
     # plain print: a wrapped URL cannot be clicked or copied
-    print(f"report: {publish(store, data)}  (tables again: eyrie report {store.uri})", file=sys.stderr)
+    print(f"report: {publish(store, data)}", file=sys.stderr)
+    again, hint = f"tables: eyrie report {store.uri}", " (or eyrie run --verbose)"
+    print(again + hint if not verbose and len(again + hint) <= console.width else again, file=sys.stderr)
 
 
 def validate_main(argv: list[str]) -> int:
@@ -225,12 +305,10 @@ def crd_main(argv: list[str]) -> int:
 
 
 def print_audit(doc: dict[str, Any], console: Console | None = None) -> None:
-    """The audit's verdict and tables; whole tables, not 80-column ones, when not on a terminal."""
-    from eyrie.jobs.report.terminal import audit_renderables
+    """The audit's verdict and tables, as wide as the terminal or `WIDTH` columns off one."""
+    from eyrie.jobs.report.terminal import audit_renderables, console_for
 
-    console = console or Console()
-    if not console.is_terminal:
-        console = Console(file=console.file, width=160)
+    console = console_for(file=console.file if console is not None else None)
     for r in audit_renderables(doc):
         console.print(r)
 
@@ -313,13 +391,14 @@ def audit_main(argv: list[str]) -> int:
         return 2
     print_audit(doc)
     if doc.get("changedSince"):
-        print(f"settings changed since the last audit ({'; '.join(doc['changedSince'])}): its answers are kept, "
-              "not reused", file=sys.stderr)
-    out = doc["from"]["output"] if args.from_file is not None else open_output(dg.spec).uri
-    where = f"; written to {out.rstrip('/')}/{layout.AUDIT} and {layout.AUDIT_ROWS}"
-    print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused){where}",
+        print(fitted(f"settings changed since the last audit ({'; '.join(doc['changedSince'])}): its answers are "
+                     "kept, not reused"), file=sys.stderr)
+    print(f"spent {dollars(doc['spentUSD'])} ({doc['sent']} requests sent, {doc['reused']} answers reused)",
           file=sys.stderr)
+    out = doc["from"]["output"] if args.from_file is not None else open_output(dg.spec).uri
+    # its own line: a path is copied whole
+    print(f"written to {out.rstrip('/')}/{layout.AUDIT} and {layout.AUDIT_ROWS}", file=sys.stderr)
     if doc["outcome"] != Outcome.DONE:
-        print(f"stopped early: {doc['message']}", file=sys.stderr)
+        print(fitted(f"stopped early: {doc['message']}"), file=sys.stderr)
         return 3
     return 0

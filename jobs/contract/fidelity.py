@@ -20,6 +20,11 @@ from typing import Any
 # A completion's tokens in order: reasoning, then content, then tool calls. The samples Parquet's
 # `segments` column holds the token position where each starts (see reconstruct/segments.py).
 SEGMENTS = ("reasoning", "content", "tool_calls")
+# What the floor judges: the text the model wrote, as the provider returned it. A tool call's tokens are
+# rebuilt by eyrie from the parsed call through the chat template (its markers, its JSON layout), so
+# they agree with any model of the family more easily: the quickstart's impostor agrees on 93.6% of
+# its tool-call tokens and on 85.6% of its reasoning and content (docs/operating.md).
+WRITTEN = ("reasoning", "content")
 UNKNOWN_PROVIDER = "(unknown)"  # an answer whose response named no provider
 
 
@@ -85,9 +90,26 @@ class FidelityTally:
     def top1_agreement(self) -> float | None:
         return _rate(self.total.agree, self.total.tokens)
 
+    @property
+    def written(self) -> SegmentTally:
+        """The reasoning and content tokens together (`WRITTEN`)."""
+        out = SegmentTally()
+        for name in WRITTEN:
+            if name in self.segments:
+                out.merge(self.segments[name])
+        return out
+
+    @property
+    def floor_agreement(self) -> float | None:
+        """What the floor is judged on: top-1 agreement over the text the model wrote; over every
+        answer token where no segment is known (samples without segment bounds)."""
+        w = self.written
+        return _rate(w.agree, w.tokens) if w.tokens else self.top1_agreement
+
     def summary(self) -> dict[str, Any]:
         """The manifest's figures for one group."""
         return {"samples": self.samples, "tokens": self.total.tokens, "top1Agreement": self.top1_agreement,
+                "writtenTop1Agreement": self.floor_agreement,
                 "meanNLL": _rate(self.total.nll, self.total.tokens), "lowSamples": self.low,
                 "excluded": self.excluded,
                 "segments": {s: self.segments[s].summary() for s in SEGMENTS if s in self.segments}}
@@ -131,10 +153,11 @@ def rollup(groups: Groups) -> tuple[FidelityTally, dict[str, FidelityTally], dic
 
 
 def below_floor(by_provider: Mapping[str, FidelityTally], floor: float | None) -> list[str]:
-    """Providers whose token-weighted top-1 agreement is under `floor` (none without a floor)."""
+    """Providers whose token-weighted top-1 agreement on the text the model wrote (`floor_agreement`)
+    is under `floor` (none without a floor)."""
     if floor is None:
         return []
-    return sorted(p for p, t in by_provider.items() if (a := t.top1_agreement) is not None and a < floor)
+    return sorted(p for p, t in by_provider.items() if (a := t.floor_agreement) is not None and a < floor)
 
 
 def fidelity_section(groups: Groups, answers: Mapping[str, Any] | None, floor: float | None,

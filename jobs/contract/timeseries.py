@@ -19,7 +19,8 @@ from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.store import NotFound, Store
 
 MAX_POINTS = 512
-POINT_KEYS = ("spentUSD", "reservedUSD", "requests", "retries", "inFlight")
+# forecastUSD: the projection as it stood at each point (none before the canary), so the page plots how it moved
+POINT_KEYS = ("spentUSD", "reservedUSD", "forecastUSD", "requests", "retries", "inFlight")
 
 
 def point(snapshot: dict[str, Any], attempt: str) -> dict[str, Any]:

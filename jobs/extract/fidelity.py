@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from eyrie.jobs.contract.fidelity import SEGMENTS, UNKNOWN_PROVIDER, FidelityTally, Groups
+from eyrie.jobs.contract.fidelity import SEGMENTS, UNKNOWN_PROVIDER, WRITTEN, FidelityTally, Groups
 
 LOGITS_CHUNK_BYTES = 256 << 20  # float32 logits held at once while scoring one sample
 
@@ -128,9 +128,19 @@ def fidelity_row(sample_id: str, source: str, provider: str | None, loss_mask: n
     return row
 
 
+def floor_agreement(row: dict[str, Any]) -> float | None:
+    """A sample's top-1 agreement on the text the model wrote (`contract.fidelity.WRITTEN`: reasoning
+    and content), over all its answer tokens when it wrote none or its segments are unknown."""
+    tokens = sum(row.get(f"{s}_tokens") or 0 for s in WRITTEN)
+    if not tokens:
+        return row["top1_agreement"]
+    return sum((row.get(f"{s}_top1_agreement") or 0.0) * (row.get(f"{s}_tokens") or 0) for s in WRITTEN) / tokens
+
+
 def apply_floor(row: dict[str, Any], floor: float | None, on_low: str) -> None:
-    """Mark a row under the floor; with `exclude` it is kept out of what training reads."""
-    agreement = row["top1_agreement"]
+    """Mark a row under the floor (judged on `floor_agreement`); with `exclude` it is kept out of what
+    training reads."""
+    agreement = floor_agreement(row)
     if floor is None or agreement is None:
         return
     row["below_floor"] = agreement < floor

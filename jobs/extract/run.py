@@ -42,6 +42,7 @@ from eyrie.jobs.extract.fidelity import (
     encode_rows,
     fidelity_parquet,
     fidelity_row,
+    floor_agreement,
     score_start,
     tally_rows,
 )
@@ -335,8 +336,8 @@ def _apply_fidelity(store: Store, shard: int, rows: list[dict[str, Any]], entrie
         apply_floor(row, plan.floor, plan.on_low)
         if row["excluded"] and entries.pop(row["sample_id"], None) is not None:
             skips.append(Skip(row["sample_id"], "low_fidelity",
-                              f"top-1 agreement {row['top1_agreement']:.4f} < extraction.fidelity."
-                              f"minTop1Agreement {plan.floor}"))
+                              f"top-1 agreement {floor_agreement(row):.4f} on its reasoning and content < "
+                              f"extraction.fidelity.minTop1Agreement {plan.floor}"))
     store.put(fidelity_key(shard), fidelity_parquet(rows))
     return skips
 

@@ -9,9 +9,12 @@ token counts), so a report over millions of records costs one streaming read of 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from eyrie.jobs.contract import audit, layout, records, timeseries
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
@@ -152,6 +155,74 @@ class Answers:
                 t.called += name in called
 
 
+SHOWCASE_IDS = 10_000  # sample keys kept per kind of answer for choosing the page's sample
+
+
+def _leaves(value: Any) -> list[str]:
+    """The values a tool call's arguments hold, as a prompt would write them: strings, and numbers
+    without a trailing ".0" (booleans and nulls say nothing about the prompt)."""
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _leaves(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v)]
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int | float):
+        return [f"{value:g}"]
+    return [str(value).strip()] if str(value).strip() else []
+
+
+def _prompt_text(r: records.Record) -> str:
+    """What the user side of the conversation said (system prompts left out: they declare the tools,
+    and an enum there would ground any call)."""
+    out = []
+    for m in (r.get("request") or {}).get("messages") or []:
+        if not isinstance(m, dict) or m.get("role") == "system":
+            continue
+        c = m.get("content")
+        out += [c] if isinstance(c, str) else [p.get("text", "") for p in c or [] if isinstance(p, dict)]
+    return "\n".join(out).casefold()
+
+
+def grounded(r: records.Record) -> bool:
+    """An answer whose structured tool calls are valid and take every argument from its prompt (the
+    user asks about Lagos, the call says Lagos): what a reader can check by eye."""
+    calls = (r.get("response") or {}).get("tool_calls") or []
+    checks = r.get("checks") or {}
+    if not calls or checks.get("invalidCalls") or checks.get("leaked"):
+        return False
+    prompt = _prompt_text(r)
+    for c in calls:
+        try:
+            args = orjson.loads(((c or {}).get("function") or {}).get("arguments") or "{}")
+        except orjson.JSONDecodeError:
+            return False
+        leaves = _leaves(args)
+        if not leaves or any(x.casefold() not in prompt for x in leaves):
+            return False
+    return True
+
+
+@dataclass
+class Showcase:
+    """Which answers the page's sample may be (`_pick_sample`): those whose tool calls take their
+    arguments from the prompt, and plain answers without a call or a leak (bounded sets of keys)."""
+
+    grounded: set[tuple[str, int]] = field(default_factory=set)
+    plain: set[tuple[str, int]] = field(default_factory=set)
+
+    def add(self, r: records.Record) -> None:
+        if r.get("status") != "ok" or r.get("policy", "keep") == "drop":
+            return
+        key = (str(r.get("sample_id", "")), int(r.get("turn") or 0))
+        checks = r.get("checks") or {}
+        if grounded(r):
+            if len(self.grounded) < SHOWCASE_IDS:
+                self.grounded.add(key)
+        elif not checks.get("called") and not checks.get("leaked") and len(self.plain) < SHOWCASE_IDS:
+            self.plain.add(key)
+
+
 @dataclass(frozen=True)
 class Piece:
     """A run of the shown sample's tokens that decodes to whole characters."""
@@ -176,11 +247,13 @@ class ShownSample:
     pieces: tuple[Piece, ...]
     hidden: int = 0  # prompt tokens left out of `pieces` (a long prompt shows its head and tail)
     gap_at: int = 0  # where in `pieces` they are left out
+    why: str = ""  # why this sample was chosen (`_pick_sample`'s rule), as the page says it
 
 
 PROMPT_HEAD, PROMPT_TAIL = 48, 144  # prompt tokens shown of a long prompt: its start, and what leads to the answer
 SHOWN_TRAINED = 2048  # answer tokens shown at most
-SAMPLE_SHARDS = 4  # samples shards read for one that calls a tool
+SAMPLE_SHARDS = 4  # samples shards the page's sample is chosen from
+SHOWN_MAX_TOKENS = 4096  # a longer sample is not the page's: it would be mostly cut
 
 
 @dataclass
@@ -294,9 +367,37 @@ def shown_sample(row: dict[str, Any], tok: Any) -> ShownSample:
                        gap_at)
 
 
-def _pick_sample(store: Store, manifest: dict[str, Any] | None, summary: dict[str, Any] | None) -> ShownSample | None:
-    """One sample of the first samples shard, one that calls a tool when there is one, decoded with
-    the run's tokenizer; None when there is no sample or the tokenizer cannot be loaded here."""
+SHOWN_WHY = {
+    "grounded": "of the answers whose tool calls take every argument from the prompt, the one of median length",
+    "plain": "no answer's tool calls take all their arguments from the prompt; of the answers without a tool "
+             "call, the one of median length",
+    "any": "of the samples, the one of median length",
+}
+
+
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row whose length is the median's (the shorter of two as near): typical, not the extreme."""
+    mid = statistics.median_low(r["n_tokens"] for r in rows)
+    return min(rows, key=lambda r: (abs(r["n_tokens"] - mid), r["n_tokens"], str(r.get("sample_id"))))
+
+
+def choose_sample(rows: list[dict[str, Any]], showcase: Showcase) -> tuple[dict[str, Any], str] | None:
+    """The page's sample and why (`SHOWN_WHY`): representative (of median length among its kind, never
+    flagged, at most 4,096 tokens) and coherent where that can be told: an answer whose tool calls
+    take every argument from its prompt, else an answer without a call, else any sample. `rows`:
+    sample_id, turn, n_tokens, flags of each candidate. Pure."""
+    fit = [r for r in rows if not r.get("flags") and r["n_tokens"] <= SHOWN_MAX_TOKENS]
+    for kind, keys in (("grounded", showcase.grounded), ("plain", showcase.plain), ("any", None)):
+        pool = [r for r in fit if keys is None or (str(r.get("sample_id")), int(r.get("turn") or 0)) in keys]
+        if pool:
+            return _median_row(pool), kind
+    return None
+
+
+def _pick_sample(store: Store, manifest: dict[str, Any] | None, summary: dict[str, Any] | None,
+                 showcase: Showcase) -> ShownSample | None:
+    """One sample of the first samples shards (`choose_sample`), decoded with the run's tokenizer;
+    None when there is no sample or the tokenizer cannot be loaded here."""
     tokenizer = ((summary or {}).get("tokenizer") or ((manifest or {}).get("reconstruction") or {}).get(
         "tokenizer") or {}).get("name")
     keys = sorted(k for k in store.list(layout.SAMPLES) if k.endswith(".parquet"))
@@ -310,24 +411,21 @@ def _pick_sample(store: Store, manifest: dict[str, Any] | None, summary: dict[st
     from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
     from eyrie.jobs.spec import TargetSpec
 
-    def calls(r: dict[str, Any]) -> bool:  # the tool-call segment starts before the end
-        seg = r.get("segments") or []
-        return len(seg) == 3 and seg[2] is not None and seg[2] < len(r["input_ids"])
-
-    row = None
+    rows = []  # what the choice reads of each row: never the token ids of a whole shard
     for key in keys[:SAMPLE_SHARDS]:
-        rows = pq.read_table(io.BytesIO(store.get(key))).to_pylist()
-        row = row or (rows[0] if rows else None)
-        if found := next((r for r in rows if calls(r) and len(r["input_ids"]) <= 4096), None):
-            row = found
-            break
-    if row is None:
+        pf = pq.ParquetFile(io.BytesIO(store.get(key)))
+        cols = [c for c in ("sample_id", "turn", "n_tokens", "flags") if c in pf.schema_arrow.names]
+        rows += [{**r, "key": key, "index": i} for i, r in enumerate(pf.read(columns=cols).to_pylist())]
+    chosen = choose_sample(rows, showcase)
+    if chosen is None:
         return None
+    row, kind = chosen
+    whole = pq.read_table(io.BytesIO(store.get(row["key"]))).slice(row["index"], 1).to_pylist()[0]
     try:
         tok = load_tokenizer(TargetSpec(model="report", tokenizer=tokenizer))
     except (EyrieError, OSError, ValueError):
         return None  # e.g. a hub id this machine cannot reach: the page goes without its sample
-    return shown_sample(row, tok)
+    return replace(shown_sample(whole, tok), why=SHOWN_WHY[kind])
 
 
 def _scored(fidelity: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -340,9 +438,10 @@ def collect(store: Store) -> ReportData:
     """Read what the run left in `store`; documents a run has not written yet are None."""
     progress = read_progress(store)
     manifest = read_json(store, layout.MANIFEST)
-    answers = Answers()
+    answers, showcase = Answers(), Showcase()
     for r in records.iter_records(store):
         answers.add(r)
+        showcase.add(r)
     for r in audit.iter_audit_records(store):  # paid like the run's own answers
         answers.add_paid(r)
     summary = read_json(store, layout.SAMPLES_SUMMARY)
@@ -358,7 +457,7 @@ def collect(store: Store) -> ReportData:
         agentic=(manifest or {}).get("agentic") or (progress or {}).get("agentic"),
         audit_spent=audit.audit_spend(store),
         providers=read_json(store, layout.PROVIDERS),
-        sample=_pick_sample(store, manifest, summary),
+        sample=_pick_sample(store, manifest, summary, showcase),
         specforge_online=read_json(store, layout.SPECFORGE_ONLINE),
         evaluation=read_json(store, layout.EVALUATION),
     )

@@ -9,7 +9,9 @@ is the page's order, and a new section is one more function in it.
 Plotting library: plotly. Its wheel ships plotly.js, so the page inlines the script once and works
 offline, from disk or from an S3 console download, with hover, zoom and per-trace toggles; it is
 pure Python (no compiled dependency, nothing for the operator image to build). Vega-Altair, the
-other candidate, needs vl-convert's native wheel to inline its three JS bundles.
+other candidate, needs vl-convert's native wheel to inline its three JS bundles. The bundle is 4.6
+MB, so it travels gzipped in base64 (`plotly_gz`) and the browser inflates it (`LOADER`); each plot
+is its figure's JSON, drawn once the library runs.
 
 Every figure comes from `figures(data)`, which leaves out a plot whose data the run has not
 produced (no audit, no extraction, no fidelity yet): the page of a run at any stage is complete.
@@ -18,6 +20,9 @@ Time axes mark each attempt and draw no line across the idle time between two at
 
 from __future__ import annotations
 
+import base64
+import functools
+import gzip
 import html
 import io
 import itertools
@@ -44,12 +49,20 @@ ON_SCALE = 0.2  # the budget line is drawn once spend reaches this share of it
 WIDTH = 640  # fixed: a responsive plot re-lays itself out on every resize (and mid-screenshot)
 
 Figure = tuple[str, str, go.Figure]  # (section, title, figure)
+# a dollar axis: its ticks and hover labels at most 6 decimals, as `dollars` prints money (d3-format)
+USD_AXIS = {"title": "USD", "tickprefix": "$", "hoverformat": ",.6~f", "rangemode": "tozero"}
+
+
+# plotly's toolbar (the modebar) stands upright in a right margin of its own: lying along the top it
+# covered the plots' titles
+MODEBAR = {"orientation": "v"}
+MARGIN = {"l": 50, "r": 44, "t": 50, "b": 40}
 
 
 def _fig(title: str, **layout: Any) -> go.Figure:
     f = go.Figure()
-    f.update_layout(title=title, template=TEMPLATE, height=HEIGHT, width=WIDTH, autosize=False,
-                    margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.2}, **layout)
+    f.update_layout(title=title, template=TEMPLATE, height=HEIGHT, width=WIDTH, autosize=False, margin=MARGIN,
+                    modebar=MODEBAR, legend={"orientation": "h", "y": -0.2}, **layout)
     return f
 
 
@@ -108,7 +121,7 @@ def spend_figure(d: ReportData) -> go.Figure | None:
     if not pts:
         return None
     runs = attempts(pts)
-    f = _fig("spend over time against the budget", yaxis_title="USD")
+    f = _fig("spend over time against the budget", yaxis=USD_AXIS)
     f.add_scatter(**_series(runs, lambda p: _usd(p, "spentUSD")), name="spent", mode="lines+markers")
     f.add_scatter(**_series(runs, lambda p: _usd(p, "spentUSD") + _usd(p, "reservedUSD")),
                   name="spent + reserved (in flight)", mode="lines", line={"dash": "dot"})
@@ -121,7 +134,12 @@ def spend_figure(d: ReportData) -> go.Figure | None:
         f.update_layout(title=f"spend over time: {100 * float(d.spent / d.budget):.1f}% of the "
                               f"{dollars(d.budget)} budget")
     forecast = (d.progress or {}).get("forecastUSD")
-    if forecast is not None:
+    if any(p.get("forecastUSD") is not None for p in pts):  # the projection as it moved, from the canary on
+        projected = [[p for p in r if p.get("forecastUSD") is not None] for r in runs]
+        f.add_scatter(**_series([r for r in projected if r], lambda p: _usd(p, "forecastUSD")),
+                      name=f"forecast (now {dollars(forecast)})" if forecast is not None else "forecast",
+                      mode="lines", line={"dash": "dash", "color": "orange", "shape": "hv"})
+    elif forecast is not None:  # a run from before the points kept it: its last projection only
         f.add_scatter(x=x, y=[float(forecast)] * 2, name=f"forecast {dollars(forecast)}", mode="lines",
                       line={"dash": "dash", "color": "orange"})
     _mark_attempts(f, runs)
@@ -129,17 +147,33 @@ def spend_figure(d: ReportData) -> go.Figure | None:
 
 
 def _per_minute(pts: list[dict[str, Any]], key: Any) -> tuple[list[datetime], list[float]]:
-    """Rate per minute between consecutive points of one attempt (a new attempt restarts its
-    request counters; a counter that went down counts from zero)."""
-    xs, ys = [], []
-    for a, b in itertools.pairwise(pts):
-        dt = (_time(b) - _time(a)).total_seconds()
-        if dt <= 0:
+    """Rate per minute over the intervals of one attempt's points (a new attempt restarts its request
+    counters; a counter that went down counts from zero). An interval shorter than half the usual
+    one (the last point is written whenever the run ends, often a moment after the one before) joins
+    the interval before it: a count over a fraction of a second is no rate, and read as one it spikes."""
+    gaps = sorted(d for a, b in itertools.pairwise(pts) if (d := (_time(b) - _time(a)).total_seconds()) > 0)
+    shortest = gaps[len(gaps) // 2] / 2 if gaps else 0.0
+    xs: list[datetime] = []
+    ys: list[float] = []
+    ends: list[dict[str, Any]] = []  # the point each rate was measured from
+    start = pts[0] if pts else None
+    for b in pts[1:]:
+        assert start is not None
+        if (_time(b) - _time(start)).total_seconds() < shortest:
             continue
-        va, vb = key(a), key(b)
         xs.append(_time(b))
-        ys.append(60 * (vb - va if vb >= va else vb) / dt)
+        ys.append(_rate(start, b, key))
+        ends.append(start)
+        start = b
+    if pts and start is not pts[-1] and ends:  # a short last interval: the one before it stretched to the end
+        xs[-1], ys[-1] = _time(pts[-1]), _rate(ends[-1], pts[-1], key)
     return xs, ys
+
+
+def _rate(a: dict[str, Any], b: dict[str, Any], key: Any) -> float:
+    dt = max((_time(b) - _time(a)).total_seconds(), 1e-9)
+    va, vb = key(a), key(b)
+    return 60 * (vb - va if vb >= va else vb) / dt
 
 
 def _persisted(p: dict[str, Any]) -> int:
@@ -217,7 +251,7 @@ def audit_figures(d: ReportData) -> list[go.Figure]:
               "leakRate": "leak rate"}
     for mode in modes:
         _bars(rates, list(labels.values()), [figs["modes"][mode].get(k) for k in labels], mode)
-    dollars = _fig("audit: dollars per answer (95% intervals)", yaxis_title="USD")
+    dollars = _fig("audit: dollars per answer (95% intervals)", yaxis=USD_AXIS)
     _bars(dollars, modes, [figs["modes"][m]["costPerAnswer"] for m in modes], "USD per answer")
     return [rates, dollars]
 
@@ -273,7 +307,7 @@ def fidelity_figures(d: ReportData) -> list[go.Figure]:
         fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
         fig.update_yaxes(rangemode="tozero", row=1, col=2)
         fig.update_layout(title=f"fidelity per provider{by_model}", template=TEMPLATE, height=HEIGHT, width=WIDTH,
-                          autosize=False, showlegend=False, margin={"l": 50, "r": 20, "t": 70, "b": 40})
+                          autosize=False, showlegend=False, margin={**MARGIN, "t": 70}, modebar=MODEBAR)
         out.append(fig)
     return out
 
@@ -346,6 +380,8 @@ table.acceptance{border-collapse:collapse;background:#fff;font-size:13px;margin:
 table.acceptance td,table.acceptance th{border:1px solid #e5e7eb;padding:3px 8px;text-align:right}
 table.acceptance td:first-child{text-align:left}
 p.legend{font-size:13px;color:#374151;margin:4px 0 8px}p.legend span{padding:1px 6px;border-radius:2px;margin-right:6px}
+p.legend span.why{padding:0;color:#4b5563;font-style:italic}
+.plot-note{color:#b91c1c;font-size:13px;padding:12px}
 """
 
 
@@ -412,18 +448,28 @@ def sample_html(d: ReportData) -> str | None:
         "<section id='sample'><h2>One sample, as the drafter trains on it</h2>"
         f"<p class='legend'>sample {html.escape(s.sample_id)} ({html.escape(s.source)}{turn}, provider "
         f"{html.escape(s.provider or '(unknown)')}): {s.tokens:,} tokens, {s.trained:,} of them in the loss{cut}. "
+        + (f"<span class='why'>Chosen: {html.escape(s.why)}.</span> " if s.why else "") +
         "<span class='p b'>prompt (masked)</span><span class='t a r'>reasoning</span>"
         "<span class='t a'>content</span><span class='t a k'>tool calls</span>"
         "<b>bold</b>: a template marker (one token)</p>"
         f"<pre class='sample' data-tokens='{s.tokens}' data-trained='{s.trained}'>{''.join(spans)}</pre></section>")
 
 
+CONFIG = {"displaylogo": False, "responsive": False, "displayModeBar": "hover"}
+
+
+def plot_div(div_id: str, fig: go.Figure) -> str:
+    """A plot's place and its figure as JSON, drawn by `LOADER` once plotly.js is inflated."""
+    spec = fig.to_json().replace("</", "<\\/")  # no "</script>" inside the script element
+    # the div as plotly writes it (double quotes: what readers of the page look for)
+    return (f'<div id="{div_id}" class="plotly-graph-div" style="width:{WIDTH}px;height:{HEIGHT}px"></div>'
+            f"<script type='application/json' class='eyrie-plot' data-div='{div_id}'>{spec}</script>")
+
+
 def plots_html(d: ReportData) -> str | None:
     sections: dict[str, list[str]] = {}
     for i, (section, _title, fig) in enumerate(figures(d)):
-        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"plot-{i}",
-                          config={"displaylogo": False, "responsive": False, "displayModeBar": "hover"})
-        sections.setdefault(section, []).append(f"<div class='card'>{div}</div>")
+        sections.setdefault(section, []).append(f"<div class='card'>{plot_div(f'plot-{i}', fig)}</div>")
     return "".join(f"<h2>{html.escape(s)}</h2><div class='grid'>{''.join(divs)}</div>"
                    for s, divs in sections.items()) or None
 
@@ -450,8 +496,7 @@ def acceptance_html(d: ReportData) -> str | None:
         + f"<td>{span(r['acceptance']['acceptedLength'])}</td>"
         + f"<td>{span(diffs[r['name']], True) if r['name'] in diffs else '-'}</td></tr>"
         for r in e["drafters"])
-    div = fig.to_html(full_html=False, include_plotlyjs=False, div_id="plot-acceptance",
-                      config={"displaylogo": False, "responsive": False, "displayModeBar": "hover"})
+    div = plot_div("plot-acceptance", fig)
     return (
         "<section id='acceptance'><h2>What the data is worth: acceptance of drafters trained on it</h2>"
         f"<p class='verdict'>{html.escape(e['verdict'])}</p>"
@@ -473,14 +518,47 @@ SECTIONS: tuple[Section, ...] = (verdict_html, audit_verdict_html, sample_html, 
                                  audit_html, tables_html)
 
 
+@functools.cache
+def plotly_gz() -> str:
+    """plotly.js, gzipped and in base64: 1.96 MB of a page instead of 4.8 (plotly 7.1.0's bundle is
+    4.6 MB; no smaller one ships with the wheel), inflated by the browser's own DecompressionStream."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), 9, mtime=0)).decode()
+
+
+# Inflates plotly.js, runs it, then draws every plot from its JSON; a browser without
+# DecompressionStream (Chrome 80, Firefox 113, Safari 16.4 and later have it) says so in each plot's place.
+LOADER = """(async () => {
+  const plots = Array.from(document.querySelectorAll('script.eyrie-plot'));
+  try {
+    const raw = Uint8Array.from(atob(document.getElementById('plotly-gz').textContent), c => c.charCodeAt(0));
+    const stream = new Blob([raw]).stream().pipeThrough(new DecompressionStream('gzip'));
+    const code = document.createElement('script');
+    code.text = await new Response(stream).text();
+    document.head.appendChild(code);
+  } catch (e) {
+    for (const p of plots) {
+      document.getElementById(p.dataset.div).innerHTML = "<p class='plot-note'>This browser cannot inflate the " +
+        "plots' library (it needs DecompressionStream: Chrome 80, Firefox 113, Safari 16.4 or later).</p>";
+    }
+    return;
+  }
+  for (const p of plots) {
+    const f = JSON.parse(p.textContent);
+    Plotly.newPlot(p.dataset.div, f.data, f.layout, CONFIG);
+  }
+})();""".replace("CONFIG", json.dumps(CONFIG))
+
+
 def render(d: ReportData, sections: tuple[Section, ...] = SECTIONS) -> str:
-    """The page: one document, plotly.js inlined once, no request to any network."""
+    """The page: one document, plotly.js inlined once (compressed: `plotly_gz`) when there is a plot,
+    no request to any network."""
     body = "".join(part for section in sections if (part := section(d)))
     p = d.progress or {}
     subtitle = f"{d.uri} - outcome {p.get('outcome', '?')}, stage {p.get('stage', '?')}, spent {dollars(d.spent)}"
+    plots = ("<script id='plotly-gz' type='application/octet-stream'>" + plotly_gz() + "</script>"
+             f"<script>{LOADER}</script>") if "class='eyrie-plot'" in body else ""
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>eyrie report - {html.escape(d.uri)}</title><style>{CSS}</style>"
-        f"<script type='text/javascript'>{get_plotlyjs()}</script></head><body>"
-        f"<header><h1>eyrie report</h1><p>{html.escape(subtitle)}</p></header><main>{body}</main></body></html>"
+        f"<title>eyrie report - {html.escape(d.uri)}</title><style>{CSS}</style></head><body>"
+        f"<header><h1>eyrie report</h1><p>{html.escape(subtitle)}</p></header><main>{body}</main>{plots}</body></html>"
     )

@@ -1,11 +1,15 @@
 """The report on a terminal: rich tables, one per question (what did the money buy, did tool
 semantics hold, what did reconstruction exclude, what did extraction write, how faithful were the
-answers). Sections without data are left out, so the same code reads a run at any stage."""
+answers). Sections without data are left out, so the same code reads a run at any stage.
+
+Everything fits the terminal, or `WIDTH` columns off one (a file, a pipe, a CI log): cells wrap
+rather than being cut, and `summary` is the few lines `eyrie run` ends with (the tables are
+`eyrie report`'s and `eyrie run --verbose`'s)."""
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console, Group
 from rich.markup import escape
@@ -16,39 +20,38 @@ from rich.text import Text
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.report.data import ReportData
-from eyrie.jobs.report.text import human_bytes, num, rate
-from eyrie.jobs.report.verdict import scoring_model, verdict
+from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
+from eyrie.jobs.report.verdict import scoring_model, verdict, written_agreement
 from eyrie.jobs.tools.gate import Tally
 
 pct = rate  # every rate the report prints, in one format
-WIDE = 1000  # columns when not on a terminal: a file or a pipe gets tables at their own width, never cut
 
 
-def console_for(stderr: bool = False) -> Console:
-    """The terminal's own width on a terminal; off one (a file, a pipe, a CI log) wide enough that
-    no table is squeezed or cut to 80 columns."""
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=WIDE)
+def console_for(stderr: bool = False, file: IO[str] | None = None) -> Console:
+    """The terminal's own width on a terminal; off one (a file, a pipe, a CI log) `WIDTH` columns,
+    never the 80 rich assumes nor a table's natural width (one line per row however wide)."""
+    console = Console(stderr=stderr, file=file)
+    return console if console.is_terminal else Console(stderr=stderr, file=file, width=WIDTH)
 
 
 _MARK = {"ok": "[green]ok[/]", "warn": "[yellow]check[/]", "bad": "[red]problem[/]", "info": "[dim]-[/]"}
 
 
 def verdict_table(d: ReportData) -> Table:
-    """The verdict (verdict.py) as the summary's first table: one line per question."""
-    t = Table(title="verdict", show_header=False, title_justify="left")
-    t.add_column(style="bold", no_wrap=True)
+    """The verdict (verdict.py) as the summary's first table: one answer per question, its mark
+    first and its sentence under the question's name (no box: two lines a question at 100 columns)."""
+    t = Table(title="verdict", show_header=False, title_justify="left", box=None, padding=(0, 1, 0, 0))
     t.add_column(no_wrap=True)
-    t.add_column(max_width=110)
+    t.add_column(overflow="fold")
     for v in verdict(d):
-        t.add_row(v.title, _MARK[v.status], Text(v.text))
+        t.add_row(_MARK[v.status], Text.assemble((v.title, "bold"), ": ", v.text))
     return t
 
 
 def _kv(title: str, rows: list[tuple[str, Any]]) -> Table:
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
-    t.add_column()
+    t.add_column(overflow="fold")  # a path or URL longer than the cell is folded, not cut
     for k, v in rows:
         if v is not None:
             t.add_row(k, v if isinstance(v, Text) else str(v))
@@ -150,7 +153,7 @@ def tools_table(d: ReportData) -> Table | None:
     t = Table(title="tool semantics of the persisted answers", title_justify="left",
               caption="call rate: answers that called a tool, of those whose prompt declared tools; invalid: "
                       "of the calls; leaks: answers with leaked tool-call markers", caption_justify="left")
-    t.add_column("source / provider", no_wrap=True)
+    t.add_column("source / provider", overflow="fold")  # a long name folds; the figures stay whole
     for col in ("answers", "declared", "call rate", "calls", "invalid", "leaks"):
         t.add_column(col, justify="right", no_wrap=True)
     for name, tally in sorted(a.by_source.items()):
@@ -309,9 +312,9 @@ def _audit_examples(doc: dict[str, Any]) -> Table | None:
     if not ex:
         return None
     t = Table(title="side by side: the same prompt in both modes", title_justify="left", show_lines=True)
-    t.add_column("prompt", ratio=1)
-    t.add_column("text", ratio=2)
-    t.add_column("structured", ratio=2)
+    t.add_column("prompt", ratio=1, overflow="fold")  # a call's JSON is one long word: folded, never cut
+    t.add_column("text", ratio=2, overflow="fold")
+    t.add_column("structured", ratio=2, overflow="fold")
 
     def side(s: dict[str, Any] | None) -> str:
         if not s:
@@ -357,14 +360,12 @@ def _audit_legacy(doc: dict[str, Any]) -> Table:
     return t
 
 
-def audit_renderables(doc: dict[str, Any], full: bool = True) -> list[Any]:
-    """The audit: the verdict, then its tables (the headline table only when not `full`)."""
+def audit_renderables(doc: dict[str, Any]) -> list[Any]:
+    """The audit: the verdict, then its tables, the headline one first."""
     if not doc.get("figures"):
         return [_audit_legacy(doc)] if doc.get("legacyModes") else []
-    out: list[Any] = [audit_verdict(doc), _audit_main(doc)]
-    if full:
-        out += [_audit_recorded(doc), _audit_formats(doc), _audit_by_source(doc), _audit_by_tool(doc),
-                _audit_examples(doc)]
+    out: list[Any] = [audit_verdict(doc), _audit_main(doc), _audit_recorded(doc), _audit_formats(doc),
+                      _audit_by_source(doc), _audit_by_tool(doc), _audit_examples(doc)]
     return [r for r in out if r is not None]
 
 
@@ -452,19 +453,22 @@ def fidelity_table(d: ReportData) -> Table | None:
                     + (f" (floor {rate(float(floor))}, on low: {fid.get('onLow')})" if floor is not None
                        else " (no floor set)"),
               title_justify="left",
-              caption="top-1: answer tokens that are the scoring model's own argmax; mean NLL: per answer token; "
-                      "below floor: samples under extraction.fidelity.minTop1Agreement (- without one); "
-                      "gaps: mean of ours - the provider's usage, in tokens", caption_justify="left")
-    for col in ("answers of", "samples", "top-1", "mean NLL", "below floor", "tool-call rate", "invalid calls",
-                "leaks", "prompt gap", "completion gap"):
-        t.add_column(col, justify="left" if col == "answers of" else "right", no_wrap=True)
+              caption="n: samples; top-1: answer tokens that are the scoring model's own argmax; text: the same "
+                      "over the reasoning and content the model wrote (what the floor judges); NLL: mean per answer "
+                      "token; < floor: samples under extraction.fidelity.minTop1Agreement (- without one); calls: "
+                      "answers that called a tool, of those whose prompt declared tools; invalid: of the calls; "
+                      "gaps: prompt / completion tokens, mean of ours - the provider's usage", caption_justify="left")
+    # short headers: nine columns in 100 with nothing cut (the first folds)
+    t.add_column("answers of", overflow="fold", min_width=16)
+    for col in ("n", "top-1", "text", "NLL", "< floor", "calls", "invalid", "leaks", "gaps"):
+        t.add_column(col, justify="right", no_wrap=True)
 
     def row(label: str, g: dict[str, Any]) -> None:
-        t.add_row(label, str(g.get("samples", 0)), rate(g.get("top1Agreement")), num(g.get("meanNLL")),
+        gaps = [num((g.get(k) or {}).get("mean"), 1) for k in ("promptTokenGap", "completionTokenGap")]
+        t.add_row(label, str(g.get("samples", 0)), rate(g.get("top1Agreement")), rate(written_agreement(g)),
+                  num(g.get("meanNLL")),
                   "-" if floor is None else str(g.get("lowSamples", 0)), rate(g.get("toolCallRate")),
-                  rate(g.get("invalidCallRate")), rate(g.get("leakRate")),
-                  num((g.get("promptTokenGap") or {}).get("mean"), 1),
-                  num((g.get("completionTokenGap") or {}).get("mean"), 1))
+                  rate(g.get("invalidCallRate")), rate(g.get("leakRate")), " / ".join(gaps))
 
     row("all", fid.get("overall") or {})
     for name, g in sorted((fid.get("byProvider") or {}).items()):
@@ -502,18 +506,34 @@ def providers_tables(d: ReportData) -> list[Table]:
     return probe_tables(d.providers) if d.providers else []
 
 
-def tables(d: ReportData, full: bool = True, audit: bool = True) -> list[Any]:
-    """Every table with data; `full=False` is the one-screen summary `eyrie run` ends with;
-    `audit=False` leaves the audit out (the page shows it in a section of its own)."""
-    shown = audit_renderables(d.audit, full) if d.audit and audit else []
+def tables(d: ReportData, audit: bool = True) -> list[Any]:
+    """Every table with data; `audit=False` leaves the audit out (the page shows it in a section of
+    its own)."""
+    shown = audit_renderables(d.audit) if d.audit and audit else []
     out: list[Any] = [verdict_table(d), run_table(d), *shown[:1], samples_table(d), *providers_tables(d),
-                      tools_table(d)]
-    if full:
-        out += [per_tool_table(d), *shown[1:]]
-    out += [reconstruction_table(d), extraction_table(d), specforge_online_table(d), fidelity_table(d),
-            agentic_table(d)]
+                      tools_table(d), per_tool_table(d), *shown[1:], reconstruction_table(d), extraction_table(d),
+                      specforge_online_table(d), fidelity_table(d), agentic_table(d)]
     return [t for t in out if t is not None]
 
 
-def print_report(d: ReportData, console: Console, full: bool = True, audit: bool = True) -> None:
-    console.print(Group(*tables(d, full, audit)))
+def print_report(d: ReportData, console: Console, audit: bool = True) -> None:
+    console.print(Group(*tables(d, audit)))
+
+
+def probe_line(d: ReportData) -> str | None:
+    """The provider probe in one sentence: which endpoints passed, what it cost."""
+    doc = d.providers
+    if not doc or not doc.get("candidates"):
+        return None
+    cands = doc["candidates"]
+    passed = [c["tag"] for c in cands if c.get("passed")]
+    return (f"provider probe: {len(passed)} of {len(cands)} endpoints pass"
+            + (f" ({', '.join(passed)})" if passed else "") + f"; spent {dollars(doc.get('spentUSD'))}")
+
+
+def summary(d: ReportData) -> list[Any]:
+    """What `eyrie run` ends with (at most a screen): the verdict, the audit's verdict and the
+    provider probe in a line; every table is `eyrie report`'s (and `eyrie run --verbose`'s)."""
+    probe = probe_line(d)
+    out: list[Any] = [verdict_table(d), audit_verdict(d.audit), Text(probe) if probe else None]
+    return [x for x in out if x is not None]

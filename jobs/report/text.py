@@ -8,7 +8,9 @@ from typing import Any
 
 from eyrie.jobs.contract.money import dollars
 
-__all__ = ["dollars", "human_bytes", "num", "rate"]
+__all__ = ["WIDTH", "dollars", "human_bytes", "num", "rate"]
+
+WIDTH = 100  # columns when not on a terminal: what a log viewer or an editor shows without scrolling
 
 
 def rate(x: float | None) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from eyrie.jobs.contract.money import PRICE_PLACES
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import dollars, num, rate
@@ -120,7 +121,9 @@ def reconstruction_line(d: ReportData) -> Line | None:
     if mismatched:
         parts.append(f"no known template fits {', '.join(mismatched)}")
     inexact = any(g and g[0] < g[1] for g in (prompt, completion))
-    status = BAD if (records and not kept) or mismatched else WARN if n_excl or inexact else OK
+    # answers the tool policy dropped or that failed never reached reconstruction: no fault of it
+    failed = [k for k in excluded if k != "policy_drop" and not k.startswith("status_")]
+    status = BAD if (records and not kept) or mismatched else WARN if failed or inexact else OK
     return Line("reconstruction", "Reconstruction", status, "; ".join(parts) + ".", figures)
 
 
@@ -130,27 +133,34 @@ def scoring_model(d: ReportData) -> str | None:
     return e.get("modelName") or e.get("model")
 
 
+def written_agreement(g: dict[str, Any]) -> float | None:
+    """A fidelity group's agreement on the text the model wrote (what the floor judges); a manifest
+    from before it was kept gives its agreement over every answer token."""
+    return g.get("writtenTop1Agreement", g.get("top1Agreement"))
+
+
 def fidelity_line(d: ReportData) -> Line | None:
     fid = d.fidelity
     if not fid:
         return None
     o = fid.get("overall") or {}
     floor, below = fid.get("minTop1Agreement"), list(fid.get("belowFloor") or [])
-    figures = {"top1": rate(o.get("top1Agreement")), "meanNLL": num(o.get("meanNLL")),
-               "tokens": f"{int(o.get('tokens') or 0):,}", "model": str(scoring_model(d) or "the target model")}
-    text = (f"Scored by {figures['model']}: top-1 agreement {figures['top1']} over {figures['tokens']} answer tokens, "
-            f"mean NLL {figures['meanNLL']}")
+    figures = {"top1": rate(o.get("top1Agreement")), "written": rate(written_agreement(o)),
+               "meanNLL": num(o.get("meanNLL")), "tokens": f"{int(o.get('tokens') or 0):,}",
+               "model": str(scoring_model(d) or "the target model")}
+    text = (f"Scored by {figures['model']}: top-1 agreement {figures['top1']} over {figures['tokens']} answer tokens "
+            f"({figures['written']} on the reasoning and content the model wrote), mean NLL {figures['meanNLL']}")
     by = fid.get("byProvider") or {}
     if len(by) > 1:
-        low = min(by, key=lambda p: by[p].get("top1Agreement") if by[p].get("top1Agreement") is not None else 2)
-        text += f"; lowest provider {low} at {rate(by[low].get('top1Agreement'))}"
+        low = min(by, key=lambda p: a if (a := written_agreement(by[p])) is not None else 2)
+        text += f"; lowest provider {low} at {rate(written_agreement(by[low]))} on that text"
     if floor is None:
         text += "; no floor set (extraction.fidelity.minTop1Agreement)"
         status = INFO
     else:
         figures["floor"] = rate(float(floor))
         under = f", under it: {', '.join(below)}" if below else ", every provider above it"
-        text += f"; floor {figures['floor']}{under}"
+        text += f"; floor {figures['floor']} on that text{under}"
         status = BAD if below else OK
     return Line("fidelity", "Fidelity", status, text + ".", figures)
 
@@ -169,7 +179,7 @@ def money_line(d: ReportData) -> Line:
         figures["kept"] = f"{kept:,}"
         bought.append(f"{figures['perSample']} per kept sample ({figures['kept']})")
     if trained:
-        figures["perMillionTokens"] = dollars(spent * MILLION / trained)
+        figures["perMillionTokens"] = dollars(spent * MILLION / trained, PRICE_PLACES)
         figures["trained"] = f"{trained:,}"
         bought.append(f"{figures['perMillionTokens']} per million trained tokens ({figures['trained']})")
     if bought:
