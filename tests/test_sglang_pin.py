@@ -27,6 +27,9 @@ import pytest
 from eyrie.jobs.extract import sglang_backend as sb
 from tests.reference_helpers import unavailable
 
+# `pip download` on a machine whose cache lacks the wheel (a fresh one): a process and the package index
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
