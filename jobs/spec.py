@@ -21,7 +21,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
-    PrivateAttr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -569,18 +568,6 @@ class OutputSpec(Model):
     """S3 region, where the store needs one."""
     credentials_secret_ref: CredentialsRef | None = None
     """Secret with the S3 credentials (in cluster); locally EYRIE_S3_ACCESS_KEY/SECRET_KEY."""
-    _relative: str | None = PrivateAttr(default=None)  # the relative path the spec file gave (load_spec)
-
-    def earlier_location(self) -> Path | None:
-        """Where a relative path from a spec file used to lead (the current directory, before outputs
-        resolved next to the spec like sources), when an output is there and none is here."""
-        if self._relative is None:
-            return None
-        old = Path(self._relative).resolve()
-        here = Path(self.uri)
-        if old == here or not (old / "progress.json").exists() or (here / "progress.json").exists():
-            return None
-        return old
 
     @field_validator("uri")
     @classmethod
@@ -862,7 +849,6 @@ def load_spec(path: str | Path) -> DatasetGeneration:
             src.uri = str((p.parent / src.uri).resolve())
     out = dg.spec.output
     if "://" not in out.uri and not Path(out.uri).expanduser().is_absolute():
-        out._relative = out.uri
         out.uri = str((p.parent / out.uri).resolve())
     sim = dg.spec.api.simulator
     if sim is not None and sim.config is not None and not Path(sim.config).expanduser().is_absolute():

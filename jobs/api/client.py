@@ -28,7 +28,7 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
-from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, RequestFailed, _Retry
+from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, RequestFailed, Retryable
 from eyrie.jobs.api.limits import TokenBucket, backoff_delay, is_loopback, parse_retry_after
 from eyrie.jobs.api.provider_errors import classify, parse_error_body
 from eyrie.jobs.api.sse import SSEAccumulator, parse_completion
@@ -231,7 +231,7 @@ class ChatClient:
             attempts += 1
             try:
                 resp, usage = await self._attempt(data, est_tokens, on_id)
-            except _Retry as e:
+            except Retryable as e:
                 stats.errors_by_kind[e.kind] = stats.errors_by_kind.get(e.kind, 0) + 1
                 if attempts > self.max_retries:
                     raise RequestFailed(e.kind, self._redact(e.message), attempts, transient=True) from None
@@ -264,10 +264,10 @@ class ChatClient:
                         return await self._send_stream(data, on_id)
                     return await self._send(data, on_id)
             except TimeoutError:
-                raise _Retry("timeout", f"no complete answer within {self.timeout:g}s") from None
+                raise Retryable("timeout", f"no complete answer within {self.timeout:g}s") from None
             except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
                 kind = _transport_kind(e)
-                raise _Retry(kind, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+                raise Retryable(kind, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
             finally:
                 stats.in_flight -= 1
 
@@ -289,7 +289,7 @@ class ChatClient:
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
+            raise Retryable("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
         return parse_completion(doc, self._redact)
 
     async def _send_stream(self, data: bytes, on_id: Callable[[str], None] | None = None
@@ -306,7 +306,7 @@ class ChatClient:
                 try:
                     doc = orjson.loads(raw)
                 except orjson.JSONDecodeError:
-                    raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
+                    raise Retryable("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
                 return parse_completion(doc, self._redact)
             acc = SSEAccumulator(self._redact)
             try:
@@ -318,7 +318,7 @@ class ChatClient:
             except httpx.TransportError as e:
                 if _transport_kind(e) == "timeout":
                     raise
-                raise _Retry("dropped-stream", f"the stream broke off: {type(e).__name__}") from None
+                raise Retryable("dropped-stream", f"the stream broke off: {type(e).__name__}") from None
             return acc.finish()
         finally:
             await resp.aclose()

@@ -93,11 +93,6 @@ def run_main(argv: list[str]) -> int:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     store = open_output(dg.spec)
     print(f"eyrie: output {store.uri}", file=sys.stderr)
-    if (earlier := dg.spec.output.earlier_location()) is not None:
-        print(f"eyrie: note: an earlier output is at {earlier} (output.uri {dg.spec.output._relative!r} taken from "
-              f"the current directory, as eyrie did before relative outputs resolved next to the spec, like "
-              f"sources); this run writes to {store.uri} instead. To go on with the earlier one, move it there or "
-              f"set output.uri to {earlier}", file=sys.stderr)
     show = not args.no_progress and err.is_terminal
     try:
         with ProgressBar(show) as bar:

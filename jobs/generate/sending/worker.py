@@ -38,7 +38,7 @@ from eyrie.jobs.generate.sending import agentic
 from eyrie.jobs.generate.sending.journal import Journal, ShardState, compact_shard, scan_shard
 from eyrie.jobs.generate.sending.requests import build_body, estimate_prompt_tokens, max_output_tokens, prepare_row
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
-from eyrie.jobs.spec import DatasetGenerationSpec
+from eyrie.jobs.spec import DatasetGenerationSpec, GenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools import checks, declarations
 
@@ -300,27 +300,37 @@ class ShardWorker:
             await self._call("shard_done", run.shard)
 
     # -- the per-request path ------------------------------------------------------------------
-    def _base_record(self, sid: str, prompt: Prompt | BadRow) -> records.Record:
-        return {"sample_id": sid, "source": prompt.source, "row": prompt.row, "attempt": self.attempt,
-                "fingerprint": self.fingerprint, "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0",
-                "attempts": 0, "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
+    @property
+    def generation(self) -> GenerationSpec:
+        return self.spec.generation
+
+    def record(self, sid: str, prompt: Prompt | BadRow, turn: int | None = None) -> records.Record:
+        """A new record of `prompt` (of one turn of its conversation), nothing sent yet."""
+        rec: records.Record = {
+            "sample_id": sid, "source": prompt.source, "row": prompt.row, "attempt": self.attempt,
+            "fingerprint": self.fingerprint, "toolsMode": self.mode, "createdAt": now_iso(), "costUSD": "0",
+            "attempts": 0, "response": None, "usage": None, "error": None, "checks": {}, "policy": "keep"}
+        if turn is not None:
+            rec["turn"] = turn
+        return rec
 
     def prepare(self, prompt: Prompt | BadRow) -> declarations.Prepared | tuple[str, str]:
         """The prompt's tools declared for this run's mode, or (error type, reason) of a rejected one."""
         return prepare_row(prompt, self.mode, whole=self.agentic)
 
-    def _rejected(self, rec: records.Record, kind: str, reason: str) -> records.Record:
+    def reject(self, rec: records.Record, kind: str, reason: str) -> records.Record:
+        """`rec` as a prompt never sent (nothing paid), counted."""
         rec.update(status="rejected", request=None, error={"type": kind, "message": reason})
         self.budget.observe(RequestResult("rejected"))
         return rec
 
-    async def reject(self, shard: int, rec: records.Record, kind: str, reason: str) -> None:
-        """Persist a prompt that is never sent (nothing paid)."""
-        await self.journal.commit(shard, self._rejected(rec, kind, reason))
+    async def persist(self, shard: int, rec: records.Record) -> None:
+        """Make `rec` durable in this worker's journal (`commit`)."""
+        await self.commit(self.journal, shard, rec)
 
     async def commit(self, journal: Journal, shard: int, rec: records.Record) -> None:
         """Make `rec` durable in `journal`; only then is its request no longer in flight (its cost is
-        in the store). Every caller of `process`/`send_prepared` persists through here."""
+        in the store). Every caller of `process`/`send` persists through here."""
         await journal.commit(shard, rec)
         rid = self._unrecorded.pop(id(rec), None)
         if rid is not None:
@@ -328,13 +338,13 @@ class ShardWorker:
 
     async def process(self, sid: str, prompt: Prompt | BadRow) -> records.Record | None:
         """One prompt -> one record, or None when the run stopped before it was sent."""
-        rec = self._base_record(sid, prompt)
+        rec = self.record(sid, prompt)
         prepared = self.prepare(prompt)
         if not isinstance(prepared, declarations.Prepared):
-            return self._rejected(rec, *prepared)
-        return await self.send_prepared(rec, prepared)
+            return self.reject(rec, *prepared)
+        return await self.send(rec, prepared)
 
-    async def send_prepared(self, rec: records.Record, prepared: declarations.Prepared) -> records.Record | None:
+    async def send(self, rec: records.Record, prepared: declarations.Prepared) -> records.Record | None:
         """Reserve, send, check and settle one request; fills `rec`, or None when the run stopped
         before it was sent (one prompt, or one turn of a conversation)."""
         body = build_body(self.spec, prepared.messages, prepared.tools)
