@@ -617,6 +617,13 @@ class DatasetGenerationSpec(Model):
         if sim is not None and sim.answer_model and not self.target.tokenizer:
             raise ValueError("api.simulator.answerModel: needs target.tokenizer (the model's own: "
                              "builtin:tiny-chat) to render the prompts it answers")
+        workers = self.generation.ray.workers
+        for name, limit in (("maxConcurrency", self.api.max_concurrency),
+                            ("requestsPerMinute", self.api.requests_per_minute),
+                            ("tokensPerMinute", self.api.tokens_per_minute)):
+            if limit is not None and limit < workers:  # the workers split it exactly: none may get zero
+                raise ValueError(f"api.{name}: {limit} is below generation.ray.workers ({workers}), which share it; "
+                                 "raise it or lower the workers")
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -29,14 +29,14 @@ from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress,
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.extract.projection import stored_bytes_per_token
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
-from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.budget.forecast import forecaster
 from eyrie.jobs.generate.budget.reconcile import provider_key_usage
 from eyrie.jobs.generate.plan import ShardPlan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
 from eyrie.jobs.generate.probe.run import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
 from eyrie.jobs.generate.sending.conversation import AgenticSummary
-from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig, run_loop
+from eyrie.jobs.generate.sending.session import Session
+from eyrie.jobs.generate.sending.worker import ShardWorker, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
@@ -108,24 +108,15 @@ class _Stopper:
 class _Run:
     """Everything a way of running the workers (inline or on Ray) needs."""
 
-    spec: DatasetGenerationSpec
-    ctx: RunContext
-    base_url: str
-    coordinator: dict[str, Any]  # RunCoordinator's keyword arguments
+    session: Session  # the coordinator's arguments, the limits the workers share
     plan: ShardPlan  # the shards' row ranges: each worker reads its own
-    store: Store
     stopper: _Stopper
     monitor: _Monitor
-    fingerprint: str | None = None  # the binding's id: every record's label, whatever the routing sent
     notify: Callable[[str], None] = lambda _m: None
 
-    def worker_config(self, worker_id: str) -> WorkerConfig:
-        a, n = self.spec.api, self.spec.generation.ray.workers
-        return WorkerConfig(
-            spec_json=self.spec.model_dump_json(by_alias=True), worker_id=worker_id, attempt=self.ctx.attempt,
-            base_url=self.base_url, concurrency=max(1, a.max_concurrency // n),
-            rpm=max(1, a.requests_per_minute // n) if a.requests_per_minute else None,
-            tpm=max(1, a.tokens_per_minute // n) if a.tokens_per_minute else None, fingerprint=self.fingerprint)
+    @property
+    def spec(self) -> DatasetGenerationSpec:
+        return self.session.spec
 
 
 def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
@@ -172,10 +163,11 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress(),
                             "workersLost": start.workers_lost})
-        run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor,
-                   binding.fingerprint.id, notify)
+        session = Session(probe.routed(spec) if probe else spec, store, ctx, base_url, coordinator,
+                          senders=spec.generation.ray.workers, fingerprint=binding.fingerprint.id)
+        run = _Run(session, plan, stopper, monitor, notify)
         if stop is not None:  # nothing to generate with: the run ends before its first request
-            coord = RunCoordinator(**coordinator)
+            coord = session.start()
             asyncio.run(coord.stop(*stop))
             snapshot = monitor.merged(coord.snapshot())
         else:
@@ -379,9 +371,9 @@ def _run_inline(plan: _Run) -> dict:
     """Workers as tasks in this process (`--inline`, `EYRIE_NO_RAY=1`, benchmarks)."""
 
     async def main() -> dict:
-        coord = RunCoordinator(**plan.coordinator)
-        workers = [ShardWorker(plan.worker_config(f"w{i}"), coord, plan.plan, plan.store,
-                               api_key=plan.ctx.api_key) for i in range(plan.spec.generation.ray.workers)]
+        session = plan.session
+        coord = session.start()
+        workers = [session.shard_worker(i, plan.plan) for i in range(session.senders)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
@@ -393,7 +385,7 @@ def _run_inline(plan: _Run) -> dict:
                 return coord.snapshot()
             if plan.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
-                plan.stopper.acknowledge(sum(len(w.inflight.book.flights) for w in workers), plan.notify)
+                plan.stopper.acknowledge(sum(len(w.sender.inflight.book.flights) for w in workers), plan.notify)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
             await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
         for t in tasks:
@@ -418,9 +410,10 @@ def _run_ray(plan: _Run) -> dict:
         else:
             ray.init(log_to_driver=True)
     plan.stopper.install()
-    n = spec.generation.ray.workers
-    coord = ray.remote(RunCoordinator).options(
-        name=f"eyrie-coordinator-{plan.ctx.attempt}", num_cpus=0, max_concurrency=100_000).remote(**plan.coordinator)
+    session = plan.session
+    n = session.senders
+    configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
+    coord = session.start_actor(f"eyrie-coordinator-{session.attempt}")
     actor_cls = ray.remote(ShardWorker).options(
         num_cpus=spec.generation.ray.cpus_per_worker if spec.generation.ray.mode != "Local" else 0,
         max_concurrency=1, max_restarts=0)
@@ -428,7 +421,7 @@ def _run_ray(plan: _Run) -> dict:
     def start(i: int, gen: int) -> tuple[str, Any, Any]:
         wid = f"w{i}.{gen}"
         # no api_key argument: Ray records arguments; the worker reads its own environment
-        w = actor_cls.remote(plan.worker_config(wid), coord, plan.plan, None, is_actor=True)
+        w = actor_cls.remote(replace(configs[i], sender_id=wid), coord, plan.plan, None, is_actor=True)
         return wid, w, w.run_blocking.remote()
 
     running = {}
