@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
-    AliasGenerator,
     BaseModel,
     ConfigDict,
     Field,
@@ -27,8 +26,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel, to_snake
+from pydantic.alias_generators import to_snake
 
+from eyrie.jobs.contract.model import Model
+from eyrie.jobs.contract.progress import EndpointVerdict, SampleCounts, TokenCounts
 from eyrie.jobs.errors import InputError
 
 GROUP = "eyrie.dev"
@@ -86,25 +87,6 @@ def _quantity(value: str) -> str:
 
 
 Quantity = Annotated[str, AfterValidator(_quantity), WithJsonSchema({"type": "string", "pattern": QUANTITY_PATTERN})]
-
-
-class Model(BaseModel):
-    """Base: camelCase aliases, unknown fields rejected (a typo must not silently do nothing)."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
-        populate_by_name=True,
-        frozen=False,
-        use_attribute_docstrings=True,  # a field's docstring is its description (CRD, reference)
-    )
-
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-    def wire(self) -> dict[str, Any]:
-        """As sent to an API that spells fields in snake_case (OpenRouter's request objects)."""
-        return self.model_dump(mode="json", by_alias=False, exclude_none=True)
 
 
 # ----------------------------------------------------------------------------------------- spec
@@ -664,24 +646,6 @@ class Condition(Model):
     observed_generation: int | None = None
 
 
-class SampleCounts(Model):
-    total: int = 0
-    """Prompts (conversations with generation.turns: all) in the sources."""
-    done: int = 0
-    """Answered and kept."""
-    rejected: int = 0
-    """Never sent: a row that does not parse or whose tools do not (unpaid); listed in samples/bad_rows.jsonl."""
-    discarded: int = 0
-    """Answered and paid, then excluded by tools.onInvalidCall: drop (their cost: progress.json discardedUSD)."""
-    failed: int = 0
-    """Sent, and failed after retries (by error type in progress.json failures)."""
-
-
-class TokenCounts(Model):
-    input: int = 0
-    output: int = 0
-
-
 class ToolMetrics(Model):
     declared_prompts: int = 0
     call_rate: float = 0.0
@@ -717,21 +681,6 @@ class FidelityStatus(Model):
     """Providers under extraction.fidelity.minTop1Agreement."""
 
 
-class ProviderStatus(Model):
-    """One endpoint as the provider probe judged it (spec.api.providerProbe)."""
-
-    tag: str
-    """The endpoint tag (OpenRouter provider slug)."""
-    name: str | None = None
-    """The provider's name."""
-    passed: bool
-    """Whether generation is routed to it."""
-    reason: str = ""
-    """The measures it failed, with their values and limits; empty when it passed."""
-    cost_per_answer_usd: str | None = Field(default=None, alias="costPerAnswerUSD")
-    """Mean cost of its probe answers."""
-
-
 Phase = Literal["Pending", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
 
 
@@ -747,7 +696,7 @@ class DatasetGenerationStatus(Model):
     tools: ToolMetrics | None = None
     extraction: ExtractionStatus | None = None
     fidelity: FidelityStatus | None = None
-    providers: list[ProviderStatus] | None = None
+    providers: list[EndpointVerdict] | None = None
     """The provider probe's verdict per endpoint, passing ones first, cheapest first."""
     disruptions: DisruptionStatus | None = None
     """Present once the current attempt's job was disrupted and carried on."""

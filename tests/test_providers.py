@@ -536,16 +536,16 @@ def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch)
 
     eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.2) for t in ("acme", "b")]
     monkeypatch.setenv("EYRIE_API_KEY", API_KEY)
-    snaps: list[dict[str, Any]] = []
+    snaps: list[Any] = []  # contract.progress.Progress, as the CLI's bar gets them
     with ProviderFake(eps).running() as fake:
         dg = load_spec(probe_spec(tmp_path, fake.base_url, n_rows=12, probe={"samples": 6}))
         result = run_generation(dg, open_output(dg.spec), RunContext("bar", api_key=API_KEY), fake.base_url,
                                 inline=True, on_progress=snaps.append)
     assert result.outcome == "Done", result.message
-    probing = [s for s in snaps if "probe" in s]
-    assert probing and snaps.index(probing[-1]) < min(i for i, s in enumerate(snaps) if "probe" not in s)
-    assert probing[0]["probe"]["answers"] == 0 and probing[-1]["probe"]["answers"] == 12
-    assert all(s["probe"]["answersPlanned"] == 12 for s in probing)
+    probing = [s for s in snaps if s.probe is not None]
+    assert probing and snaps.index(probing[-1]) < min(i for i, s in enumerate(snaps) if s.probe is None)
+    assert probing[0].probe.answers == 0 and probing[-1].probe.answers == 12
+    assert all(s.probe.planned == 12 for s in probing)
     screen = io.StringIO()
     with ProgressBar(True, Console(file=screen, force_terminal=True, width=200)) as bar:
         bar.update(probing[-1])

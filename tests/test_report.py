@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 
 from eyrie.jobs.contract import layout, records, timeseries
+from eyrie.jobs.contract.progress import parse_progress
 from eyrie.jobs.report import collect, publish
 from eyrie.jobs.report.data import MAX_KEYS, OTHER, Answers, Reservoir
 from eyrie.jobs.report.html import figures, render
@@ -53,7 +54,7 @@ def test_timeseries_point_keeps_only_the_plotted_counters():
             "errors": {"429": 2, "500": 1},
             "samples": {"total": 10, "done": 4, "rejected": 1, "discarded": 0, "failed": 0},
             "tools": {"perTool": {"x": {}}}}
-    p = timeseries.point(snap, "a1")
+    p = timeseries.point(parse_progress({**snap, "attempt": "a1", "outcome": "Running"}))
     assert p["errors"] == 3 and p["done"] == 4 and p["attempt"] == "a1" and "tools" not in p
     assert datetime.fromisoformat(p["t"].replace("Z", "+00:00")).tzinfo is not None
 

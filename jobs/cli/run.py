@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eyrie.jobs.context import RunContext
-from eyrie.jobs.contract import layout
+from eyrie.jobs.contract import layout, progress
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome, read_progress
 from eyrie.jobs.contract.tally import describe_bad_row
@@ -52,23 +52,22 @@ class ProgressBar:
     def __exit__(self, *exc: Any) -> None:
         self._p.__exit__(*exc)
 
-    def update(self, snap: dict) -> None:
-        probe = snap.get("probe")  # only in the probe stage's snapshots
+    def update(self, snap: progress.Progress) -> None:
+        probe = snap.probe  # only in the probe stage's snapshots
         stage = "probing providers" if probe else "generating"
         if stage != self._stage:  # each stage's bar and request rate from its own start
             self._stage, self._t0 = stage, time.monotonic()
             self._p.reset(self._task, description=stage)
         if probe:
-            total, finished, requests = probe["answersPlanned"], probe["answers"], probe["requests"]
-        else:
-            s = snap["samples"]
-            total, finished = s["total"], s["done"] + s["rejected"] + s["discarded"] + s["failed"]
-            requests = snap.get("requests", 0)  # this attempt's requests
+            total, finished, requests = probe.planned, probe.answers, probe.requests
+        else:  # this attempt's requests
+            total, finished, requests = snap.samples.total, snap.samples.finished, snap.requests
         rps = requests / max(1e-3, time.monotonic() - (self._t0 or time.monotonic()))
-        forecast = snap.get("forecastUSD")
-        self._p.update(self._task, total=total, completed=finished, spent=dollars(snap["spentUSD"]),
-                       budget=dollars(snap["maxUSD"]), forecast=dollars(forecast) if forecast else "?", rps=rps,
-                       retries=snap.get("retries", 0), errors=sum(snap.get("errors", {}).values()))
+        forecast = snap.forecast
+        self._p.update(self._task, total=total, completed=finished, spent=dollars(snap.spent),
+                       budget=dollars(snap.max_usd) if snap.max_usd is not None else "?",
+                       forecast=dollars(forecast) if forecast else "?", rps=rps, retries=snap.retries,
+                       errors=sum(snap.errors.values()))
 
 
 def run_main(argv: list[str]) -> int:
