@@ -184,6 +184,37 @@ def test_generation_never_imports_the_simulator():
     assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulator.text") == []
 
 
+def _crd_fields(node: dict, path: str = "") -> set[str]:
+    """Every property path of a CRD schema node, dotted."""
+    out = set()
+    for name, sub in (node.get("properties") or {}).items():
+        out.add(f"{path}{name}")
+        out |= _crd_fields(sub, f"{path}{name}.")
+    for sub in (node.get("items"), node.get("additionalProperties")):
+        if isinstance(sub, dict):
+            out |= _crd_fields(sub, path)
+    return out
+
+
+def test_the_crd_carries_no_simulator_behaviour():
+    """The public v1alpha1 schema keeps only what a user chooses for the embedded simulator (which builtin model
+    answers and who decides its calls, its latency, its seed, and the config file that holds the rest): its faults
+    and other demo and test behaviours (`SimulatorBehaviour`) are the simulator config file's, never the CRD's."""
+    from eyrie.jobs.simulator.config import SimulatorBehaviour
+
+    crd = yaml.safe_load((ROOT / "crds" / "datasetgenerations.eyrie.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    fields = _crd_fields(schema)
+    assert {f for f in fields if f.startswith("api.simulator.")} == {
+        "api.simulator.latencyMs", "api.simulator.seed", "api.simulator.answerModel",
+        "api.simulator.answerModelCalls", "api.simulator.config"}
+    # the file's own behaviours; templateVariant and providers also name real spec fields (target, providerProbe)
+    behaviours = set(SimulatorBehaviour.model_json_schema(by_alias=True)["properties"]) - {"templateVariant",
+                                                                                           "providers"}
+    assert sorted(f for f in fields if f.rpartition(".")[2] in behaviours) == []
+    assert "faultRate" in behaviours and "rateLimit" in behaviours
+
+
 def _eyrie_requires() -> list[str]:
     """eyrie's own requirements as pyproject.toml declares them (an installed copy of its metadata may be stale: an
     old eyrie.egg-info in a working tree shadows the venv's)."""

@@ -489,14 +489,3 @@ def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tm
     print_report(data, console, full=False)  # eyrie run's one screen: the verdict right after the run table
     text = console.export_text()
     assert text.index("audit verdict") < text.index("samples by outcome")
-    old = FileStore(tmp_path / "old")
-    old.put(layout.PROGRESS, orjson.dumps({"attempt": "a", "outcome": "Done", "spentUSD": "0.5", "maxUSD": "5",
-                                           "auditUSD": "0.02"}))
-    old.put(layout.AUDIT, orjson.dumps({"samples": 20, "model": "m", "outcome": "Done", "spentUSD": "0.02",
-                                        "cumulativeSpentUSD": "0.05", "modes": {"text": {"callRate": 0.5},
-                                                                                "structured": {"callRate": 0.9}}}))
-    data = collect(old)
-    assert data.audit_spent == Decimal("0.05") and data.spent == Decimal("0.53")  # 0.03 paid by audits since
-    console = Console(record=True, width=160, file=io.StringIO())
-    print_report(data, console)
-    assert "an older audit.json" in console.export_text()

@@ -344,22 +344,10 @@ def _audit_recorded(doc: dict[str, Any]) -> Table | None:
     return _kv("recorded answers (--from)", [(k, Text(str(v))) for k, v in rows])  # rows' text is not markup
 
 
-def _audit_legacy(doc: dict[str, Any]) -> Table:
-    t = Table(title=f"tools as text vs structured: {doc.get('samples')} prompts (an older audit.json: run "
-                    "`eyrie audit` again for intervals and the verdict)", title_justify="left")
-    t.add_column("metric")
-    for col in ("text", "structured"):
-        t.add_column(col, justify="right")
-    m = doc.get("legacyModes") or {}
-    for key in ("callRate", "invalidRate", "leakRate", "meanOutputTokens", "costUSD"):
-        t.add_row(key, *(str((m.get(mode) or {}).get(key, "")) for mode in ("text", "structured")))
-    return t
-
-
 def audit_renderables(doc: dict[str, Any], full: bool = True) -> list[Any]:
     """The audit: the verdict, then its tables (the headline table only when not `full`)."""
     if not doc.get("figures"):
-        return [_audit_legacy(doc)] if doc.get("legacyModes") else []
+        return []
     out: list[Any] = [audit_verdict(doc), _audit_main(doc)]
     if full:
         out += [_audit_recorded(doc), _audit_formats(doc), _audit_by_source(doc), _audit_by_tool(doc),
