@@ -67,8 +67,7 @@ class Session:
         self.fingerprint = fingerprint  # every record's label (a run's binding), else each sender's own
         api = spec.api
         self.limits = Limits(api.max_concurrency, api.requests_per_minute, api.tokens_per_minute)
-        self.coordinator: Any = None
-        self.is_actor = False
+        self.coordinator: Any = None  # the RunCoordinator, or its Ray actor's handle
         self.checkpoint: Checkpoint | None = None
         self._rates: Rates | None = None
         self._made = 0  # senders made in this process
@@ -100,7 +99,6 @@ class Session:
 
         self.coordinator = ray.remote(RunCoordinator).options(
             name=name, num_cpus=0, max_concurrency=100_000).remote(**self.coordinator_args)
-        self.is_actor = True
         return self.coordinator
 
     # -- senders ---------------------------------------------------------------------------------------
