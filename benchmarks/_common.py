@@ -17,10 +17,12 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from proc_tree import children_of, cmdline  # noqa: F401  (the benchmarks import them from here)
 
+from eyrie.jobs.api.limits import Limits
 from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.plan import plan_shards
 from eyrie.jobs.generate.sending.requests import build_body
-from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig
+from eyrie.jobs.generate.sending.sender import SenderConfig
+from eyrie.jobs.generate.sending.worker import ShardWorker
 from eyrie.jobs.sources import Prompt
 from eyrie.jobs.spec import parse_spec
 from eyrie.jobs.store import FileStore
@@ -56,7 +58,7 @@ async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tu
         plan = plan_shards(spec, store)
         coord = RunCoordinator(Decimal(1000), Decimal(0), Counts(), n, sorted(plan.shards),
                                ToolGate(spec.tools.gate))
-        config = WorkerConfig(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, concurrency)
+        config = SenderConfig(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, Limits(concurrency))
         worker = ShardWorker(config, coord, plan, store)
         t0, c0 = time.perf_counter(), time.process_time()
         persisted = await worker.run()

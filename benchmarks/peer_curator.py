@@ -114,7 +114,7 @@ def eyrie_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdir:
         result = run_generation(dg, store, RunContext("bench"), base_url, inline=True)
     dt = time.perf_counter() - t0
     assert result.outcome == "Done", result.message
-    return n / dt, Decimal(result.snapshot["spentUSD"]), sum(1 for _ in records.iter_records(store))
+    return n / dt, result.snapshot.spent, sum(1 for _ in records.iter_records(store))
 
 
 def eyrie_cli(base_url: str, n: int, concurrency: int, max_tokens: int, workdir: Path) -> tuple[float, Decimal, int]:

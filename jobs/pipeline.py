@@ -15,7 +15,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.fingerprint import bind_output
 from eyrie.jobs.contract.manifest import finalize_manifest
-from eyrie.jobs.contract.progress import Outcome, Stage, mark_stage, now_iso, write_progress
+from eyrie.jobs.contract.progress import Outcome, Progress, Stage, mark_stage, now_iso, write_progress
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
 
@@ -43,7 +43,7 @@ def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
 
 
 def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, inline: bool = False,
-               on_progress: Callable[[dict], None] | None = None,
+               on_progress: Callable[[Progress], None] | None = None,
                notify: Callable[[str], None] = lambda _msg: None,
                on_audit: Callable[[dict], None] | None = None,
                accept_changed: Sequence[str] = ()) -> tuple[Outcome, str]:
@@ -75,10 +75,10 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
                 notify(f"audit skipped: {e}")
         result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress, notify=notify,
                                 binding=binding)
-    snap = {k: v for k, v in result.snapshot.items() if k not in ("outcome", "message")}
 
     def mark(stage: Stage, outcome: Outcome, message: str = "") -> None:
-        write_progress(store, snap, ctx.attempt, stage, ctx.run_id, outcome=outcome, message=message)
+        write_progress(store, result.snapshot.model_copy(update={"stage": stage, "outcome": outcome,
+                                                                 "message": message}))
 
     if result.outcome != Outcome.DONE:
         mark(Stage.GENERATE, result.outcome, result.message)

@@ -16,20 +16,20 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     AfterValidator,
-    AliasGenerator,
     BaseModel,
     ConfigDict,
     Field,
     PlainSerializer,
-    PrivateAttr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel, to_snake
+from pydantic.alias_generators import to_snake
 
+from eyrie.jobs.contract.model import Model
+from eyrie.jobs.contract.progress import EndpointVerdict, SampleCounts, TokenCounts
 from eyrie.jobs.errors import InputError
 
 GROUP = "eyrie.dev"
@@ -87,25 +87,6 @@ def _quantity(value: str) -> str:
 
 
 Quantity = Annotated[str, AfterValidator(_quantity), WithJsonSchema({"type": "string", "pattern": QUANTITY_PATTERN})]
-
-
-class Model(BaseModel):
-    """Base: camelCase aliases, unknown fields rejected (a typo must not silently do nothing)."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
-        populate_by_name=True,
-        frozen=False,
-        use_attribute_docstrings=True,  # a field's docstring is its description (CRD, reference)
-    )
-
-    def dump(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-    def wire(self) -> dict[str, Any]:
-        """As sent to an API that spells fields in snake_case (OpenRouter's request objects)."""
-        return self.model_dump(mode="json", by_alias=False, exclude_none=True)
 
 
 # ----------------------------------------------------------------------------------------- spec
@@ -571,18 +552,6 @@ class OutputSpec(Model):
     """S3 region, where the store needs one."""
     credentials_secret_ref: CredentialsRef | None = None
     """Secret with the S3 credentials (in cluster); locally EYRIE_S3_ACCESS_KEY/SECRET_KEY."""
-    _relative: str | None = PrivateAttr(default=None)  # the relative path the spec file gave (load_spec)
-
-    def earlier_location(self) -> Path | None:
-        """Where a relative path from a spec file used to lead (the current directory, before outputs
-        resolved next to the spec like sources), when an output is there and none is here."""
-        if self._relative is None:
-            return None
-        old = Path(self._relative).resolve()
-        here = Path(self.uri)
-        if old == here or not (old / "progress.json").exists() or (here / "progress.json").exists():
-            return None
-        return old
 
     @field_validator("uri")
     @classmethod
@@ -632,6 +601,13 @@ class DatasetGenerationSpec(Model):
         if sim is not None and sim.answer_model and not self.target.tokenizer:
             raise ValueError("api.simulator.answerModel: needs target.tokenizer (the model's own: "
                              "builtin:tiny-chat) to render the prompts it answers")
+        workers = self.generation.ray.workers
+        for name, limit in (("maxConcurrency", self.api.max_concurrency),
+                            ("requestsPerMinute", self.api.requests_per_minute),
+                            ("tokensPerMinute", self.api.tokens_per_minute)):
+            if limit is not None and limit < workers:  # the workers split it exactly: none may get zero
+                raise ValueError(f"api.{name}: {limit} is below generation.ray.workers ({workers}), which share it; "
+                                 "raise it or lower the workers")
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):
@@ -672,24 +648,6 @@ class Condition(Model):
     observed_generation: int | None = None
 
 
-class SampleCounts(Model):
-    total: int = 0
-    """Prompts (conversations with generation.turns: all) in the sources."""
-    done: int = 0
-    """Answered and kept."""
-    rejected: int = 0
-    """Never sent: a row that does not parse or whose tools do not (unpaid); listed in samples/bad_rows.jsonl."""
-    discarded: int = 0
-    """Answered and paid, then excluded by tools.onInvalidCall: drop (their cost: progress.json discardedUSD)."""
-    failed: int = 0
-    """Sent, and failed after retries (by error type in progress.json failures)."""
-
-
-class TokenCounts(Model):
-    input: int = 0
-    output: int = 0
-
-
 class ToolMetrics(Model):
     declared_prompts: int = 0
     call_rate: float = 0.0
@@ -725,21 +683,6 @@ class FidelityStatus(Model):
     """Providers under extraction.fidelity.minTop1Agreement."""
 
 
-class ProviderStatus(Model):
-    """One endpoint as the provider probe judged it (spec.api.providerProbe)."""
-
-    tag: str
-    """The endpoint tag (OpenRouter provider slug)."""
-    name: str | None = None
-    """The provider's name."""
-    passed: bool
-    """Whether generation is routed to it."""
-    reason: str = ""
-    """The measures it failed, with their values and limits; empty when it passed."""
-    cost_per_answer_usd: str | None = Field(default=None, alias="costPerAnswerUSD")
-    """Mean cost of its probe answers."""
-
-
 Phase = Literal["Pending", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
 
 
@@ -755,7 +698,7 @@ class DatasetGenerationStatus(Model):
     tools: ToolMetrics | None = None
     extraction: ExtractionStatus | None = None
     fidelity: FidelityStatus | None = None
-    providers: list[ProviderStatus] | None = None
+    providers: list[EndpointVerdict] | None = None
     """The provider probe's verdict per endpoint, passing ones first, cheapest first."""
     disruptions: DisruptionStatus | None = None
     """Present once the current attempt's job was disrupted and carried on."""
@@ -864,7 +807,6 @@ def load_spec(path: str | Path) -> DatasetGeneration:
             src.uri = str((p.parent / src.uri).resolve())
     out = dg.spec.output
     if "://" not in out.uri and not Path(out.uri).expanduser().is_absolute():
-        out._relative = out.uri
         out.uri = str((p.parent / out.uri).resolve())
     sim = dg.spec.api.simulator
     if sim is not None and sim.config is not None and not Path(sim.config).expanduser().is_absolute():

@@ -213,8 +213,8 @@ def _counts(obs: Observation) -> dict[str, Any]:
     elif "forecastUSD" in st:
         out["forecastUSD"] = st["forecastUSD"]
     if p:
-        out["samples"] = {k: p.samples.get(k, 0) for k in ("total", "done", "rejected", "discarded", "failed")}
-        out["tokens"] = {k: p.tokens.get(k, 0) for k in ("input", "output")}
+        out["samples"] = p.samples.dump()
+        out["tokens"] = p.tokens.dump()
         tools = p.tools
         out["tools"] = {"declaredPrompts": int(tools.get("declaredPrompts", 0)),
                         "callRate": float(tools.get("callRate", 0.0)),
@@ -224,8 +224,8 @@ def _counts(obs: Observation) -> dict[str, Any]:
         for key in ("samples", "tokens", "tools"):
             if key in st:
                 out[key] = st[key]
-    if p and p.providers:
-        out["providers"] = p.providers
+    if p and p.endpoint_verdicts:
+        out["providers"] = [e.dump() for e in p.endpoint_verdicts]
     elif "providers" in st:
         out["providers"] = st["providers"]
     if "retries" in st:
@@ -376,17 +376,17 @@ def _providers(p: _Pass) -> None:
     """The provider probe's verdict (progress.json `providers`, any attempt's: it is reused until the
     probe changes): condition ProvidersChecked, and a Warning event the first time an endpoint is
     dropped (once: the next pass finds it dropped in the status it wrote)."""
-    verdict = p.obs.progress.providers if p.obs.progress else []
+    verdict = p.obs.progress.endpoint_verdicts if p.obs.progress else []
     if not verdict:
         return
-    passing = [e["tag"] for e in verdict if e["passed"]]
-    dropped = [e for e in verdict if not e["passed"]]
+    passing = [e.tag for e in verdict if e.passed]
+    dropped = [e for e in verdict if not e.passed]
     known = {e.get("tag") for e in p.obs.status.get("providers") or [] if isinstance(e, dict) and not e.get("passed")}
     for e in dropped:
-        if e["tag"] not in known:
+        if e.tag not in known:
             p.actions.append(Event("Warning", "ProviderDropped",
-                                   f"provider {e['tag']} dropped by the provider probe: {e.get('reason') or 'failed'}"))
-    why = "; ".join(f"{e['tag']} ({e.get('reason') or 'failed'})" for e in dropped)
+                                   f"provider {e.tag} dropped by the provider probe: {e.reason or 'failed'}"))
+    why = "; ".join(f"{e.tag} ({e.reason or 'failed'})" for e in dropped)
     if passing:
         p.cond(PROVIDERS_CHECKED, True, "ProvidersPassed",
                f"generation routed to {', '.join(passing)} (cheapest first)" + (f"; dropped: {why}" if why else ""))
@@ -504,7 +504,7 @@ def _progress_of(obs: Observation, attempt: str) -> Progress | None:
     """progress.json when it is this attempt's of this object: a deleted and recreated object with the
     same output.uri starts again at attempt 1 and must not act on its predecessor's outcome."""
     prog = obs.progress
-    if prog is not None and prog.attempt == attempt and prog.run_id in ("", obs.uid):
+    if prog is not None and prog.attempt == attempt and (prog.run_id or "") in ("", obs.uid):
         return prog
     return None
 
@@ -607,7 +607,7 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
         return Decision(p.actions, p.status(obs.status["phase"], attempt))  # the store is down, not the run
     gate = obs.spec.tools.gate
     in_canary = (prog is not None and prog.stage == "generate" and gate.enabled
-                 and prog.samples.get("done", 0) < gate.canary_samples)
+                 and prog.samples.done < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
     return Decision(p.actions, p.status(phase, attempt))
 
@@ -661,7 +661,7 @@ def _output_binding(p: _Pass, running: bool) -> bool | str:
     stored = current_fields(obs.fingerprint_doc)
     changes = diff(stored, fp.fields) if stored is not None else []
     prog = obs.progress
-    persisted = prog is None or sum(prog.samples.get(k, 0) for k in ("done", "rejected", "discarded", "failed")) > 0
+    persisted = prog is None or prog.samples.finished > 0
     if not changes or not persisted:
         p.cond(OUTPUT_MATCHES_SPEC, True, "FingerprintMatches")
         return True

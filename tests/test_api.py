@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from eyrie.jobs.api import ApiUnreachable, AuthError, ChatClient, InsufficientCredits, RequestFailed
-from eyrie.jobs.api.errors import _Retry
+from eyrie.jobs.api.errors import Retryable
 from eyrie.jobs.api.limits import TokenBucket, backoff_delay, is_loopback, parse_retry_after
 from eyrie.jobs.api.sse import SSEAccumulator, parse_completion
 from eyrie.jobs.simulator import SimulatorServer
@@ -118,7 +118,7 @@ def test_sse_assembles_any_byte_split(step: int) -> None:
 def test_sse_failures_are_classified() -> None:
     def run(*parts: bytes) -> str:
         acc = SSEAccumulator()
-        with pytest.raises(_Retry) as e:
+        with pytest.raises(Retryable) as e:
             for p in parts:
                 acc.feed(p)
             acc.finish()
@@ -153,7 +153,7 @@ def test_parse_completion_normalises_like_the_stream() -> None:
     assert usage == {"cost": 0.25}
     for bad, kind in (({"choices": []}, "empty-choices"), ([], "malformed-json"),
                       ({"error": {"code": 429, "message": "slow down"}}, "error-body")):
-        with pytest.raises(_Retry) as e:
+        with pytest.raises(Retryable) as e:
             parse_completion(bad)
         assert e.value.kind == kind
     with pytest.raises(InsufficientCredits):
@@ -528,14 +528,14 @@ def test_documented_error_shapes_in_bodies_and_streams_are_classified() -> None:
                                                                       {"error_type": "context_length_exceeded"}, 0.002)
     partial["choices"][0]["error"] = {"code": 502, "message": "Provider disconnected mid-stream",
                                       "metadata": {"error_type": "provider_unavailable"}}
-    with pytest.raises(_Retry):
+    with pytest.raises(Retryable):
         parse_completion(partial)
     flagged = _chunk({"content": ""}, "error", error={"code": 400, "message": "output flagged",
                                                       "metadata": {"error_type": "content_policy_violation"}})
     with pytest.raises(SampleRefused, match="moderation after 1 attempt"):
         SSEAccumulator().feed(_chunk({"content": "a"}) + flagged)
     in_flight = {"code": 402, "message": "in flight", "metadata": {"reason": "in_flight_budget_exhausted"}}
-    with pytest.raises(_Retry) as r:
+    with pytest.raises(Retryable) as r:
         parse_completion({"error": in_flight})
     assert r.value.kind == "402-in-flight"
 

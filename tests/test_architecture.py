@@ -31,16 +31,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(mod: str, path: Path, known: set[str]) -> set[str]:
-    """Every eyrie module `mod` imports, at module level or inside a function (but not for typing)."""
+    """Every eyrie module `mod` imports, at module level, inside a function or under TYPE_CHECKING: an import
+    for typing only is still a dependency (a cycle hidden behind TYPE_CHECKING is a cycle)."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING"
-                   for n in ast.walk(node)}
     pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -113,6 +109,63 @@ def test_a_cycle_would_be_found():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_a_typing_only_import_is_an_edge(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from eyrie.jobs.b import B\n")
+    assert _imports("eyrie.jobs.m", path, {"eyrie.jobs.m", "eyrie.jobs.b"}) == {"eyrie.jobs.b"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_defined(tree: ast.AST) -> set[str]:
+    """The underscore names a module defines: functions, classes, variables, attributes it assigns, parameters."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            out.add(n.attr)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+    return {d for d in out if _private(d)}
+
+
+def private_uses(trees: dict[str, ast.AST]) -> list[str]:
+    """Every use in one eyrie module of another's underscore-private name: `from other import _name`, or
+    `x._name` where `_name` is defined by another eyrie module and not by this one (`self._x`, `cls._x` and
+    `super()._x` are the module's own). A name several modules define is read as the using module's own."""
+    defined = {m: _private_defined(t) for m, t in trees.items()}
+    elsewhere = set().union(*defined.values()) if defined else set()
+    found = []
+    for mod, tree in trees.items():
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("eyrie"):
+                found += [f"{mod}:{n.lineno} imports {n.module}.{a.name}" for a in n.names if _private(a.name)]
+            elif isinstance(n, ast.Attribute) and _private(n.attr) and n.attr not in defined[mod]:
+                own = (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")) or (
+                    isinstance(n.value, ast.Call) and getattr(n.value.func, "id", "") == "super")
+                if not own and n.attr in elsewhere:
+                    found.append(f"{mod}:{n.lineno} reads {ast.unparse(n)}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names():
+    trees = {m: ast.parse(p.read_text()) for m, p in _modules().items()}
+    assert private_uses(trees) == []
+
+
+def test_a_private_use_would_be_found():
+    trees = {"a": ast.parse("def _helper(): pass\nclass A:\n    def __init__(self): self._x = 1\n"),
+             "b": ast.parse("from eyrie.jobs.a import _helper\n"),
+             "c": ast.parse("def f(a): return a._x\n"),
+             "d": ast.parse("class D:\n    def __init__(self): self._x = 2\n    def eq(self, o): return o._x\n")}
+    assert private_uses(trees) == ["b:1 imports eyrie.jobs.a._helper", "c:1 reads a._x"]
+
+
 def _edges(g: dict[str, set[str]], src: str, dst: str) -> list[tuple[str, str]]:
     return sorted((a, b) for a, bs in g.items() if a.startswith(src) for b in bs if b.startswith(dst))
 
@@ -129,6 +182,37 @@ def test_generation_never_imports_the_simulator():
     g = graph()
     assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulator") == []
     assert _edges(g, "eyrie.jobs.generate", "eyrie.jobs.simulator.text") == []
+
+
+def _crd_fields(node: dict, path: str = "") -> set[str]:
+    """Every property path of a CRD schema node, dotted."""
+    out = set()
+    for name, sub in (node.get("properties") or {}).items():
+        out.add(f"{path}{name}")
+        out |= _crd_fields(sub, f"{path}{name}.")
+    for sub in (node.get("items"), node.get("additionalProperties")):
+        if isinstance(sub, dict):
+            out |= _crd_fields(sub, path)
+    return out
+
+
+def test_the_crd_carries_no_simulator_behaviour():
+    """The public v1alpha1 schema keeps only what a user chooses for the embedded simulator (which builtin model
+    answers and who decides its calls, its latency, its seed, and the config file that holds the rest): its faults
+    and other demo and test behaviours (`SimulatorBehaviour`) are the simulator config file's, never the CRD's."""
+    from eyrie.jobs.simulator.config import SimulatorBehaviour
+
+    crd = yaml.safe_load((ROOT / "crds" / "datasetgenerations.eyrie.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    fields = _crd_fields(schema)
+    assert {f for f in fields if f.startswith("api.simulator.")} == {
+        "api.simulator.latencyMs", "api.simulator.seed", "api.simulator.answerModel",
+        "api.simulator.answerModelCalls", "api.simulator.config"}
+    # the file's own behaviours; templateVariant and providers also name real spec fields (target, providerProbe)
+    behaviours = set(SimulatorBehaviour.model_json_schema(by_alias=True)["properties"]) - {"templateVariant",
+                                                                                           "providers"}
+    assert sorted(f for f in fields if f.rpartition(".")[2] in behaviours) == []
+    assert "faultRate" in behaviours and "rateLimit" in behaviours
 
 
 def _eyrie_requires() -> list[str]:

@@ -172,7 +172,7 @@ def test_concurrent_workers_share_one_cap_through_the_coordinator(seed, cap, wor
         assert coord.book.leased == 0
         assert coord.outcome == "BudgetExhausted"
         assert cap - coord.book.spent < worst  # stopped early by less than one reservation
-        assert coord.counts.done == coord.requests
+        assert coord.counts.prompts.done == coord.requests
         if coord.requests >= 500:
             assert coord.calls / coord.requests <= 0.1
 

@@ -231,13 +231,17 @@ def test_a_second_start_of_the_same_attempt_is_a_restart_that_keeps_its_lost_wor
     """KubeRay submits an attempt's job again when its head was lost: the job then finds its own attempt's progress
     (the operator numbers every new attempt afresh, a local run makes a unique one), counts a restart and carries the
     workers lost so far, so that the operator can say so once per rise."""
+    from eyrie.jobs.contract.progress import Progress, parse_progress
     from eyrie.jobs.generate.driver import Resume
+
+    def found(**doc: object) -> Progress:  # the progress.json the job finds (any outcome: it does not matter here)
+        return parse_progress({"outcome": "Running", **doc})
 
     run = "uid-a"
     assert Resume.disruptions_of(None, "1", run) == (0, 0)
-    assert Resume.disruptions_of({"attempt": "1", "runId": run, "outcome": "BudgetExhausted"}, "2", run) == (0, 0)
-    assert Resume.disruptions_of({"attempt": "1", "runId": run, "outcome": "Running"}, "1", run) == (1, 0)
-    assert Resume.disruptions_of({"attempt": "1", "runId": run, "restarts": 1, "workersLost": 2}, "1", run) == (2, 2)
+    assert Resume.disruptions_of(found(attempt="1", runId=run, outcome="BudgetExhausted"), "2", run) == (0, 0)
+    assert Resume.disruptions_of(found(attempt="1", runId=run), "1", run) == (1, 0)
+    assert Resume.disruptions_of(found(attempt="1", runId=run, restarts=1, workersLost=2), "1", run) == (2, 2)
     # `kubectl delete dsg`, then the same spec applied again: a new object, attempt 1 again, not a restart
-    assert Resume.disruptions_of({"attempt": "1", "runId": run, "outcome": "Running"}, "1", "uid-b") == (0, 0)
-    assert Resume.disruptions_of({"attempt": "1", "outcome": "Running"}, "1", None) == (1, 0)  # local, no uid
+    assert Resume.disruptions_of(found(attempt="1", runId=run), "1", "uid-b") == (0, 0)
+    assert Resume.disruptions_of(found(attempt="1"), "1", None) == (1, 0)  # local, no uid

@@ -722,7 +722,7 @@ def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp
     once its summary is written, checks for the others', and the one that finds them all moves
     progress to stage done, merges the manifest and rewrites the page with the extraction and
     fidelity sections (the operator links that page from status.outputReport)."""
-    from eyrie.jobs.contract.progress import Outcome, Stage, write_progress
+    from eyrie.jobs.contract.progress import Outcome, Progress, SampleCounts, Stage, write_progress
     from eyrie.jobs.extract.cli import extract_main
     from eyrie.jobs.report import publish
 
@@ -730,8 +730,8 @@ def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp
     store = open_store(out)
     for shard in range(2):
         put_samples(store, shard, random_rows(shard, 3, VOCAB, seed=shard))
-    write_progress(store, {"samples": {"total": 6, "done": 6, "rejected": 0, "discarded": 0, "failed": 0}}, "1",
-                   Stage.SAMPLES, outcome=Outcome.DONE)
+    write_progress(store, Progress(attempt="1", stage=Stage.SAMPLES, outcome=Outcome.DONE,
+                                   samples=SampleCounts(total=6, done=6)))
     publish(store)  # as the generation job (`eyrie run --until samples`) ends
     stale = store.get(layout.REPORT).decode()
     assert "engine / dtype" not in stale and "the answers scored by" not in stale

@@ -203,15 +203,15 @@ def test_gap_histogram_is_bounded_and_counts_every_sample() -> None:
 def test_each_providers_records_are_rebuilt_with_the_variant_found_for_it(spec, tmp_path):
     import orjson
 
-    from eyrie.jobs.contract.progress import write_progress
+    from eyrie.jobs.contract.progress import Progress, write_progress
 
     store = FileStore(tmp_path / "out")
     old, new = record("r1"), record("r2")
     old["response"]["provider"], new["response"]["provider"] = "OldHost", "NewHost"
     store.put(layout.part_key(0, 0), records.encode_part([old, new, record("r3")]))
-    write_progress(store, {"outcome": "Done", "templateVariants": {"byProvider": {
-        "OldHost": {"variant": "release", "how": "detected"}, "NewHost": {"variant": "current", "how": "detected"}}}},
-        "a1", "generate")
+    write_progress(store, Progress.model_validate({"attempt": "a1", "stage": "generate", "outcome": "Done",
+                                                   "templateVariants": {"byProvider": {
+        "OldHost": {"variant": "release", "how": "detected"}, "NewHost": {"variant": "current", "how": "detected"}}}}))
     summary = build_samples(spec, store)
     tok = load_tokenizer(spec.target)
     texts = {r["sample_id"]: tok.decode(r["input_ids"]) for r in read_samples(store, 0).to_pylist()}

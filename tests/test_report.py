@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 
 from eyrie.jobs.contract import layout, records, timeseries
+from eyrie.jobs.contract.progress import parse_progress
 from eyrie.jobs.report import collect, publish
 from eyrie.jobs.report.data import MAX_KEYS, OTHER, Answers, Reservoir
 from eyrie.jobs.report.html import figures, render
@@ -54,7 +55,7 @@ def test_timeseries_point_keeps_only_the_plotted_counters():
             "errors": {"429": 2, "500": 1},
             "samples": {"total": 10, "done": 4, "rejected": 1, "discarded": 0, "failed": 0},
             "tools": {"perTool": {"x": {}}}}
-    p = timeseries.point(snap, "a1")
+    p = timeseries.point(parse_progress({**snap, "attempt": "a1", "outcome": "Running"}))
     assert p["errors"] == 3 and p["done"] == 4 and p["attempt"] == "a1" and "tools" not in p
     assert p["forecastUSD"] == "0.9"  # the projection as it stood then: the page plots how it moved
     assert datetime.fromisoformat(p["t"].replace("Z", "+00:00")).tzinfo is not None
@@ -577,14 +578,3 @@ def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tm
     print_report(data, console)  # the audit's verdict right after the run table
     text = console.export_text()
     assert text.index("audit verdict") < text.index("samples by outcome")
-    old = FileStore(tmp_path / "old")
-    old.put(layout.PROGRESS, orjson.dumps({"attempt": "a", "outcome": "Done", "spentUSD": "0.5", "maxUSD": "5",
-                                           "auditUSD": "0.02"}))
-    old.put(layout.AUDIT, orjson.dumps({"samples": 20, "model": "m", "outcome": "Done", "spentUSD": "0.02",
-                                        "cumulativeSpentUSD": "0.05", "modes": {"text": {"callRate": 0.5},
-                                                                                "structured": {"callRate": 0.9}}}))
-    data = collect(old)
-    assert data.audit_spent == Decimal("0.05") and data.spent == Decimal("0.53")  # 0.03 paid by audits since
-    console = Console(record=True, width=160, file=io.StringIO())
-    print_report(data, console)
-    assert "an older audit.json" in console.export_text()

@@ -297,17 +297,13 @@ def test_no_call_in_prose_only_answers():
 # --------------------------------------------------------------------------------- record contract
 
 
-def test_record_contract_and_old_records():
+def test_record_contract():
     check = text_check('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
     record = orjson.loads(orjson.dumps(check.to_record()))
     assert record == {"declared": True, "called": True, "invalidCalls": 0, "leaked": False, "prose": False,
                       "leaks": {}, "calls": [{"index": 0, "name": "get_weather", "valid": True, "errors": [],
                                               "format": "hermes", "arguments": {"city": "Paris"}}]}
     assert ResponseCheck.from_record(record) == check
-    old = {"declared": True, "called": True, "invalidCalls": 0, "leaked": False, "leaks": {},
-           "calls": [{"index": 0, "name": "get_weather", "valid": True, "errors": []}]}
-    back = ResponseCheck.from_record(old)
-    assert (back.calls[0].format, back.calls[0].arguments, back.prose) == ("structured", None, False)
 
 
 # -------------------------------------------------------------------------------------- hostile input

@@ -16,8 +16,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from referencing.exceptions import Unresolvable
 
+from eyrie.jobs.jsonvalues import canonical_json, json_pointer
 from eyrie.jobs.tools import declarations, validation
-from eyrie.jobs.tools.declarations import _canonical, _meta_valid, _pointer
+from eyrie.jobs.tools.declarations import _meta_valid
 from eyrie.jobs.tools.textcalls import find_calls
 from eyrie.jobs.tools.validation import ToolValidator, _Schema
 
@@ -66,7 +67,7 @@ def python_errors(schema: dict[str, Any], value: Any, most: int = 10, cap: int =
     """What eyrie recorded before jsonschema-rs: python-jsonschema's errors alone (or the exception
     that makes the call's verdict "the declared schema could not be applied")."""
     try:
-        return [{"path": _pointer(e.absolute_path), "message": e.message[:cap]}
+        return [{"path": json_pointer(e.absolute_path), "message": e.message[:cap]}
                 for e in itertools.islice(Draft202012Validator(schema).iter_errors(value), most)]
     except (Unresolvable, RecursionError) as e:
         return type(e).__name__
@@ -90,7 +91,7 @@ def test_the_fast_validator_never_changes_a_verdict_or_a_message(schema: dict[st
 def test_a_call_is_judged_as_python_jsonschema_judges_it(schema: dict[str, Any], args: dict[str, Any]) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
     got = ToolValidator([tool]).check_calls([{"function": {"name": "f", "arguments": orjson.dumps(args).decode()}}])
-    expected = python_errors(orjson.loads(_canonical(schema)), args)  # compiled from its canonical JSON, as always
+    expected = python_errors(orjson.loads(canonical_json(schema)), args)  # compiled from its canonical JSON, as always
     if isinstance(expected, str):
         assert not got[0].valid and got[0].errors[0]["message"].startswith("the declared schema could not be applied")
     else:
@@ -152,11 +153,11 @@ def test_the_fast_schema_check_accepts_only_what_check_schema_accepts(schema: di
     if _meta_valid(schema):
         assert python_ok, schema
     # and the verdict a declaration gets is python-jsonschema's either way
-    assert (declarations._schema_problem_uncached(_canonical(schema)) is None) == python_ok
+    assert (declarations._schema_problem_uncached(canonical_json(schema)) is None) == python_ok
 
 
 def test_a_schema_check_problem_is_worded_by_python_jsonschema() -> None:
-    problem = declarations._schema_problem_uncached(_canonical({"type": "object", "properties": {
+    problem = declarations._schema_problem_uncached(canonical_json({"type": "object", "properties": {
         "a": {"type": "string", "pattern": "[a"}}}))
     assert problem == "'[a' is not a 'regex' at /properties/a/pattern"
     assert validation._read_alike({"type": "object"})

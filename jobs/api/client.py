@@ -28,8 +28,8 @@ import httpx
 import orjson
 from httpx_aiohttp import AiohttpTransport
 
-from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, RequestFailed, _Retry
-from eyrie.jobs.api.limits import TokenBucket, backoff_delay, is_loopback, parse_retry_after
+from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, RequestFailed, Retryable
+from eyrie.jobs.api.limits import Limits, Rates, Taken, backoff_delay, is_loopback, parse_retry_after
 from eyrie.jobs.api.provider_errors import classify, parse_error_body
 from eyrie.jobs.api.sse import SSEAccumulator, parse_completion
 from eyrie.jobs.contract.records import Response
@@ -96,14 +96,16 @@ def _transport_kind(exc: BaseException) -> str:
 class ChatClient:
     """Chat completions against one base URL with retries, concurrency and rate limits.
 
-    Limits are per client; a caller running several workers divides the global limits among them.
+    The rates are `rates` (shared by every client of the senders of one process that share the provider's limits;
+    generate/sending/session.py), else this client's own of `requests_per_minute` and `tokens_per_minute`.
+    Every attempt, a retry too, takes its request and its estimated tokens from them.
     """
 
     def __init__(self, base_url: str, api_key: str | None, *, timeout: float, max_retries: int,
                  max_concurrency: int, requests_per_minute: int | None = None,
                  tokens_per_minute: int | None = None, stream: bool = True,
                  headers: dict[str, str] | None = None, backoff_base: float = 0.5,
-                 backoff_max: float = 60.0, openrouter_usage: bool | None = None):
+                 backoff_max: float = 60.0, openrouter_usage: bool | None = None, rates: Rates | None = None):
         if max_concurrency < 1 or max_retries < 0 or timeout <= 0:
             raise ValueError("max_concurrency >= 1, max_retries >= 0 and timeout > 0 are required")
         self.base_url = base_url.rstrip("/")
@@ -116,8 +118,9 @@ class ChatClient:
         self.stats = ClientStats()
         self._url = httpx.URL(self.base_url + "/chat/completions")
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._rpm = TokenBucket(requests_per_minute) if requests_per_minute else None
-        self._tpm = TokenBucket(tokens_per_minute) if tokens_per_minute else None
+        if rates is None:
+            rates = Rates(Limits(max_concurrency, requests_per_minute, tokens_per_minute))
+        self._rpm, self._tpm = rates.requests, rates.tokens
         # OpenRouter reports usage.cost only when asked; other APIs may reject the unknown field.
         self._openrouter = (urlsplit(self.base_url).hostname or "").endswith("openrouter.ai")
         if openrouter_usage is None:
@@ -231,7 +234,7 @@ class ChatClient:
             attempts += 1
             try:
                 resp, usage = await self._attempt(data, est_tokens, on_id)
-            except _Retry as e:
+            except Retryable as e:
                 stats.errors_by_kind[e.kind] = stats.errors_by_kind.get(e.kind, 0) + 1
                 if attempts > self.max_retries:
                     raise RequestFailed(e.kind, self._redact(e.message), attempts, transient=True) from None
@@ -251,33 +254,39 @@ class ChatClient:
     async def _attempt(self, data: bytes, est_tokens: int,
                        on_id: Callable[[str], None] | None = None) -> tuple[Response, dict[str, Any] | None]:
         async with self._sem:
+            taken: list[Taken] = []
             if self._rpm is not None:
-                await self._rpm.acquire(1)
+                taken.append(await self._rpm.acquire(1))
             if self._tpm is not None and est_tokens:
-                await self._tpm.acquire(est_tokens)
+                taken.append(await self._tpm.acquire(est_tokens))
             stats = self.stats
             stats.requests += 1
             stats.in_flight += 1
             try:
                 async with asyncio.timeout(self.timeout):
                     if self.stream:
-                        return await self._send_stream(data, on_id)
-                    return await self._send(data, on_id)
+                        return await self._send_stream(data, on_id, taken)
+                    return await self._send(data, on_id, taken)
             except TimeoutError:
-                raise _Retry("timeout", f"no complete answer within {self.timeout:g}s") from None
+                raise Retryable("timeout", f"no complete answer within {self.timeout:g}s") from None
             except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
                 kind = _transport_kind(e)
-                raise _Retry(kind, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
+                raise Retryable(kind, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
             finally:
                 stats.in_flight -= 1
+                for t in taken:
+                    t.seen()
 
-    async def _open(self, data: bytes) -> httpx.Response:
+    async def _open(self, data: bytes, taken: list[Taken]) -> httpx.Response:
         req = httpx.Request("POST", self._url, headers=self._headers, content=data, extensions=self._extensions)
-        return await self._transport.handle_async_request(req)
+        resp = await self._transport.handle_async_request(req)
+        for t in taken:  # the answer's head is here: the provider has seen the request
+            t.seen()
+        return resp
 
-    async def _send(self, data: bytes, on_id: Callable[[str], None] | None = None
+    async def _send(self, data: bytes, on_id: Callable[[str], None] | None, taken: list[Taken]
                     ) -> tuple[Response, dict[str, Any] | None]:
-        resp = await self._open(data)
+        resp = await self._open(data, taken)
         if on_id is not None and (gen := resp.headers.get("x-generation-id")):
             on_id(gen)
         try:
@@ -289,12 +298,12 @@ class ChatClient:
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError:
-            raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
+            raise Retryable("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
         return parse_completion(doc, self._redact)
 
-    async def _send_stream(self, data: bytes, on_id: Callable[[str], None] | None = None
+    async def _send_stream(self, data: bytes, on_id: Callable[[str], None] | None, taken: list[Taken]
                            ) -> tuple[Response, dict[str, Any] | None]:
-        resp = await self._open(data)
+        resp = await self._open(data, taken)
         if on_id is not None and (gen := resp.headers.get("x-generation-id")):
             on_id(gen)
             on_id = None
@@ -306,7 +315,7 @@ class ChatClient:
                 try:
                     doc = orjson.loads(raw)
                 except orjson.JSONDecodeError:
-                    raise _Retry("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
+                    raise Retryable("malformed-json", f"unparseable response body: {raw[:120]!r}") from None
                 return parse_completion(doc, self._redact)
             acc = SSEAccumulator(self._redact)
             try:
@@ -318,7 +327,7 @@ class ChatClient:
             except httpx.TransportError as e:
                 if _transport_kind(e) == "timeout":
                     raise
-                raise _Retry("dropped-stream", f"the stream broke off: {type(e).__name__}") from None
+                raise Retryable("dropped-stream", f"the stream broke off: {type(e).__name__}") from None
             return acc.finish()
         finally:
             await resp.aclose()

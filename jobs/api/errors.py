@@ -63,8 +63,9 @@ class ApiUnreachable(ApiError):
     """The base URL does not answer (connection refused, DNS, timeout)."""
 
 
-class _Retry(Exception):
-    """One attempt failed in a way a retry can fix."""
+class Retryable(Exception):
+    """One attempt failed in a way a retry can fix: raised by the parsers and the error table, caught by the
+    client's retry loop (it never leaves the client: retries that run out become a transient `RequestFailed`)."""
 
     def __init__(self, kind: str, message: str, retry_after: float | None = None):
         self.kind, self.message, self.retry_after = kind, message, retry_after

@@ -1,4 +1,9 @@
-"""Pure pacing: rate limits, Retry-After, backoff with full jitter."""
+"""Pacing: a provider's limits and their share per sender, rate limits, Retry-After, backoff with full jitter.
+
+A provider states its limits per minute over a key (requests, tokens, requests in flight); every sender of a run,
+an audit or a probe shares them. `Limits` is that budget as plain data and `Limits.split` its exact share per
+sender in another process (shares add up to the whole, never more); senders in one process share one `Rates`.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,13 @@ import asyncio
 import ipaddress
 import random
 import time
+from collections import deque
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
+
+RATE_WINDOW_S = 60.0  # the window providers count requests and tokens per ("requests per minute")
 
 
 class TokenBucket:
@@ -18,10 +27,10 @@ class TokenBucket:
     must wait, so concurrent callers queue in arrival order without a lock.
     """
 
-    def __init__(self, per_minute: float, clock: Any = time.monotonic):
-        if per_minute <= 0:
-            raise ValueError("a rate limit must be positive")
-        self.rate = per_minute / 60.0
+    def __init__(self, per_minute: float, clock: Any = time.monotonic, window_s: float = 60.0):
+        if per_minute <= 0 or window_s <= 0:
+            raise ValueError("a rate limit and its window must be positive")
+        self.rate = per_minute / window_s
         self.capacity = max(1.0, self.rate)
         self.level = self.capacity
         self._clock = clock
@@ -38,6 +47,151 @@ class TokenBucket:
         wait = self.reserve(n)
         if wait > 0:
             await asyncio.sleep(wait)
+
+
+class Taken:
+    """Units a `WindowLimit` gave out; they count against it until `window_s` after `seen`."""
+
+    __slots__ = ("_limit", "done", "n")
+
+    def __init__(self, n: float, limit: WindowLimit):
+        self.n, self._limit, self.done = n, limit, False
+
+    def seen(self) -> None:
+        """The provider has certainly seen the request (its answer's head arrived, or the attempt ended):
+        the window counts it from now. Only the first call counts."""
+        if not self.done:
+            self.done = True
+            self._limit.settle(self.n)
+
+
+class WindowLimit:
+    """At most `limit` units in any `window_s` seconds, as a provider that counts a sliding window sees them.
+
+    A taking counts from when the provider has certainly seen its request (`Taken.seen`), not from when it was
+    sent: a provider that reads a request late must still find the window clear. Until then it counts as
+    taking its place now. Callers wait in arrival order; one taking larger than the whole limit waits for an
+    empty window.
+    """
+
+    def __init__(self, limit: float, window_s: float, clock: Any = time.monotonic):
+        if limit <= 0 or window_s <= 0:
+            raise ValueError("a window limit and its window must be positive")
+        self.limit, self.window_s = limit, window_s
+        self._clock = clock
+        self.unseen = 0.0  # units given out whose requests the provider may not have seen yet
+        self.seen: deque[tuple[float, float]] = deque()  # (when seen, units), in the order seen
+        self.seen_units = 0.0
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Event()
+
+    def wait(self, n: float) -> float | None:
+        """Seconds until `n` units fit (0: now), or None when only requests not yet seen block them."""
+        now = self._clock()
+        while self.seen and self.seen[0][0] <= now - self.window_s:
+            self.seen_units -= self.seen.popleft()[1]
+        excess = self.unseen + self.seen_units + min(n, self.limit) - self.limit
+        if excess <= 1e-9:
+            return 0.0
+        for when, units in self.seen:  # the oldest leave the window first
+            excess -= units
+            if excess <= 1e-9:
+                return when + self.window_s - now
+        return None
+
+    def take(self, n: float) -> Taken:
+        """Take `n` units now (the caller checked `wait(n) == 0`)."""
+        n = min(n, self.limit)
+        self.unseen += n
+        return Taken(n, self)
+
+    def settle(self, n: float) -> None:
+        self.unseen -= n
+        self.seen.append((self._clock(), n))
+        self.seen_units += n
+        self._changed.set()
+
+    async def acquire(self, n: float = 1.0) -> Taken:
+        async with self._lock:  # arrival order: the first waiter is served first
+            while (wait := self.wait(n)) != 0:
+                self._changed.clear()
+                if wait is None:
+                    await self._changed.wait()
+                else:
+                    await asyncio.sleep(wait)
+            return self.take(n)
+
+
+class RateLimit:
+    """A provider's rate limit: smooth (a `TokenBucket` at limit/window) and never above `limit` in any
+    window (a `WindowLimit`): the bucket spaces requests out, the window bounds what its burst could add."""
+
+    def __init__(self, limit: int, window_s: float = RATE_WINDOW_S):
+        self.bucket = TokenBucket(limit, window_s=window_s)
+        self.window = WindowLimit(limit, window_s)
+
+    async def acquire(self, n: float = 1.0) -> Taken:
+        await self.bucket.acquire(n)
+        return await self.window.acquire(n)
+
+
+class LimitsTooLow(ValueError):
+    """Limits that cannot be shared among that many senders in separate processes (a share would be zero)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A provider's limits over one key, or one sender's share of them: plain data (it crosses into Ray)."""
+
+    concurrency: int
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    window_s: float | None = None  # None: RATE_WINDOW_S, read when the limits are used
+
+    @property
+    def window(self) -> float:
+        return RATE_WINDOW_S if self.window_s is None else self.window_s
+
+    def split(self, n: int) -> list[Limits]:
+        """`n` shares that add up to these limits exactly (the first ones take the remainders); LimitsTooLow
+        when a share would be zero. For senders that cannot share one `Pacer` (separate processes)."""
+
+        def parts(total: int | None, name: str) -> list[int | None]:
+            if total is None:
+                return [None] * n
+            if total < n:
+                raise LimitsTooLow(f"{name} {total} cannot be shared by {n} senders: each needs at least one")
+            return [total // n + (i < total % n) for i in range(n)]
+
+        return [Limits(c, r, t, self.window_s) for c, r, t in zip(
+            parts(self.concurrency, "concurrency"), parts(self.requests_per_minute, "requests per minute"),
+            parts(self.tokens_per_minute, "tokens per minute"), strict=True)]
+
+
+class Rates:
+    """The request and token rates of `Limits`, as the clients that keep to them share them."""
+
+    def __init__(self, limits: Limits):
+        window = limits.window
+        self.requests = RateLimit(limits.requests_per_minute, window) if limits.requests_per_minute else None
+        self.tokens = RateLimit(limits.tokens_per_minute, window) if limits.tokens_per_minute else None
+
+
+class Pacer:
+    """A sender's pace: its own slots (requests in flight, from the reservation to the durable record) and the
+    rates it keeps to, its own (`Rates(limits)`) or shared with the other senders of its process.
+
+    Slots are never shared between senders: each sender holds its own budget lease, and a sender whose requests
+    waited for slots that another's requests held while they waited for budget that sender leased would wait
+    forever."""
+
+    def __init__(self, concurrency: int, rates: Rates):
+        self.slots = asyncio.Semaphore(concurrency)
+        self.rates = rates
+
+    @classmethod
+    def of(cls, limits: Limits) -> Pacer:
+        return cls(limits.concurrency, Rates(limits))
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

@@ -19,8 +19,8 @@ from eyrie.jobs.api.errors import (
     InsufficientCredits,
     Refusal,
     RequestFailed,
+    Retryable,
     SampleRefused,
-    _Retry,
 )
 
 MESSAGE_LIMIT = 500  # characters of a provider's error message kept in ours
@@ -118,7 +118,7 @@ def classify(err: ProviderError, *, http_status: int | None, retry_after: float 
     hint_text = f" ({redact(str(hint))})" if hint else ""
     if code == 402:
         if meta.get("reason") == IN_FLIGHT_REASON or source == IN_FLIGHT_SOURCE:
-            return _Retry("402-in-flight", f"HTTP 402, in-flight spending budget full (transient): {msg}",
+            return Retryable("402-in-flight", f"HTTP 402, in-flight spending budget full (transient): {msg}",
                           retry_after)
         if meta.get("reason") == "weight_exceeds_budget":
             return InsufficientCredits(f"one request's estimated cost is larger than the account's whole "
@@ -137,7 +137,7 @@ def classify(err: ProviderError, *, http_status: int | None, retry_after: float 
         return AuthError(f"the API{at} rejected the request (HTTP {code}): {msg}; check "
                          "EYRIE_API_KEY or api.apiKeySecretRef and the key's permissions")
     if http_status is None:
-        return _Retry("error-body", f"error inside an HTTP 200 answer: {msg}")
+        return Retryable("error-body", f"error inside an HTTP 200 answer: {msg}")
     if code in (408, 429) or (code is not None and code >= 500):
-        return _Retry(f"http-{code}", f"HTTP {code}: {msg}", retry_after)
+        return Retryable(f"http-{code}", f"HTTP {code}: {msg}", retry_after)
     return RequestFailed(f"http-{code}", f"HTTP {code}: {msg}", 1)

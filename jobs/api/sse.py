@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from eyrie.jobs.api.errors import RequestFailed, _Retry
+from eyrie.jobs.api.errors import RequestFailed, Retryable
 from eyrie.jobs.api.provider_errors import as_is, classify, parse_error
 from eyrie.jobs.contract.records import ReasoningDetail, Response, ToolCall
 
@@ -86,20 +86,20 @@ def _raise_body_error(err: Any, usage: Any = None, redact: Callable[[str], str] 
 
 
 def parse_completion(doc: Any, redact: Callable[[str], str] = as_is) -> tuple[Response, dict[str, Any] | None]:
-    """A non-streaming chat.completion body -> (Response, usage). Raises _Retry for bad bodies."""
+    """A non-streaming chat.completion body -> (Response, usage). Raises Retryable for bad bodies."""
     if not isinstance(doc, dict):
-        raise _Retry("malformed-json", "the response body is not a JSON object")
+        raise Retryable("malformed-json", "the response body is not a JSON object")
     if doc.get("error"):
         _raise_body_error(doc["error"], doc.get("usage"), redact)
     choices = doc.get("choices")
     if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-        raise _Retry("empty-choices", "the response has no choices")
+        raise Retryable("empty-choices", "the response has no choices")
     choice = choices[0]
     msg = choice.get("message") or {}
     if choice.get("error"):  # the documented non-streaming form: the error beside partial output
         _raise_body_error(choice["error"], doc.get("usage"), redact)
     if choice.get("finish_reason") == "error":
-        raise _Retry("error-body", "the provider ended the answer with finish_reason=error")
+        raise Retryable("error-body", "the provider ended the answer with finish_reason=error")
     details = merge_details(msg.get("reasoning_details"))
     resp: Response = {
         "id": doc.get("id"), "provider": doc.get("provider"), "model": doc.get("model"),
@@ -174,9 +174,9 @@ class SSEAccumulator:
             if data == b"[DONE]":
                 self.done = True
                 return
-            raise _Retry("malformed-json", f"unparseable SSE data: {data[:120]!r}") from None
+            raise Retryable("malformed-json", f"unparseable SSE data: {data[:120]!r}") from None
         if type(chunk) is not dict:
-            raise _Retry("malformed-json", "an SSE chunk is not a JSON object")
+            raise Retryable("malformed-json", "an SSE chunk is not a JSON object")
         if chunk.get("error"):  # a mid-stream error: OpenRouter's unified error chunk
             _raise_body_error(chunk["error"], chunk.get("usage") or self.usage, self._redact)
         if self.id is None:
@@ -209,7 +209,7 @@ class SSEAccumulator:
         fr = choice.get("finish_reason")
         if fr:
             if fr == "error":
-                raise _Retry("error-body", "the provider ended the stream with finish_reason=error")
+                raise Retryable("error-body", "the provider ended the stream with finish_reason=error")
             self.finish_reason = fr
             self.native_finish_reason = choice.get("native_finish_reason") or self.native_finish_reason
 
@@ -243,15 +243,15 @@ class SSEAccumulator:
             self._logprobs.extend(content)
 
     def finish(self) -> tuple[Response, dict[str, Any] | None]:
-        """The assembled answer; raises _Retry for a stream that ended before the answer did."""
+        """The assembled answer; raises Retryable for a stream that ended before the answer did."""
         if self._buf.strip() or self._data:  # a last event without its blank line
             self.feed(b"\n\n")
         if not self.saw_choice:
             if self.done:
-                raise _Retry("empty-choices", "the stream carried no choices")
-            raise _Retry("dropped-stream", "the stream ended before any answer")
+                raise Retryable("empty-choices", "the stream carried no choices")
+            raise Retryable("dropped-stream", "the stream ended before any answer")
         if self.finish_reason is None:
-            raise _Retry("dropped-stream", "the stream ended without finish_reason")
+            raise Retryable("dropped-stream", "the stream ended without finish_reason")
         details = merge_details(self._details)
         resp: Response = {
             "id": self.id, "provider": self.provider, "model": self.model,

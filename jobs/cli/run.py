@@ -14,7 +14,7 @@ from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eyrie.jobs.context import RunContext
-from eyrie.jobs.contract import layout
+from eyrie.jobs.contract import layout, progress
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import Outcome, read_progress
 from eyrie.jobs.contract.tally import describe_bad_row
@@ -47,18 +47,15 @@ class Shown:
     errors: int
 
     @classmethod
-    def of(cls, snap: dict[str, Any]) -> Shown:
-        probe = snap.get("probe")  # only in the probe stage's snapshots
+    def of(cls, snap: progress.Progress) -> Shown:
+        probe = snap.probe  # only in the probe stage's snapshots
         if probe:
-            total, finished, requests = probe["answersPlanned"], probe["answers"], probe["requests"]
-        else:
-            s = snap["samples"]
-            total, finished = s["total"], s["done"] + s["rejected"] + s["discarded"] + s["failed"]
-            requests = snap.get("requests", 0)  # this attempt's requests
-        forecast = snap.get("forecastUSD")
-        return cls("probing providers" if probe else "generating", total, finished, requests,
-                   dollars(snap["spentUSD"]), dollars(snap["maxUSD"]), dollars(forecast) if forecast else None,
-                   snap.get("retries", 0), sum(snap.get("errors", {}).values()))
+            total, finished, requests = probe.planned, probe.answers, probe.requests
+        else:  # this attempt's requests
+            total, finished, requests = snap.samples.total, snap.samples.finished, snap.requests
+        return cls("probing providers" if probe else "generating", total, finished, requests, dollars(snap.spent),
+                   dollars(snap.max_usd) if snap.max_usd is not None else "?",
+                   dollars(snap.forecast) if snap.forecast else None, snap.retries, sum(snap.errors.values()))
 
 
 class LiveProgress:
@@ -90,7 +87,7 @@ class LiveProgress:
     def __exit__(self, *exc: Any) -> None:
         self._p.__exit__(*exc)
 
-    def update(self, snap: dict) -> None:
+    def update(self, snap: progress.Progress) -> None:
         s = Shown.of(snap)
         now = time.monotonic()
         if s.stage != self._stage:  # each stage's bar and request rate from its own start
@@ -146,11 +143,6 @@ def run_main(argv: list[str]) -> int:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     store = open_output(dg.spec)
     print(f"eyrie: output {store.uri}", file=sys.stderr)
-    if (earlier := dg.spec.output.earlier_location()) is not None:
-        print(f"eyrie: note: an earlier output is at {earlier} (output.uri {dg.spec.output._relative!r} taken from "
-              f"the current directory, as eyrie did before relative outputs resolved next to the spec, like "
-              f"sources); this run writes to {store.uri} instead. To go on with the earlier one, move it there or "
-              f"set output.uri to {earlier}", file=sys.stderr)
     mode = "off" if args.no_progress else "bar" if err.is_terminal else "log"
     try:
         with LiveProgress(mode) as live:

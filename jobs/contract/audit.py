@@ -2,9 +2,9 @@
 `audit.json` (the latest audit's figures and verdict, and the history of every audit before it) and
 `audit/rows.jsonl` (the latest audit's verdict on each row or answer, to filter the rows paid for).
 
-The answers are the truth of what the audits paid: `audit_spend` sums them (plus what an audit.json
-written before answers were kept says was paid), so a run's checkpoint and the report count audit
-spend the moment an answer is durable, even when the audit was killed before writing audit.json.
+The answers are the truth of what the audits paid: `audit_spend` sums them, so a run's checkpoint and
+the report count audit spend the moment an answer is durable, even when the audit was killed before
+writing audit.json.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.errors import InputError
 from eyrie.jobs.store import NotFound, PrefixedStore, Store
 
 VERSION = 2
@@ -47,28 +48,26 @@ def _usd(value: Any) -> Decimal:
     return d if d.is_finite() else Decimal(0)
 
 
+class AuditDocError(InputError, ValueError):
+    """audit.json is not a document this eyrie writes."""
+
+
 def read_audit(store: Store) -> dict[str, Any] | None:
-    """audit.json as version 2: a version-1 document (the last audit only, no answers kept) becomes
-    a history of one whose spend is carried as `legacySpentUSD`."""
+    """audit.json (None before the first audit); AuditDocError for one of another version."""
     try:
         doc = orjson.loads(store.get(layout.AUDIT))
     except NotFound:
         return None
-    if not isinstance(doc, dict):
-        return None
-    if doc.get("version") == VERSION:
-        return doc
-    legacy = {"kind": "prompts", "at": None, "samples": doc.get("samples"), "model": doc.get("model"),
-              "outcome": doc.get("outcome"), "spentUSD": doc.get("spentUSD"), "legacyModes": doc.get("modes")}
-    return {"version": VERSION, "legacySpentUSD": str(_usd(doc.get("cumulativeSpentUSD") or doc.get("spentUSD"))),
-            "history": [legacy], **legacy}
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        raise AuditDocError(f"{layout.AUDIT}: version {version!r}, not {VERSION}: written by another eyrie; move it "
+                            "aside and run `eyrie audit` again (the answers it bought are kept and reused)")
+    return doc
 
 
 def audit_spend(store: Store) -> Decimal:
-    """What every audit paid: the cost of every answer kept, plus what older audits reported."""
-    doc = read_audit(store) or {}
-    return _usd(doc.get("legacySpentUSD")) + sum((_usd(r.get("costUSD")) for r in iter_audit_records(store)),
-                                                 Decimal(0))
+    """What every audit paid: the cost of every answer kept."""
+    return sum((_usd(r.get("costUSD")) for r in iter_audit_records(store)), Decimal(0))
 
 
 def history_entry(entry: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +75,7 @@ def history_entry(entry: dict[str, Any]) -> dict[str, Any]:
     verdict, not its per-source/per-tool tables, examples or sample ids."""
     figures = entry.get("figures") or {}
     keep = ("kind", "at", "samples", "seed", "model", "fingerprint", "changedSince", "from", "outcome", "spentUSD",
-            "sent", "reused", "verdict", "legacyModes")
+            "sent", "reused", "verdict")
     out = {k: entry[k] for k in keep if k in entry}
     if figures:
         out["figures"] = {k: figures[k] for k in ("modes", "paired", "projection") if k in figures}
@@ -87,8 +86,7 @@ def with_entry(previous: dict[str, Any] | None, entry: dict[str, Any], spent_tot
     """The audit.json that makes `entry` the latest and appends it to the history (bounded)."""
     prev = previous or {}
     history = [*prev.get("history", []), history_entry(entry)][-MAX_HISTORY:]
-    return {"version": VERSION, **entry, "cumulativeSpentUSD": str(spent_total),
-            "legacySpentUSD": prev.get("legacySpentUSD", "0"), "history": history}
+    return {"version": VERSION, **entry, "cumulativeSpentUSD": str(spent_total), "history": history}
 
 
 def write_audit(store: Store, doc: dict[str, Any]) -> None:

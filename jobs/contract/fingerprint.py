@@ -43,6 +43,7 @@ import yaml
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.errors import InputError
+from eyrie.jobs.jsonvalues import canonical_json
 from eyrie.jobs.spec import SIMULATED, DatasetGenerationSpec, SimulatorSpec
 from eyrie.jobs.store import NotFound, Store, StoreError
 
@@ -109,10 +110,6 @@ FIELDS: dict[str, Callable[[DatasetGenerationSpec], Any]] = {
 }
 
 
-def _canonical(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
 @dataclass(frozen=True)
 class Fingerprint:
     fields: Mapping[str, Any]
@@ -120,7 +117,7 @@ class Fingerprint:
     @property
     def id(self) -> str:
         """12 hex digits of the fields' hash: what each record carries."""
-        return hashlib.sha256(_canonical(dict(self.fields))).hexdigest()[:12]
+        return hashlib.sha256(canonical_json(dict(self.fields))).hexdigest()[:12]
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "fields": dict(self.fields)}
@@ -163,7 +160,7 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
     out = []
     for name in names:
         a, b = old.get(name, NOT_RECORDED), new.get(name, NOT_RECORDED)
-        if _canonical(a) != _canonical(b):
+        if canonical_json(a) != canonical_json(b):
             out.append(Change(name, a, b))
     return out
 

@@ -1,20 +1,24 @@
 """progress.json (DESIGN §3): the live state of a run, written by the data plane, read by the operator.
 
-One model for both sides: `Outcome` and `Stage` are the closed sets of strings the document holds,
-`write_progress` writes it, `parse_progress` reads it back strictly (the operator decides on it).
+One model for every side: `Progress` is the document (the driver writes it with `write_progress`; the CLI,
+the report and the operator read it with `parse_progress`/`load_progress`, strictly: the operator decides on
+it), `SampleCounts` the one definition of what became of the prompts (the status's too), `Outcome` and
+`Stage` the closed sets of strings it holds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
+from pydantic import ConfigDict, Field, PlainSerializer, ValidationError, field_validator
 
 from eyrie.jobs.contract.layout import PROGRESS
+from eyrie.jobs.contract.model import Model
+from eyrie.jobs.contract.money import usd
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.store import NotFound, Store
 
@@ -50,99 +54,168 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-@dataclass(frozen=True)
-class Progress:
-    attempt: str
-    outcome: Outcome
-    message: str = ""
-    spent: Decimal = Decimal(0)
-    reserved: Decimal = Decimal(0)
-    samples: dict[str, int] = field(default_factory=dict)
-    tokens: dict[str, int] = field(default_factory=dict)
-    tools: dict[str, Any] = field(default_factory=dict)
-    stage: str = Stage.GENERATE
-    run_id: str = ""  # the DatasetGeneration's uid the job ran for ("" from a local run)
-    forecast: Decimal | None = None  # projected total spend, once the canary is measured
-    providers: list[dict[str, Any]] = field(default_factory=list)  # the provider probe's verdict per endpoint
-    probe: ProbeProgress | None = None  # the provider probe under way (stage probe)
-    # disruptions of this attempt, cumulative: its job started again after its driver ended without a word (the
-    # Ray head lost; KubeRay submitted it again), and its shard workers lost (their Ray pods gone)
-    restarts: int = 0
-    workers_lost: int = 0
+USD = Annotated[Decimal, PlainSerializer(usd, return_type=str, when_used="json")]  # full precision, as text
+Count = Annotated[int, Field(ge=0, strict=True)]
 
 
-@dataclass(frozen=True)
-class ProbeProgress:
+# The one definition of the sample counts: the coordinator's tally, progress.json, the operator's status, the
+# CLI and the report all hold this.
+class SampleCounts(Model):
+    """Prompts by what became of them."""
+
+    total: int = 0
+    """Prompts (conversations with generation.turns: all) in the sources."""
+    done: int = 0
+    """Answered and kept."""
+    rejected: int = 0
+    """Never sent: a row that does not parse or whose tools do not (unpaid); listed in samples/bad_rows.jsonl."""
+    discarded: int = 0
+    """Answered and paid, then excluded by tools.onInvalidCall: drop (their cost: progress.json discardedUSD)."""
+    failed: int = 0
+    """Sent, and failed after retries (by error type in progress.json failures)."""
+
+    @property
+    def finished(self) -> int:
+        """Prompts with a record: every outcome."""
+        return self.done + self.rejected + self.discarded + self.failed
+
+    @property
+    def missing(self) -> int:
+        """Prompts of `total` without a record (a run that ended with some: workers lost)."""
+        return max(0, self.total - self.finished)
+
+
+class TokenCounts(Model):
+    input: int = 0
+    output: int = 0
+
+
+class EndpointVerdict(Model):
+    """One endpoint as the provider probe judged it (spec.api.providerProbe)."""
+
+    model_config = ConfigDict(extra="ignore")
+    tag: str = Field(strict=True)
+    """The endpoint tag (OpenRouter provider slug)."""
+    name: str | None = None
+    """The provider's name."""
+    passed: bool = Field(strict=True)
+    """Whether generation is routed to it."""
+    reason: str = ""
+    """The measures it failed, with their values and limits; empty when it passed."""
+    cost_per_answer_usd: str | None = Field(default=None, alias="costPerAnswerUSD")
+    """Mean cost of its probe answers."""
+
+
+class ProvidersProgress(Model):
+    """progress.json's `providers`: the provider probe's verdict (generate/probe/run.py `progress_section`)."""
+
+    passing: list[str] = Field(default_factory=list)
+    reference: str | None = None
+    spent_usd: str | None = Field(default=None, alias="spentUSD")
+    endpoints: list[EndpointVerdict]
+
+
+class ProbeProgress(Model):
     """progress.json's `probe` while the provider probe runs (generate/probe/run.py writes it): the
     endpoints probed, the answers durable of those its verdict needs, what the probe has cost."""
 
-    endpoints: tuple[str, ...]
-    answers: int
-    planned: int
-    spent: Decimal
+    endpoints: list[str]
+    answers: Count
+    planned: Count = Field(alias="answersPlanned")
+    requests: Count = 0
+    spent: USD = Field(default=Decimal(0), alias="spentUSD")
 
 
-def _money(doc: dict[str, Any], key: str) -> Decimal:
-    try:
-        return Decimal(str(doc.get(key, "0")))
-    except InvalidOperation:
-        raise ProgressError(f"progress.json: {key} {doc.get(key)!r} is not a decimal amount") from None
+class Progress(Model):
+    """progress.json: the whole document, as the driver writes it (`write_progress`) and the CLI, the report and
+    the operator read it (`parse_progress`). Keys another writer adds are kept (`model_extra`), never dropped."""
+
+    model_config = ConfigDict(extra="allow")
+
+    attempt: str
+    run_id: str | None = None  # the DatasetGeneration's uid the job ran for (None from a local run)
+    stage: Stage = Stage.GENERATE
+    outcome: Outcome
+    message: str = ""
+    spent: USD = Field(default=Decimal(0), alias="spentUSD")
+    reserved: USD = Field(default=Decimal(0), alias="reservedUSD")
+    max_usd: USD | None = Field(default=None, alias="maxUSD")
+    audit: USD | None = Field(default=None, alias="auditUSD")  # part of the spend, paid by `eyrie audit`
+    price_factor: USD | None = None
+    forecast: USD | None = Field(default=None, alias="forecastUSD")  # projected total, once the canary is measured
+    forecast_figures: dict[str, Any] | None = Field(default=None, alias="forecast")  # budget/forecast.py
+    discarded: USD | None = Field(default=None, alias="discardedUSD")
+    paid: USD | None = Field(default=None, alias="paidUSD")
+    unrecorded: USD | None = Field(default=None, alias="unrecordedUSD")
+    samples: SampleCounts = Field(default_factory=SampleCounts)
+    tokens: TokenCounts = Field(default_factory=TokenCounts)
+    tools: dict[str, Any] = Field(default_factory=dict)  # tools.gate.ToolGate.metrics
+    failures: dict[str, int] = Field(default_factory=dict)  # failed samples by error type
+    resend_on_resume: int = 0
+    requests: int = 0  # this attempt's requests (retries included)
+    retries: int = 0
+    errors: dict[str, int] = Field(default_factory=dict)
+    in_flight: int = 0
+    coordinator_calls: int = 0
+    template_variants: dict[str, Any] | None = None  # reconstruct.variants.VariantDetector.summary
+    providers: ProvidersProgress | None = None
+    probe: ProbeProgress | None = None  # the provider probe under way (stage probe)
+    attempts: list[str] = Field(default_factory=list)
+    fingerprint: dict[str, Any] | None = None  # the attempt's binding (driver.Resume.progress)
+    resume: dict[str, Any] | None = None
+    fingerprints: Any = None  # contract/tally.py, per fingerprint
+    models: Any = None
+    bad_rows: dict[str, Any] | None = None
+    abandoned: dict[str, Any] | None = None  # requests stops left in flight (budget/inflight.py)
+    agentic: dict[str, Any] | None = None  # sending/conversation.AgenticSummary
+    # disruptions of this attempt, cumulative: its job started again after its driver ended without a word (the
+    # Ray head lost; KubeRay submitted it again), and its shard workers lost (their Ray pods gone)
+    restarts: Count = 0
+    workers_lost: Count = 0
+    updated_at: str | None = None
+
+    @field_validator("attempt", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) else v
+
+    @property
+    def endpoint_verdicts(self) -> list[EndpointVerdict]:
+        return self.providers.endpoints if self.providers else []
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# what a malformed section is told, by the first key of the error's location
+_SHAPES = {
+    "probe": "probe must be {endpoints: [tag, ...], answers, answersPlanned, spentUSD}",
+    "providers": "providers.endpoints must be a list of {tag, passed, ...}",
+}
 
 
 def parse_progress(doc: Any) -> Progress:
-    """Read the generation job's progress document; unknown keys are ignored."""
+    """Read the generation job's progress document strictly (the operator decides on it); keys it does not
+    know are kept aside. ProgressError names the field."""
     if not isinstance(doc, dict):
         raise ProgressError("progress.json: must be a JSON object")
     try:
-        outcome = Outcome(doc.get("outcome"))
-    except ValueError:
-        raise ProgressError(f"progress.json: outcome {doc.get('outcome')!r} is not one of "
-                            f"{', '.join(Outcome)}") from None
-    return Progress(
-        attempt=str(doc.get("attempt", "")), outcome=outcome, message=str(doc.get("message", "")),
-        spent=_money(doc, "spentUSD"), reserved=_money(doc, "reservedUSD"),
-        samples={k: int(v) for k, v in (doc.get("samples") or {}).items()},
-        tokens={k: int(v) for k, v in (doc.get("tokens") or {}).items()},
-        tools=dict(doc.get("tools") or {}), stage=str(doc.get("stage", Stage.GENERATE)),
-        run_id=str(doc.get("runId") or ""),
-        forecast=_money(doc, "forecastUSD") if doc.get("forecastUSD") is not None else None,
-        providers=_providers(doc), probe=_probe(doc),
-        restarts=_count(doc, "restarts"), workers_lost=_count(doc, "workersLost"),
-    )
-
-
-def _count(doc: dict[str, Any], key: str) -> int:
-    value = doc.get(key, 0)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ProgressError(f"progress.json: {key} must be a count (a whole number >= 0), not {value!r}")
-    return value
-
-
-def _probe(doc: dict[str, Any]) -> ProbeProgress | None:
-    section = doc.get("probe")
-    if section is None:
-        return None
-    ok = (isinstance(section, dict) and isinstance(section.get("endpoints"), list)
-          and all(isinstance(t, str) for t in section["endpoints"])
-          and all(isinstance(section.get(k), int) for k in ("answers", "answersPlanned")))
-    if not ok:
-        raise ProgressError("progress.json: probe must be {endpoints: [tag, ...], answers, answersPlanned, spentUSD}")
-    return ProbeProgress(tuple(section["endpoints"]), section["answers"], section["answersPlanned"],
-                         _money(section, "spentUSD"))
-
-
-def _providers(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """progress.json's `providers.endpoints` (generate/probe/run.py writes it), each entry checked."""
-    section = doc.get("providers")
-    if section is None:
-        return []
-    entries = section.get("endpoints") if isinstance(section, dict) else None
-    ok = isinstance(entries, list) and all(
-        isinstance(e, dict) and isinstance(e.get("tag"), str) and isinstance(e.get("passed"), bool) for e in entries)
-    if not ok:
-        raise ProgressError("progress.json: providers.endpoints must be a list of {tag, passed, ...}")
-    return [{k: e[k] for k in ("tag", "name", "passed", "reason", "costPerAnswerUSD") if e.get(k) is not None}
-            for e in entries]
+        return Progress.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else "(document)"
+        value = doc.get(key)
+        if key in _SHAPES:
+            why = _SHAPES[key]
+        elif key == "outcome":
+            why = f"outcome {value!r} is not one of {', '.join(Outcome)}"
+        elif key in ("restarts", "workersLost"):
+            why = f"{key} must be a count (a whole number >= 0), not {value!r}"
+        elif key.endswith(("USD", "Factor")):
+            why = f"{key} {value!r} is not a decimal amount"
+        else:
+            why = f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+        raise ProgressError(f"progress.json: {why}") from None
 
 
 def read_progress(store: Store) -> dict | None:
@@ -153,22 +226,24 @@ def read_progress(store: Store) -> dict | None:
         return None
 
 
-def write_progress(store: Store, snapshot: dict, attempt: str, stage: Stage, run_id: str | None = None,
-                   **extra: Any) -> dict:
-    """`run_id`: the DatasetGeneration's uid the operator passed (EYRIE_RUN_ID), so a recreated
-    object with the same output never acts on its predecessor's outcome."""
-    ids = {"runId": run_id} if run_id else {}
-    doc = {"attempt": attempt, **ids, "stage": str(stage), **snapshot, **extra, "updatedAt": now_iso()}
-    store.put(PROGRESS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    return doc
+def load_progress(store: Store) -> Progress | None:
+    """The document, typed (None before the first write)."""
+    doc = read_progress(store)
+    return None if doc is None else parse_progress(doc)
 
 
-def mark_stage(store: Store, stage: Stage) -> dict | None:
+def write_progress(store: Store, progress: Progress) -> Progress:
+    """Write `progress` as progress.json, stamped now. Its `run_id` is the DatasetGeneration's uid the operator
+    passed (EYRIE_RUN_ID), so a recreated object with the same output never acts on its predecessor's outcome."""
+    progress = progress.model_copy(update={"updated_at": now_iso()})
+    store.put(PROGRESS, orjson.dumps(progress.to_json(), option=orjson.OPT_INDENT_2))
+    return progress
+
+
+def mark_stage(store: Store, stage: Stage) -> Progress | None:
     """Move a finished generation's progress.json on to `stage` (the extraction pods' last step),
     keeping everything else the job wrote; None when there is none, or its outcome is not Done."""
-    doc = read_progress(store)
-    if doc is None or doc.get("outcome") != Outcome.DONE:
+    progress = load_progress(store)
+    if progress is None or progress.outcome != Outcome.DONE:
         return None
-    doc.update(stage=str(stage), updatedAt=now_iso())
-    store.put(PROGRESS, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    return doc
+    return write_progress(store, progress.model_copy(update={"stage": stage}))

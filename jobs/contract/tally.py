@@ -22,7 +22,6 @@ from eyrie.jobs.contract.money import usd
 BAD_ROWS_SHOWN = 5  # bad rows printed by a run and kept in progress.json
 MAX_MODELS = 16  # distinct models (or sampling settings) kept per fingerprint
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "seed", "reasoning", "provider")
-UNLABELLED = "(none)"  # records written before records carried a fingerprint
 
 
 def cost_of(rec: records.Record) -> Decimal:
@@ -108,7 +107,7 @@ class Tally:
 
     def add(self, rec: records.Record) -> None:
         self.all.add(rec)
-        fp = str(rec.get("fingerprint") or UNLABELLED)
+        fp = str(rec["fingerprint"])
         self.by_fingerprint.setdefault(fp, Group()).add(rec)
         self.by_attempt.setdefault(str(rec.get("attempt") or ""), Group()).add(rec)
         if rec.get("status") == "rejected":

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from eyrie.jobs.contract.layout import TIMESERIES
-from eyrie.jobs.contract.progress import now_iso
+from eyrie.jobs.contract.progress import Progress, now_iso
 from eyrie.jobs.store import NotFound, Store
 
 MAX_POINTS = 512
@@ -23,14 +23,12 @@ MAX_POINTS = 512
 POINT_KEYS = ("spentUSD", "reservedUSD", "forecastUSD", "requests", "retries", "inFlight")
 
 
-def point(snapshot: dict[str, Any], attempt: str) -> dict[str, Any]:
+def point(progress: Progress) -> dict[str, Any]:
     """One point of a progress snapshot: the counters the report plots, nothing else."""
-    s = snapshot.get("samples") or {}
-    return {"t": now_iso(), "attempt": attempt, **{k: snapshot[k] for k in POINT_KEYS if k in snapshot},
-            "errors": sum((snapshot.get("errors") or {}).values()),
-            "done": s.get("done", 0), "rejected": s.get("rejected", 0), "discarded": s.get("discarded", 0),
-            "failed": s.get("failed", 0),
-            "total": s.get("total", 0)}
+    doc, s = progress.to_json(), progress.samples
+    return {"t": now_iso(), "attempt": progress.attempt, **{k: doc[k] for k in POINT_KEYS if k in doc},
+            "errors": sum(progress.errors.values()), "done": s.done, "rejected": s.rejected,
+            "discarded": s.discarded, "failed": s.failed, "total": s.total}
 
 
 @dataclass

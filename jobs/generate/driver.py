@@ -14,7 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -25,18 +25,18 @@ from eyrie.jobs.contract import records, timeseries
 from eyrie.jobs.contract.fingerprint import Binding, bind_output, write_doc
 from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
 from eyrie.jobs.contract.money import usd
-from eyrie.jobs.contract.progress import Outcome, Stage, now_iso, read_progress, write_progress
+from eyrie.jobs.contract.progress import Outcome, Progress, SampleCounts, Stage, load_progress, now_iso, write_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.extract.projection import stored_bytes_per_token
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
-from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.budget.forecast import forecaster
 from eyrie.jobs.generate.budget.reconcile import provider_key_usage
 from eyrie.jobs.generate.plan import ShardPlan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
 from eyrie.jobs.generate.probe.run import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
 from eyrie.jobs.generate.sending.conversation import AgenticSummary
-from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig, run_loop
+from eyrie.jobs.generate.sending.session import Session
+from eyrie.jobs.generate.sending.worker import ShardWorker, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
@@ -54,7 +54,7 @@ MAX_WORKER_RESTARTS = 3
 class GenerationResult:
     outcome: str
     message: str
-    snapshot: dict
+    snapshot: Progress
 
 
 class _Stopper:
@@ -108,28 +108,19 @@ class _Stopper:
 class _Run:
     """Everything a way of running the workers (inline or on Ray) needs."""
 
-    spec: DatasetGenerationSpec
-    ctx: RunContext
-    base_url: str
-    coordinator: dict[str, Any]  # RunCoordinator's keyword arguments
+    session: Session  # the coordinator's arguments, the limits the workers share
     plan: ShardPlan  # the shards' row ranges: each worker reads its own
-    store: Store
     stopper: _Stopper
     monitor: _Monitor
-    fingerprint: str | None = None  # the binding's id: every record's label, whatever the routing sent
     notify: Callable[[str], None] = lambda _m: None
 
-    def worker_config(self, worker_id: str) -> WorkerConfig:
-        a, n = self.spec.api, self.spec.generation.ray.workers
-        return WorkerConfig(
-            spec_json=self.spec.model_dump_json(by_alias=True), worker_id=worker_id, attempt=self.ctx.attempt,
-            base_url=self.base_url, concurrency=max(1, a.max_concurrency // n),
-            rpm=max(1, a.requests_per_minute // n) if a.requests_per_minute else None,
-            tpm=max(1, a.tokens_per_minute // n) if a.tokens_per_minute else None, fingerprint=self.fingerprint)
+    @property
+    def spec(self) -> DatasetGenerationSpec:
+        return self.session.spec
 
 
 def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
-                   on_progress: Callable[[dict], None] | None = None,
+                   on_progress: Callable[[Progress], None] | None = None,
                    notify: Callable[[str], None] = lambda _m: None, accept_changed: Sequence[str] = (),
                    binding: Binding | None = None) -> GenerationResult:
     """Generate until every prompt is persisted or the run stops; returns the final snapshot.
@@ -156,7 +147,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                 raise empty_source(i, src)
         write_doc(store, binding)
         total = plan.total
-        prev = read_progress(store)  # the attempt before, as the probe's progress writes do not say
+        prev = load_progress(store)  # the attempt before, as the probe's progress writes do not say
         probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id, prev,
                                    on_progress or (lambda s: None))
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
@@ -172,10 +163,11 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress(),
                             "workersLost": start.workers_lost})
-        run = _Run(probe.routed(spec) if probe else spec, ctx, base_url, coordinator, plan, store, stopper, monitor,
-                   binding.fingerprint.id, notify)
+        session = Session(probe.routed(spec) if probe else spec, store, ctx, base_url, coordinator,
+                          senders=spec.generation.ray.workers, fingerprint=binding.fingerprint.id)
+        run = _Run(session, plan, stopper, monitor, notify)
         if stop is not None:  # nothing to generate with: the run ends before its first request
-            coord = RunCoordinator(**coordinator)
+            coord = session.start()
             asyncio.run(coord.stop(*stop))
             snapshot = monitor.merged(coord.snapshot())
         else:
@@ -186,9 +178,9 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         stopped_in_flight = "abandoned" in snapshot and snapshot["abandoned"]["thisAttempt"]
         if key_usage is not None and stopped_in_flight and (now := provider_key_usage(base_url, ctx.api_key)):
             snapshot["abandoned"]["keyUsageRoseUSD"] = usd(now - key_usage)
-        monitor.on_progress(monitor.merged(snapshot))
-        monitor.write(snapshot)
-    return GenerationResult(Outcome(snapshot["outcome"]), snapshot.get("message", ""), monitor.merged(snapshot))
+        final = monitor.write(snapshot)
+        monitor.on_progress(final)
+    return GenerationResult(final.outcome, final.message, final)
 
 
 def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: int, hard: bool,
@@ -213,7 +205,7 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
             snapshot["outcome"], snapshot["message"] = Outcome.STOPPED, STOPPED_AT_ONCE
         else:  # it was draining after another stop (budget, drift): that stays the outcome
             snapshot["message"] = f"{snapshot.get('message')}; then {STOPPED_AT_ONCE}"
-    snapshot["samples"] = final.counts.samples(total)
+    samples = final.counts.samples(total)
     snapshot["discardedUSD"] = usd(final.counts.discarded_usd)
     snapshot["failures"] = dict(final.counts.failures)
     snapshot["resendOnResume"] = final.counts.resend
@@ -226,21 +218,20 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
         for rec in records.iter_records(store):
             summary.add(rec)
         snapshot["agentic"] = summary.to_dict()
-        snapshot["samples"] = summary.samples(total)
+        samples = summary.samples(total)
+    snapshot["samples"] = samples
     if snapshot["outcome"] == Outcome.RUNNING:
-        c = snapshot["samples"]
-        missing = c["total"] - c["done"] - c["rejected"] - c["discarded"] - c["failed"]
-        if missing > 0:
+        if samples.missing:
             snapshot["outcome"] = Outcome.FAILED
-            snapshot["message"] = f"{missing} prompts were not processed (workers lost); run again to resume"
+            snapshot["message"] = f"{samples.missing} prompts were not processed (workers lost); run again to resume"
         else:
             snapshot["outcome"] = Outcome.DONE
     return figures
 
 
 def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: ShardPlan,
-           notify: Callable[[str], None], fingerprint: str, prev: dict | None,
-           on_progress: Callable[[dict], None]) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
+           notify: Callable[[str], None], fingerprint: str, prev: Progress | None,
+           on_progress: Callable[[Progress], None]) -> tuple[ProbeOutcome | None, list, tuple[Outcome, str] | None]:
     """`api.providerProbe`: probe (or reuse the stored probe), keep the passing answers as samples;
     the records kept, and the outcome that stops the run before generation (no endpoint passes,
     budget spent), if any. While it sends, progress.json is at stage probe, carrying the attempts
@@ -248,14 +239,13 @@ def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url:
     progress bar) gets the same snapshots."""
     if spec.api.provider_probe is None:
         return None, [], None
-    zero = {"total": plan.total, "done": 0, "rejected": 0, "discarded": 0, "failed": 0}
-    carried = {"attempts": Resume.attempts_of(prev, ctx.attempt), "samples": (prev or {}).get("samples") or zero,
-               **{k: prev[k] for k in ("tokens", "tools") if prev and k in prev}}
+    carried = {"attempts": Resume.attempts_of(prev, ctx.attempt),
+               "samples": prev.samples if prev else SampleCounts(total=plan.total),
+               **({"tokens": prev.tokens, "tools": prev.tools} if prev else {})}
 
     def show(section: dict) -> None:
-        snap = {**carried, **section}
-        write_progress(store, snap, ctx.attempt, Stage.PROBE, ctx.run_id)
-        on_progress(snap)
+        on_progress(write_progress(store, Progress.model_validate(
+            {**carried, **section, "attempt": ctx.attempt, "stage": Stage.PROBE, "runId": ctx.run_id or None})))
 
     probe = run_probe(spec, store, ctx, base_url, ProbeSettings.from_spec(spec), notify=notify, on_progress=show,
                       progress_every=PROGRESS_EVERY_S)
@@ -284,28 +274,26 @@ class Resume:
     workers_lost: int = 0  # this attempt's shard workers lost before this start
 
     @classmethod
-    def at_start(cls, prev: dict | None, attempt: str, run_id: str | None, ckpt: Checkpoint,
+    def at_start(cls, prev: Progress | None, attempt: str, run_id: str | None, ckpt: Checkpoint,
                  binding: Binding) -> Resume:
         restarts, lost = cls.disruptions_of(prev, attempt, run_id)
         return cls(cls.attempts_of(prev, attempt), ckpt.tally.all.answers, ckpt.tally.all.answers_usd, binding,
                    restarts=restarts, workers_lost=lost)
 
     @staticmethod
-    def disruptions_of(prev: dict | None, attempt: str, run_id: str | None) -> tuple[int, int]:
+    def disruptions_of(prev: Progress | None, attempt: str, run_id: str | None) -> tuple[int, int]:
         """(this start's restarts, the workers lost before it) from the progress.json it found. The operator gives
         every new attempt of a DatasetGeneration a new number (a local run makes a unique one), so progress of this
         same attempt and object (`runId`: a deleted and recreated object starts at attempt 1 again) means that its
         job ran before and ended without a word: its Ray head was lost and KubeRay submitted it again."""
-        if prev is None or str(prev.get("attempt")) != attempt or (prev.get("runId") or None) != (run_id or None):
+        if prev is None or prev.attempt != attempt or (prev.run_id or None) != (run_id or None):
             return 0, 0
-        return int(prev.get("restarts") or 0) + 1, int(prev.get("workersLost") or 0)
+        return prev.restarts + 1, prev.workers_lost
 
     @staticmethod
-    def attempts_of(prev: dict | None, attempt: str) -> list[str]:
+    def attempts_of(prev: Progress | None, attempt: str) -> list[str]:
         """The attempts so far, this one last, from the progress.json before it."""
-        attempts = [str(a) for a in (prev or {}).get("attempts") or []]
-        if prev and not attempts and prev.get("attempt"):
-            attempts = [str(prev["attempt"])]  # progress written before attempts were listed
+        attempts = list(prev.attempts) if prev else []
         if not attempts or attempts[-1] != attempt:
             attempts.append(attempt)
         return attempts
@@ -343,7 +331,7 @@ class _Monitor:
     `extra` (the provider probe's verdict, the attempt's fingerprint and resume figures) is part of
     every snapshot."""
 
-    def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[dict], None],
+    def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[Progress], None],
                  extra: dict[str, Any] | None = None):
         self.store, self.ctx, self.on_progress = store, ctx, on_progress
         self.extra = extra or {}
@@ -355,18 +343,23 @@ class _Monitor:
     def merged(self, snap: dict) -> dict:
         return {**snap, **self.extra}
 
+    def progress(self, snap: dict) -> Progress:
+        """The coordinator's snapshot and this attempt's figures as progress.json."""
+        return Progress.model_validate({**self.merged(snap), "attempt": self.ctx.attempt, "stage": Stage.GENERATE,
+                                        "runId": self.ctx.run_id or None})
+
     def tick(self, snap: dict) -> None:
-        snap = self.merged(snap)
-        self.on_progress(snap)
+        progress = self.progress(snap)
+        self.on_progress(progress)
         if time.monotonic() - self.last >= PROGRESS_EVERY_S:
             self.write(snap)
             self.last = time.monotonic()
 
-    def write(self, snap: dict) -> None:
-        snap = self.merged(snap)
-        write_progress(self.store, snap, self.ctx.attempt, Stage.GENERATE, self.ctx.run_id)
-        self.series.add(timeseries.point(snap, self.ctx.attempt))
+    def write(self, snap: dict) -> Progress:
+        progress = write_progress(self.store, self.progress(snap))
+        self.series.add(timeseries.point(progress))
         self.store.put(TIMESERIES, timeseries.encode(self.series.points()))
+        return progress
 
 
 STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"
@@ -379,9 +372,9 @@ def _run_inline(plan: _Run) -> dict:
     """Workers as tasks in this process (`--inline`, `EYRIE_NO_RAY=1`, benchmarks)."""
 
     async def main() -> dict:
-        coord = RunCoordinator(**plan.coordinator)
-        workers = [ShardWorker(plan.worker_config(f"w{i}"), coord, plan.plan, plan.store,
-                               api_key=plan.ctx.api_key) for i in range(plan.spec.generation.ray.workers)]
+        session = plan.session
+        coord = session.start()
+        workers = [session.shard_worker(i, plan.plan) for i in range(session.senders)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
         while not all(t.done() for t in tasks):
             await asyncio.wait(tasks, timeout=0.5)
@@ -393,7 +386,7 @@ def _run_inline(plan: _Run) -> dict:
                 return coord.snapshot()
             if plan.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
-                plan.stopper.acknowledge(sum(len(w.inflight.book.flights) for w in workers), plan.notify)
+                plan.stopper.acknowledge(sum(len(w.sender.inflight.book.flights) for w in workers), plan.notify)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
             await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
         for t in tasks:
@@ -418,9 +411,10 @@ def _run_ray(plan: _Run) -> dict:
         else:
             ray.init(log_to_driver=True)
     plan.stopper.install()
-    n = spec.generation.ray.workers
-    coord = ray.remote(RunCoordinator).options(
-        name=f"eyrie-coordinator-{plan.ctx.attempt}", num_cpus=0, max_concurrency=100_000).remote(**plan.coordinator)
+    session = plan.session
+    n = session.senders
+    configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
+    coord = session.start_actor(f"eyrie-coordinator-{session.attempt}")
     actor_cls = ray.remote(ShardWorker).options(
         num_cpus=spec.generation.ray.cpus_per_worker if spec.generation.ray.mode != "Local" else 0,
         max_concurrency=1, max_restarts=0)
@@ -428,7 +422,7 @@ def _run_ray(plan: _Run) -> dict:
     def start(i: int, gen: int) -> tuple[str, Any, Any]:
         wid = f"w{i}.{gen}"
         # no api_key argument: Ray records arguments; the worker reads its own environment
-        w = actor_cls.remote(plan.worker_config(wid), coord, plan.plan, None, is_actor=True)
+        w = actor_cls.remote(replace(configs[i], sender_id=wid), coord, plan.plan, None, is_actor=True)
         return wid, w, w.run_blocking.remote()
 
     running = {}

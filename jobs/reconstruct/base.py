@@ -100,7 +100,7 @@ def text_of(content: Any, where: str) -> str:
     raise FormatError(f"{where}: content must be a string or a list of parts")
 
 
-def _reasoning_of(msg: Message) -> str:
+def reasoning_of(msg: Message) -> str:
     r = msg.get("reasoning_content")
     if r is None:
         r = msg.get("reasoning")
@@ -119,19 +119,19 @@ def template_reasoning(msg: Message) -> str | None:
     return v if v is None or isinstance(v, str) else str(v)
 
 
-def _args_text(args: Any) -> str:
+def args_text(args: Any) -> str:
     """History arguments as a template prints them: a string as is, an object as JSON."""
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
-def _calls_of(msg: Message, where: str) -> list[tuple[str | None, str, str]]:
+def calls_of(msg: Message, where: str) -> list[tuple[str | None, str, str]]:
     """(id, name, arguments text) of a history assistant message's tool calls."""
     out = []
     for j, tc in enumerate(msg.get("tool_calls") or ()):
         fn = tc.get("function") if isinstance(tc, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise FormatError(f"{where}.tool_calls[{j}]: needs function.name")
-        out.append((tc.get("id"), fn["name"], _args_text(fn.get("arguments", ""))))
+        out.append((tc.get("id"), fn["name"], args_text(fn.get("arguments", ""))))
     return out
 
 
@@ -143,7 +143,7 @@ def jinja_text(msg: Message, key: str) -> str:
     return "None" if v is None else v if isinstance(v, str) else str(v)
 
 
-def _dump(obj: Any) -> str:
+def tojson(obj: Any) -> str:
     """Jinja's `tojson` in transformers: json.dumps, non-ASCII kept, default separators."""
     return json.dumps(obj, ensure_ascii=False)
 
@@ -203,7 +203,7 @@ class ChatFormat(ABC):
                thinking: bool) -> Rendering: ...
 
 
-def _piece_list(turn: Turn, reasoning: str | None = None, content: str | None = None,
+def piece_list(turn: Turn, reasoning: str | None = None, content: str | None = None,
                 args: list[str] | None = None, ids: list[str | None] | None = None) -> tuple[tuple[str, str], ...]:
     """What decoding the response must give back, in order: reasoning, content, and per call its id
     (when the format prints the id the API returned) and its arguments."""
@@ -219,7 +219,8 @@ def _piece_list(turn: Turn, reasoning: str | None = None, content: str | None = 
     return (("reasoning", r), ("content", c), *calls)
 
 
-def _last_user_turn(messages: list[Message]) -> None:
+def check_last_turn(messages: list[Message]) -> None:
+    """A request can be answered only after a user, tool or developer message."""
     if not messages or messages[-1].get("role") not in ("user", "tool", "developer"):
         last = messages[-1].get("role") if messages else "nothing"
         raise FormatError(f"request.messages must end with a user or tool message to be answered, not {last}")

@@ -14,12 +14,12 @@ from eyrie.jobs.reconstruct.base import (
     Message,
     Rendering,
     Turn,
-    _calls_of,
-    _dump,
-    _last_user_turn,
-    _piece_list,
-    _reasoning_of,
+    calls_of,
+    check_last_turn,
+    piece_list,
+    reasoning_of,
     text_of,
+    tojson,
 )
 
 DS_BOS = "<｜begin▁of▁sentence｜>"
@@ -65,7 +65,7 @@ class DeepSeekV3(ChatFormat):
             fn = t.get("function") or {}
             params = fn.get("parameters") or {}
             text += (f"\n### {fn.get('name', '')}\nDescription: {fn.get('description') or ''}\n\n"
-                     f"Parameters: {json.dumps(params) if card else _dump(params)}\n")
+                     f"Parameters: {json.dumps(params) if card else tojson(params)}\n")
         return text + (
             "\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
             f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}tool_call_name{DS_SEP}tool_call_arguments{DS_CALL_END}"
@@ -82,7 +82,7 @@ class DeepSeekV3(ChatFormat):
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, turn: Turn,
                thinking: bool) -> Rendering:
-        _last_user_turn(messages)
+        check_last_turn(messages)
         system = "\n\n".join(text_of(m.get("content"), f"request.messages[{i}]")
                              for i, m in enumerate(messages) if m.get("role") == "system")
         if tools:
@@ -99,7 +99,7 @@ class DeepSeekV3(ChatFormat):
             elif role == "assistant":
                 if last_user:
                     out.append(DS_ASSISTANT + THINK_END)
-                calls = [(n, a) for _i, n, a in _calls_of(m, where)]
+                calls = [(n, a) for _i, n, a in calls_of(m, where)]
                 if not calls and not is_tool and THINK_END in body:
                     body = body.split(THINK_END, 1)[1]
                 out.append(body + self._calls(calls) + DS_EOS)
@@ -120,7 +120,7 @@ class DeepSeekV3(ChatFormat):
         response = turn.reasoning + ("" if turn.cut_in_reasoning else THINK_END) if thinks else ""
         response += turn.content + self._calls([(c.name, c.arguments) for c in turn.calls])
         response += DS_EOS if turn.finished else ""
-        return Rendering(prompt, prompt + response, _piece_list(turn, reasoning=turn.reasoning if thinks else ""))
+        return Rendering(prompt, prompt + response, piece_list(turn, reasoning=turn.reasoning if thinks else ""))
 
 
 class DeepSeekV4(ChatFormat):
@@ -149,7 +149,7 @@ class DeepSeekV4(ChatFormat):
         "and parameter schemas to invoke tool calls.\n")
 
     def _tools_text(self, tools: list[dict[str, Any]]) -> str:
-        schemas = "\n".join(_dump(t.get("function") or {}) for t in tools)
+        schemas = "\n".join(tojson(t.get("function") or {}) for t in tools)
         return self.TOOLS_TEMPLATE.format(d=DS_DSML, ts=THINK, te=THINK_END, schemas=schemas)
 
     @staticmethod
@@ -162,7 +162,7 @@ class DeepSeekV4(ChatFormat):
             raise FormatError(f"{where}: arguments must be a JSON object for DSML, got {type(parsed).__name__}")
         return "\n".join(
             f'<{DS_DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
-            f"{v if isinstance(v, str) else _dump(v)}</{DS_DSML}parameter>" for k, v in parsed.items())
+            f"{v if isinstance(v, str) else tojson(v)}</{DS_DSML}parameter>" for k, v in parsed.items())
 
     def _calls(self, calls: list[tuple[str, str]], where: str) -> str:
         if not calls:
@@ -203,7 +203,7 @@ class DeepSeekV4(ChatFormat):
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, turn: Turn,
                thinking: bool) -> Rendering:
-        _last_user_turn(messages)
+        check_last_turn(messages)
         msgs = list(messages)
         if tools:
             if msgs[0].get("role") == "system":
@@ -235,8 +235,8 @@ class DeepSeekV4(ChatFormat):
             elif role == "assistant":
                 think = ""
                 if thinking and (not drop or i > last_user):
-                    think = _reasoning_of(m) + THINK_END
-                calls = [(n, a) for _i, n, a in _calls_of(m, where)]
+                    think = reasoning_of(m) + THINK_END
+                calls = [(n, a) for _i, n, a in calls_of(m, where)]
                 out.append(think + text_of(m.get("content"), where) + self._calls(calls, where) + DS_EOS)
             else:
                 raise FormatError(f"{where}: role {role!r} is not supported by {self.name}")
@@ -247,5 +247,5 @@ class DeepSeekV4(ChatFormat):
         response += DS_EOS if turn.finished else ""
         flags = ("arguments_reencoded",) if turn.calls else ()
         return Rendering(prompt, prompt + response,
-                         _piece_list(turn, reasoning=turn.reasoning if thinking else "", args=params), flags)
+                         piece_list(turn, reasoning=turn.reasoning if thinking else "", args=params), flags)
 

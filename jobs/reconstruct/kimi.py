@@ -12,10 +12,10 @@ from eyrie.jobs.reconstruct.base import (
     Message,
     Rendering,
     Turn,
-    _args_text,
-    _last_user_turn,
-    _piece_list,
+    args_text,
+    check_last_turn,
     jinja_text,
+    piece_list,
     template_reasoning,
     text_of,
 )
@@ -73,12 +73,12 @@ class KimiK25(ChatFormat):
         out = []
         for tc in m.get("tool_calls") or ():
             fn = (tc.get("function") if isinstance(tc, dict) else None) or {}
-            out.append((jinja_text(tc, "id"), _args_text(fn.get("arguments", ""))))
+            out.append((jinja_text(tc, "id"), args_text(fn.get("arguments", ""))))
         return out
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, turn: Turn,
                thinking: bool) -> Rendering:
-        _last_user_turn(messages)
+        check_last_turn(messages)
         out: list[str] = []
         flags: list[str] = []
         if tools:
@@ -122,4 +122,4 @@ class KimiK25(ChatFormat):
         response += turn.content + self._section(calls) + (kimi.IM_END if turn.finished else "")
         returned = [c.id if kimi.is_native_call_id(c.id) else None for c in turn.calls]
         return Rendering(prompt, prompt + response,
-                         _piece_list(turn, reasoning=turn.reasoning if thinking else "", ids=returned), tuple(flags))
+                         piece_list(turn, reasoning=turn.reasoning if thinking else "", ids=returned), tuple(flags))

@@ -13,12 +13,12 @@ from eyrie.jobs.reconstruct.base import (
     Message,
     Rendering,
     Turn,
-    _calls_of,
-    _dump,
-    _last_user_turn,
-    _piece_list,
+    calls_of,
+    check_last_turn,
+    piece_list,
     template_reasoning,
     text_of,
+    tojson,
 )
 
 
@@ -56,13 +56,13 @@ class Qwen3(ChatFormat):
 
     def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, turn: Turn,
                thinking: bool) -> Rendering:
-        _last_user_turn(messages)
+        check_last_turn(messages)
         texts = [text_of(m.get("content"), f"request.messages[{i}]") for i, m in enumerate(messages)]
         out = []
         first_system = messages[0].get("role") == "system"
         if tools:
             out.append("<|im_start|>system\n" + (texts[0] + "\n\n" if first_system else "") + self.TOOLS_HEAD
-                       + "".join("\n" + _dump(t) for t in tools) + self.TOOLS_TAIL)
+                       + "".join("\n" + tojson(t) for t in tools) + self.TOOLS_TAIL)
         elif first_system:
             out.append(f"<|im_start|>system\n{texts[0]}<|im_end|>\n")
         last_query = len(messages)  # the answer being rendered sits at len(messages)
@@ -87,7 +87,7 @@ class Qwen3(ChatFormat):
                     head = f"<|im_start|>assistant\n<think>\n{r}\n</think>\n\n{c}"
                 else:
                     head = f"<|im_start|>assistant\n{body}"
-                calls = [(n, a) for _i, n, a in _calls_of(m, f"request.messages[{i}]")]
+                calls = [(n, a) for _i, n, a in calls_of(m, f"request.messages[{i}]")]
                 out.append(head + self._calls(calls, body) + "<|im_end|>\n")
             elif role == "tool":
                 if i == 0 or messages[i - 1].get("role") != "tool":
@@ -106,5 +106,5 @@ class Qwen3(ChatFormat):
         response += content + self._calls([(c.name, c.arguments) for c in turn.calls], turn.content)
         response += "<|im_end|>" if turn.finished else ""
         # the returned pieces as they are: a piece found only once trimmed is flagged by the check
-        return Rendering(prompt, prompt + response, _piece_list(turn, reasoning=turn.reasoning if thinking else ""))
+        return Rendering(prompt, prompt + response, piece_list(turn, reasoning=turn.reasoning if thinking else ""))
 

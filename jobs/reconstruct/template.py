@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eyrie.jobs.reconstruct import kimi_facts as kimi
-from eyrie.jobs.reconstruct.base import ChatFormat, FormatError, Message, Rendering, Turn, _piece_list
+from eyrie.jobs.reconstruct.base import ChatFormat, FormatError, Message, Rendering, Turn, piece_list
 from eyrie.jobs.reconstruct.deepseek import DS_EOS
 from eyrie.jobs.reconstruct.kimi import completion_call_ids
 from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer
@@ -109,7 +109,7 @@ class TemplateFormat(ChatFormat):
             except Exception:
                 raise FormatError(f"the chat template failed: {type(first).__name__}: {first}") from None
             flags = (*flags, "arguments_as_dict")
-        return Rendering(prompt, whole, _piece_list(turn, ids=returned), flags, self.end_markers)
+        return Rendering(prompt, whole, piece_list(turn, ids=returned), flags, self.end_markers)
 
 
 def _dict_args(messages: list[Message]) -> list[Message]:

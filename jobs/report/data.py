@@ -19,7 +19,7 @@ import orjson
 from eyrie.jobs.contract import audit, layout, records, timeseries
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
 from eyrie.jobs.contract.manifest import read_json
-from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.contract.progress import SampleCounts, read_progress
 from eyrie.jobs.contract.tally import cost_of
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import OTHER_TOOLS, Tally
@@ -276,6 +276,12 @@ class ReportData:
     sample: ShownSample | None = None  # one sample rendered with its loss mask (needs the tokenizer)
     specforge_online: dict[str, Any] | None = None  # `eyrie export specforge-online`'s summary
     evaluation: dict[str, Any] | None = None  # `eyrie evaluate`'s evaluation.json: drafters and their acceptance
+
+    @property
+    def samples(self) -> SampleCounts | None:
+        """What became of the prompts: progress.json's, else the manifest's (the same counts, kept)."""
+        s = (self.progress or {}).get("samples") or (self.manifest or {}).get("samples")
+        return SampleCounts.model_validate(s) if s else None
 
     @property
     def budget(self) -> Decimal | None:

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from eyrie.jobs.contract.money import dollars
+from eyrie.jobs.contract.progress import SampleCounts
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
@@ -119,7 +120,7 @@ def run_table(d: ReportData) -> Table:
 
 def samples_table(d: ReportData) -> Table:
     p = d.progress or {}
-    s = p.get("samples") or (d.manifest or {}).get("samples") or {}
+    s = d.samples or SampleCounts()
     failures = p.get("failures") or (d.manifest or {}).get("failures") or {}
     why = ", ".join(f"{k} {v}" for k, v in sorted(failures.items()) if v)
     resend = (d.progress or {}).get("resendOnResume") or (d.manifest or {}).get("resendOnResume")
@@ -127,17 +128,15 @@ def samples_table(d: ReportData) -> Table:
         why += f" ({resend} of them only on transient errors: a resume sends them again)"
     discarded_usd = p.get("discardedUSD") or (d.manifest or {}).get("discardedUSD")
     notes = [f"failed: {why}" if why else "",
-             "rejected: never sent, not paid (bad rows)" if s.get("rejected") else "",
-             f"discarded: paid {dollars(discarded_usd or 0)}, then excluded by the tool policy" if s.get("discarded")
+             "rejected: never sent, not paid (bad rows)" if s.rejected else "",
+             f"discarded: paid {dollars(discarded_usd or 0)}, then excluded by the tool policy" if s.discarded
              else ""]
     caption = "; ".join(n for n in notes if n) or None
     t = Table(title="samples by outcome", title_justify="left", caption=caption, caption_justify="left")
     cols = ("total", "done", "rejected", "discarded", "failed")
     for col in (*cols, "not yet sent"):
         t.add_column(col, justify="right")
-    total = s.get("total", 0)
-    finished = sum(s.get(k, 0) for k in cols[1:])
-    t.add_row(*(str(s.get(k, 0)) for k in cols), str(max(0, total - finished)))
+    t.add_row(*(str(getattr(s, k)) for k in cols), str(s.missing))
     return t
 
 
@@ -348,22 +347,10 @@ def _audit_recorded(doc: dict[str, Any]) -> Table | None:
     return _kv("recorded answers (--from)", [(k, Text(str(v))) for k, v in rows])  # rows' text is not markup
 
 
-def _audit_legacy(doc: dict[str, Any]) -> Table:
-    t = Table(title=f"tools as text vs structured: {doc.get('samples')} prompts (an older audit.json: run "
-                    "`eyrie audit` again for intervals and the verdict)", title_justify="left")
-    t.add_column("metric")
-    for col in ("text", "structured"):
-        t.add_column(col, justify="right")
-    m = doc.get("legacyModes") or {}
-    for key in ("callRate", "invalidRate", "leakRate", "meanOutputTokens", "costUSD"):
-        t.add_row(key, *(str((m.get(mode) or {}).get(key, "")) for mode in ("text", "structured")))
-    return t
-
-
 def audit_renderables(doc: dict[str, Any]) -> list[Any]:
     """The audit: the verdict, then its tables, the headline one first."""
     if not doc.get("figures"):
-        return [_audit_legacy(doc)] if doc.get("legacyModes") else []
+        return []
     out: list[Any] = [audit_verdict(doc), _audit_main(doc), _audit_recorded(doc), _audit_formats(doc),
                       _audit_by_source(doc), _audit_by_tool(doc), _audit_examples(doc)]
     return [r for r in out if r is not None]

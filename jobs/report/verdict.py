@@ -51,8 +51,7 @@ def kept_samples(d: ReportData) -> int | None:
     if s is not None:
         excluded = int(((d.fidelity or {}).get("overall") or {}).get("excluded") or 0)
         return max(0, int(s.get("kept") or 0) - excluded)
-    done = ((d.progress or d.manifest or {}).get("samples") or {}).get("done")
-    return int(done) if done is not None else None
+    return d.samples.done if d.samples is not None else None
 
 
 def trained_tokens(d: ReportData) -> int | None:

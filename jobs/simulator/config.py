@@ -120,6 +120,16 @@ class SimulatedProvider(Model):
     )
 
 
+class SimulatedRateLimit(Model):
+    """A request limit the simulator enforces, as a provider counting a sliding window does: past `requests` in any
+    `windowSeconds`, a request is answered 429 with Retry-After (until the oldest leaves the window)."""
+
+    requests: int = Field(ge=1)
+    """Requests accepted in any window."""
+    window_seconds: float = Field(default=60, gt=0, le=3600)
+    """The window's length (a provider's "per minute": 60)."""
+
+
 class SimulatorBehaviour(Model):
     """A simulator config file (`api.simulator.config`, `eyrie simulate --config`): the provider's behaviours for
     demos and tests, faults first. Not part of the v1alpha1 API: a DatasetGeneration names the file, never these."""
@@ -155,6 +165,8 @@ class SimulatorBehaviour(Model):
     providers: list[SimulatedProvider] = Field(default_factory=list, max_length=64)
     """Endpoints of the model, each with its own behaviour, routed on provider.only/order and listed
     at /models/{author}/{slug}/endpoints; empty: one endpoint, eyrie-simulator."""
+    rate_limit: SimulatedRateLimit | None = None
+    """A request limit over a sliding window (429 with Retry-After past it); unset: none."""
 
     @field_validator("providers")
     @classmethod
@@ -197,6 +209,12 @@ def text_behaviour(spec: SimulatedTextCalls | None = None) -> TextBehaviour:
     spec = spec or SimulatedTextCalls()
     formats = {k: v for k, v in spec.formats.model_dump(by_alias=True).items() if v}
     return TextBehaviour(spec.call_rate, formats, spec.invalid_share, spec.prose_share)
+
+
+def rate_limit(behaviour: SimulatorBehaviour) -> dict[str, Any]:
+    """A file's rateLimit as SimulatorConfig's fields."""
+    r = behaviour.rate_limit
+    return {"rate_limit_requests": r.requests if r else None, "rate_limit_window_s": r.window_seconds if r else 60.0}
 
 
 def check_providers(providers: list[dict[str, Any]]) -> None:
@@ -249,6 +267,8 @@ class SimulatorConfig:
     # order and listed at /models/{author}/{slug}/endpoints; empty: one endpoint that ignores routing.
     providers: list[dict[str, Any]] = field(default_factory=list)
     model: str | None = None  # the model the listing knows (None: any)
+    rate_limit_requests: int | None = None  # 429 past this many requests in any rate_limit_window_s (None: no limit)
+    rate_limit_window_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.input_per_million = Decimal(str(self.input_per_million))
@@ -264,6 +284,8 @@ class SimulatorConfig:
                 raise ValueError(f"simulator {name}: {v} is not a probability in [0, 1]")
         if self.latency_ms < 0 or self.max_completion_tokens < 1 or self.retry_after_s < 0:
             raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
+        if (self.rate_limit_requests is not None and self.rate_limit_requests < 1) or self.rate_limit_window_s <= 0:
+            raise ValueError("simulator rate_limit_requests must be >= 1 and rate_limit_window_s > 0")
         if self.answer_model_calls not in ("simulator", "model"):
             raise ValueError(f"simulator answer_model_calls: {self.answer_model_calls!r} is not simulator or model")
         check_providers(self.providers)
@@ -288,7 +310,8 @@ class SimulatorConfig:
         return cls(fault_rate=behaviour.fault_rate, faults=list(behaviour.faults),
                    divergence_rate=behaviour.divergence_rate, default_thinking=behaviour.default_thinking,
                    completion_token_drift=behaviour.completion_token_drift,
-                   providers=[p.wire() for p in behaviour.providers], **own, **text, **counts)
+                   providers=[p.wire() for p in behaviour.providers], **rate_limit(behaviour), **own, **text,
+                   **counts)
 
     def with_behaviour(self, behaviour: SimulatorBehaviour) -> SimulatorConfig:
         """This config with a config file's behaviours (`eyrie simulate --config`): what the file says replaces them."""
@@ -298,7 +321,7 @@ class SimulatorConfig:
                        template_variant=behaviour.template_variant,
                        text_calls=text_behaviour(behaviour.text_calls),
                        text_calls_by_source={k: text_behaviour(v) for k, v in behaviour.text_calls_by_source.items()},
-                       providers=[p.wire() for p in behaviour.providers])
+                       providers=[p.wire() for p in behaviour.providers], **rate_limit(behaviour))
 
     def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
         """The text-mode behaviour for this prompt, and the source it was recognised as (None: none

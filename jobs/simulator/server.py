@@ -28,7 +28,7 @@ from eyrie.jobs.simulator.answers import (
 )
 from eyrie.jobs.simulator.config import BYOK_FEE, DEFAULT_FAULTS, MILLION, MODEL_ID, PROVIDER, SimulatorConfig
 from eyrie.jobs.simulator.endpoints import NO_ENDPOINT, SimEndpoints
-from eyrie.jobs.simulator.faults import HTTP_FAULTS, apply_content_fault, error_body, flagged
+from eyrie.jobs.simulator.faults import HTTP_FAULTS, RequestWindow, apply_content_fault, error_body, flagged
 
 _COMMENT = b": OPENROUTER PROCESSING\n\n"
 _DONE = b"data: [DONE]\n\n"
@@ -73,12 +73,16 @@ class Simulator:
         self.in_flight = 0
         self.max_in_flight = 0
         self.by_provider: Counter[str] = Counter()  # requests routed to each endpoint (several providers)
+        cfg = self.cfg
+        self.window = None if cfg.rate_limit_requests is None else RequestWindow(cfg.rate_limit_requests,
+                                                                                 cfg.rate_limit_window_s)
 
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "completed": self.completed, "billedUSD": str(self.billed),
                 "faults": dict(self.fault_counts), "inFlight": self.in_flight,
                 "maxInFlight": self.max_in_flight,
-                **({"byProvider": dict(self.by_provider)} if self.endpoints.items else {})}
+                **({"byProvider": dict(self.by_provider)} if self.endpoints.items else {}),
+                **({"rateLimit": self.window.stats()} if self.window is not None else {})}
 
     def _cost(self, ans: Answer, cfg: SimulatorConfig | None = None) -> float:
         cfg = cfg or self.cfg
@@ -195,6 +199,9 @@ class Simulator:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._auth(request)) is not None:
             return denied
+        if self.window is not None and (wait := self.window.admit()) is not None:
+            status, body, headers = self.window.refusal(wait)
+            return web.Response(status=status, body=body, headers=headers, content_type="application/json")
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as e:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from eyrie.jobs.tools.declarations import Prepared
 from eyrie.jobs.tools.leaks import scan_leaks
-from eyrie.jobs.tools.textcalls import CallFormat, find_calls, mentions
+from eyrie.jobs.tools.textcalls import find_calls, mentions
 from eyrie.jobs.tools.validation import CallVerdict, ToolValidator
 
 Mode = Literal["structured", "text"]
@@ -57,14 +57,11 @@ class ResponseCheck:
 
     @classmethod
     def from_record(cls, checks: dict[str, Any]) -> ResponseCheck:
-        """Read back what `to_record` wrote (audits and resumed metrics read persisted records);
-        records written before text calls were read have no `format` (structured), `arguments` or
-        `prose`."""
+        """Read back what `to_record` wrote (audits and resumed metrics read persisted records)."""
         return cls(bool(checks["declared"]),
-                   [CallVerdict(c["index"], c["name"], c["valid"], c["errors"],
-                                c.get("format", CallFormat.STRUCTURED.value), c.get("arguments"))
+                   [CallVerdict(c["index"], c["name"], c["valid"], c["errors"], c["format"], c["arguments"])
                     for c in checks["calls"]],
-                   dict(checks["leaks"]), bool(checks.get("prose", False)))
+                   dict(checks["leaks"]), bool(checks["prose"]))
 
 
 def _text(value: Any) -> str | None:

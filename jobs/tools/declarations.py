@@ -25,7 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.jsonvalues import json_depth, json_type_name
+from eyrie.jobs.jsonvalues import canonical_json, json_depth, json_pointer, json_type_name
 from eyrie.jobs.sources import Prompt
 
 Mode = Literal["structured", "text"]
@@ -69,10 +69,6 @@ class DeclarationError(EyrieError, ValueError):
 _GLAIVE_RE = re.compile(r"Use them if required\s*-[ \t]*")
 _WS = re.compile(r"\s*")
 _DECODER = json.JSONDecoder()
-
-
-def _pointer(path: Sequence[Any]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
 def _json_values(text: str, pos: int, what: str) -> tuple[list[Any], int]:
@@ -264,10 +260,6 @@ def _join(head: str, tail: str) -> str:
     return f"{head}\n\n{tail}" if head and tail else head or tail
 
 
-def _canonical(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
 # Caches are keyed by canonical JSON; big keys are not cached so hostile rows cannot fill memory.
 CACHE_MAX_KEY_BYTES = 32 * 1024
 
@@ -315,7 +307,7 @@ def _schema_problem_uncached(key: bytes) -> str | None:
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:  # check_schema already raises the best-matching error
-        where = _pointer(e.absolute_path) or "(root)"
+        where = json_pointer(e.absolute_path) or "(root)"
         return f"{e.message[:200]} at {where}"
     except RecursionError:
         return "nested too deeply"
@@ -355,7 +347,7 @@ def _normalize_tool(item: Any, index: int, limits: ToolLimits) -> dict[str, Any]
                                f"got {got}")
     if json_depth(params, limits.max_schema_depth) > limits.max_schema_depth:
         raise DeclarationError(f"tool {name!r}: parameters nest deeper than {limits.max_schema_depth} levels")
-    problem = _schema_problem(_canonical(params))
+    problem = _schema_problem(canonical_json(params))
     if problem:
         raise DeclarationError(f"tool {name!r}: parameters are not a valid JSON Schema (Draft 2020-12): "
                                f"{problem}")
@@ -462,7 +454,7 @@ def prepare_prompt(prompt: Prompt, mode: Mode, limits: ToolLimits = DEFAULT_LIMI
             if len(prompt.tools) > limits.max_tools:  # before serialising 10,000 of them
                 raise DeclarationError(f"{len(prompt.tools)} tools declared, over the limit of "
                                        f"{limits.max_tools}")
-            size = len(_canonical(prompt.tools))
+            size = len(canonical_json(prompt.tools))
             if size > limits.max_declaration_bytes:
                 raise DeclarationError(f"declarations are {size} bytes, over the "
                                        f"{limits.max_declaration_bytes} limit")

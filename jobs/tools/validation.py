@@ -13,14 +13,12 @@ import orjson
 from jsonschema import Draft202012Validator
 from referencing.exceptions import Unresolvable
 
-from eyrie.jobs.jsonvalues import json_depth, json_type_name
+from eyrie.jobs.jsonvalues import canonical_json, json_depth, json_pointer, json_type_name
 from eyrie.jobs.tools.declarations import (
     CACHE_MAX_KEY_BYTES,
     DEFAULT_LIMITS,
     MAX_NAME_CHARS,
     ToolLimits,
-    _canonical,
-    _pointer,
 )
 from eyrie.jobs.tools.textcalls import CallFormat, TextCall
 
@@ -82,7 +80,7 @@ class _Schema:
                     return []
             except _FAST_FAILS:  # a value it cannot convert (a non-string key, say): ask the other
                 pass
-        return [{"path": _pointer(e.absolute_path), "message": e.message[:cap]}
+        return [{"path": json_pointer(e.absolute_path), "message": e.message[:cap]}
                 for e in itertools.islice(self.slow.iter_errors(value), most)]
 
 
@@ -129,14 +127,14 @@ class ToolValidator:
 
     def __init__(self, tools: Sequence[dict[str, Any]], limits: ToolLimits = DEFAULT_LIMITS):
         self.limits = limits
-        self._by_name = {t["function"]["name"]: _compiled(_canonical(t["function"]["parameters"]))
+        self._by_name = {t["function"]["name"]: _compiled(canonical_json(t["function"]["parameters"]))
                          for t in tools}
         self.names = frozenset(self._by_name)
 
     @classmethod
     def for_tools(cls, tools: Sequence[dict[str, Any]]) -> ToolValidator:
         """The validator for this tool set (default limits), cached per distinct set."""
-        key = _canonical(tools)
+        key = canonical_json(tools)
         return _validator_cached(key) if len(key) <= 8 * CACHE_MAX_KEY_BYTES else cls(tools)
 
     def _bad(self, i: int, name: str | None, message: str, fmt: str = CallFormat.STRUCTURED.value,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, fingerprint
-from eyrie.jobs.contract.progress import ProgressError, parse_progress
+from eyrie.jobs.contract.progress import ProgressError, SampleCounts, parse_progress
 from eyrie.jobs.spec import DatasetGenerationStatus, parse_spec
 from eyrie.operator import children, conditions
 from eyrie.operator.reconcile import (
@@ -678,7 +678,8 @@ CASES = [
     ),
     Case(
         "a fingerprint recorded before any answer was persisted binds nothing",
-        obs(fingerprint_doc=OTHER_MODEL, progress=replace(prog("Stopped"), samples={"total": 10})),
+        obs(fingerprint_doc=OTHER_MODEL,
+            progress=prog("Stopped").model_copy(update={"samples": SampleCounts(total=10)})),
         ["CreateGeneration"],
         "Pending",
         conds={"OutputMatchesSpec": ("True", "FingerprintMatches")},
@@ -796,8 +797,8 @@ def test_drift_message_comes_from_the_job() -> None:
 
 def test_a_forecast_over_budget_suspends_and_a_resume_goes_on() -> None:
     msg = "forecast: the run would spend $31 (p90 $41) of the $10 budget (spec.budget.maxUSD)"
-    d = reconcile(obs(generation_children=(gen(),), progress=replace(prog("ForecastOverBudget", message=msg),
-                                                                       forecast=Decimal("31"))))
+    d = reconcile(obs(generation_children=(gen(),), progress=prog("ForecastOverBudget", message=msg).model_copy(
+        update={"forecast": Decimal("31")})))
     assert names(d.actions) == ["SuspendSpec", "Event:Warning:ForecastOverBudget", "StopGeneration"]
     c = conditions.find(d.status["conditions"], "Suspended")
     assert c is not None and (c["reason"], c["message"]) == ("ForecastOverBudget", msg)
@@ -860,11 +861,11 @@ def test_parse_progress_rejects_unknown_outcome() -> None:
 def test_an_outcome_written_for_another_object_is_never_acted_on() -> None:
     """A deleted and recreated DatasetGeneration with the same output.uri starts at attempt 1 again;
     its predecessor's `Failed` for attempt 1 carries the old uid and must not fail the new one."""
-    old = replace(prog("Failed", message="old run broke"), run_id="uid-old")
+    old = prog("Failed", message="old run broke").model_copy(update={"run_id": "uid-old"})
     d = reconcile(obs(generation_children=(gen(),), progress=old, uid="uid-new", status={"attempt": "1"}))
     assert d.status["phase"] != "Failed"
     assert not any(c["type"] == "Failed" and c["status"] == "True" for c in d.status["conditions"])
-    mine = replace(old, run_id="uid-new")
+    mine = old.model_copy(update={"run_id": "uid-new"})
     d = reconcile(obs(generation_children=(gen(),), progress=mine, uid="uid-new", status={"attempt": "1"}))
     assert d.status["phase"] == "Failed"
 

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from eyrie.jobs import sources
 from eyrie.jobs.api import ApiError
-from eyrie.jobs.api.errors import _Retry  # what parse_completion raises for a body that is no answer
+from eyrie.jobs.api.errors import Retryable  # what parse_completion raises for a body that is no answer
 from eyrie.jobs.api.sse import parse_completion
 from eyrie.jobs.contract.records import Response
 from eyrie.jobs.errors import InputError
@@ -142,7 +142,7 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
         response, usage = parse_completion(doc)
     except ApiError as e:  # the provider's error instead of an answer: a failed request, not a bad row
         return RecordedRow(line, prompt, mode, None, usage, error=f"{type(e).__name__}: {e}", model=model)
-    except _Retry as e:
+    except Retryable as e:
         if e.kind == "error-body" or doc.get("error"):  # the provider's error too, a transient one
             return RecordedRow(line, prompt, mode, None, usage, error=e.message, model=model)
         return RowProblem(line, f"answer: {e.message}")

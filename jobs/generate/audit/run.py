@@ -26,7 +26,6 @@ What it promises:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import heapq
 from collections import OrderedDict
@@ -45,12 +44,10 @@ from eyrie.jobs.contract.fingerprint import audit_fingerprint, diff
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.audit import stats
-from eyrie.jobs.generate.budget.checkpoint import read_checkpoint, settle_stops
-from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.generate.preflight import preflight
 from eyrie.jobs.generate.sending.journal import Journal, ShardState, compact_shard, scan_shard
-from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig
+from eyrie.jobs.generate.sending.session import Ask, Session
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
 from eyrie.jobs.tools import declarations
@@ -283,54 +280,27 @@ class AnswerSet:
         return out
 
 
-async def _send(spec: DatasetGenerationSpec, base_url: str, api_key: str | None,
-                todo: dict[str, list[tuple[str, sources.Prompt]]], coord: RunCoordinator, answers: AnswerSet) -> int:
-    """Send each mode's prompts; each answer durable before its slot is freed. Returns requests sent."""
+async def _send(session: Session, todo: dict[str, list[tuple[str, sources.Prompt]]], answers: AnswerSet) -> int:
+    """Send each mode's prompts, one sender per mode sharing the provider's limits (the session's pacer);
+    each answer durable before its slot is freed. Returns requests sent."""
     journal = Journal(answers.store)
-    slots = asyncio.Semaphore(spec.api.max_concurrency)  # shared: both modes together stay within it
-    sent = 0
-
-    async def one(worker: ShardWorker, shard: int, sid: str, prompt: sources.Prompt) -> None:
-        nonlocal sent
-        async with slots:
-            if worker.stopping:
-                return
-            rec = await worker.process(sid, prompt)
-            if rec is not None:
-                sent += rec["status"] != "rejected"
-                await worker.commit(journal, shard, rec)
-
-    workers = []
+    asks = []
     for mode, items in todo.items():
-        if not items:
-            continue
-        mspec = spec.model_copy(deep=True)
+        mspec = session.spec.model_copy(deep=True)
         mspec.tools.mode = mode
-        config = WorkerConfig(mspec.model_dump_json(by_alias=True), f"audit-{mode}", "audit", base_url,
-                              spec.api.max_concurrency, spec.api.requests_per_minute, spec.api.tokens_per_minute)
-        # the worker's in-flight bounds go where the answers are paid (a --from audit's own output)
-        workers.append((ShardWorker(config, coord, None, answers.root, api_key=api_key), layout.AUDIT_SHARDS[mode],
-                        items))
-    async with contextlib.AsyncExitStack() as clients:
-        for worker, _shard, _items in workers:
-            await clients.enter_async_context(worker.open_client())
-        async with asyncio.TaskGroup() as tg:  # the journal's writer fails the audit if the store does
-            writer = tg.create_task(journal.run())
-            try:
-                await asyncio.gather(*(one(w, shard, sid, p) for w, shard, items in workers for sid, p in items))
-            finally:
-                writer.cancel()
-    for worker, _shard, _items in workers:
-        await worker.budget.give_back()
-    return sent
+        sender = session.sender(f"audit-{mode}", mspec, journal)
+        asks += [Ask(sender, layout.AUDIT_SHARDS[mode], sid, p) for sid, p in items]
+    recs = await session.answer_all(asks)
+    return sum(rec["status"] != "rejected" for rec in recs)
 
 
 def buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: AnswerSet,
-         todo: dict[str, list[tuple[str, sources.Prompt]]]) -> tuple[int, Decimal, str, str]:
+        todo: dict[str, list[tuple[str, sources.Prompt]]]) -> tuple[int, Decimal, str, str]:
     """Send what the answer set lacks, paid from the budget of the store the answer set is in (the
     dataset's output, or a `--from` audit's own): (requests sent, spent, outcome, message)."""
     spec = dg.spec
     store = answers.root
+    todo = {m: items for m, items in todo.items() if items}
     count = sum(len(v) for v in todo.values())
     if not count:
         answers.compact(spec.generation.part_records)
@@ -339,17 +309,16 @@ def buy(dg: DatasetGeneration, ctx: RunContext, base_url: str | None, answers: A
         raise AuditError("this audit needs answers it does not have, and no provider was given")
     asyncio.run(preflight(spec, base_url, store, ctx.api_key))
     answers.write_settings()
-    # crash-safe like the run: what a kill left in flight is booked first, and each worker keeps its
-    # requests in flight bounded in the store, so a kill -9 mid-audit cannot let the next run
+    # crash-safe like the run: what a kill left in flight is booked first (the session), and each sender
+    # keeps its requests in flight bounded in the store, so a kill -9 mid-audit cannot let the next run
     # spend past maxUSD
-    settle_stops(store, base_url, ctx.api_key)
-    ckpt = read_checkpoint(store)
-    coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), count, [],
-                           workers=sum(bool(v) for v in todo.values()))
-    sent = asyncio.run(_send(spec, base_url, ctx.api_key, todo, coord, answers))
+    session = Session.for_requests(spec, store, ctx, base_url, requests=count, senders=len(todo), attempt="audit")
+    sent = asyncio.run(_send(session, todo, answers))
     answers.compact(spec.generation.part_records)
+    coord = session.coordinator
     outcome = coord.outcome if coord.outcome != Outcome.RUNNING else Outcome.DONE
-    return sent, coord.book.spent - ckpt.spent, outcome, coord.message
+    assert session.checkpoint is not None
+    return sent, coord.book.spent - session.checkpoint.spent, outcome, coord.message
 
 
 # --------------------------------------------------------------------------- the document

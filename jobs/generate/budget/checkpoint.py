@@ -4,7 +4,7 @@ Booked spend = what the records say was paid (exact: every durable answer's cost
 probe's included) + what stops abandoned in flight (budget.json's ledger, and in-flight objects not
 merged into it yet: their real cost where known, else their bound). After any stop that is at least
 the provider's bill and at most the bill plus the worst case of the requests that were in flight
-(inflight.py); an older eyrie's persisted bound (`committedUSD`) stays a floor of the outputs it wrote.
+(inflight.py).
 """
 
 from __future__ import annotations
@@ -71,12 +71,10 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
     probe = sum((cost_of(r) for r in records.iter_probe_records(store)), Decimal(0))
     spent += probe
     paid = spent
-    ledger, legacy = read_ledger(store)
+    ledger = read_ledger(store)
     new, _keys = unmerged(store, {a.source for a in ledger})  # a kill -9's, until the next attempt merges them
     abandoned = AbandonedTotals.of(ledger + capped(ledger, new, paid + audit))
     spent = paid + audit + abandoned.booked
-    if legacy is not None:  # an older eyrie's bound: spent plus everything leased
-        spent = max(spent, legacy)
     return Checkpoint(spent=spent, counts=counts, audit=audit, costs=costs, probe=probe, paid=paid,
                       tally=tally, abandoned=abandoned)
 

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.contract.progress import Outcome
+from eyrie.jobs.contract.progress import Outcome, SampleCounts
 from eyrie.jobs.generate.budget.forecast import Forecaster
 from eyrie.jobs.generate.budget.lease import Grant, LeaseBook, Renewal, Report
 from eyrie.jobs.generate.budget.pricing import usd
@@ -43,13 +43,11 @@ class RequestResult:
 
 @dataclass
 class Counts:
-    """Prompts by outcome: `rejected` were never sent (a bad row or declaration: unpaid),
-    `discarded` were answered, paid (`discarded_usd`) and then excluded by the tool policy."""
+    """What the records say so far: the prompts by outcome (`prompts`, the run's `SampleCounts`: `rejected`
+    were never sent, a bad row or declaration: unpaid; `discarded` were answered, paid (`discarded_usd`) and
+    then excluded by the tool policy), tokens, and failures by error type."""
 
-    done: int = 0
-    rejected: int = 0
-    discarded: int = 0
-    failed: int = 0
+    prompts: SampleCounts = field(default_factory=SampleCounts)  # its `total` is the run's, set in `samples`
     discarded_usd: Decimal = Decimal(0)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -57,30 +55,25 @@ class Counts:
     resend: int = 0  # failed samples a resume sends again (only transient errors), part of `failed`
 
     def add(self, obs: RequestResult) -> None:
+        p = self.prompts
         if obs.status == "ok":
             if obs.policy == "drop":
-                self.discarded += 1
+                p.discarded += 1
                 self.discarded_usd += obs.cost or Decimal(0)
             else:
-                self.done += 1
+                p.done += 1
         elif obs.status == "rejected":
-            self.rejected += 1
+            p.rejected += 1
         else:
-            self.failed += 1
+            p.failed += 1
             self.failures[obs.error_kind or "unknown"] += 1
             self.resend += obs.transient
         self.input_tokens += obs.input_tokens
         self.output_tokens += obs.output_tokens
 
-    @property
-    def finished(self) -> int:
-        """Prompts with a record: every outcome."""
-        return self.done + self.rejected + self.discarded + self.failed
-
-    def samples(self, total: int) -> dict[str, int]:
-        """progress.json's `samples`."""
-        return {"total": total, "done": self.done, "rejected": self.rejected, "discarded": self.discarded,
-                "failed": self.failed}
+    def samples(self, total: int) -> SampleCounts:
+        """progress.json's `samples`: the prompts of `total` by outcome."""
+        return self.prompts.model_copy(update={"total": total})
 
 
 class RunCoordinator:
@@ -179,7 +172,7 @@ class RunCoordinator:
         return min(lefts) if lefts else None
 
     def _prompts_left(self) -> int:
-        return self.total - self.counts.finished
+        return self.total - self.counts.prompts.finished
 
     def _judge_forecast(self) -> None:
         if self.forecast is not None and (
@@ -250,7 +243,7 @@ class RunCoordinator:
             "maxUSD": usd(self.book.max_usd),
             "auditUSD": usd(self.audit_usd),
             "priceFactor": usd(self.book.price_factor),
-            "samples": c.samples(self.total),
+            "samples": c.samples(self.total).dump(),
             "discardedUSD": usd(c.discarded_usd),
             "failures": dict(c.failures),
             "resendOnResume": c.resend,

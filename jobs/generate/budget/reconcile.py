@@ -33,15 +33,13 @@ LOOKUP_WAIT_S = 1.0
 MAX_ASKS = 3  # accountings that ask about one request before its bound is left for good
 
 
-def read_ledger(store: Store) -> tuple[list[Abandoned], Decimal | None]:
-    """budget.json's abandoned requests, and the bound an older eyrie persisted instead (`committedUSD`:
-    spent plus everything leased), which such an output keeps as its floor."""
+def read_ledger(store: Store) -> list[Abandoned]:
+    """budget.json's abandoned requests."""
     try:
         doc = orjson.loads(store.get(layout.BUDGET))
     except NotFound:
-        return [], None
-    legacy = doc.get("committedUSD")
-    return [Abandoned.from_json(d) for d in doc.get("abandoned") or []], Decimal(legacy) if legacy else None
+        return []
+    return [Abandoned.from_json(d) for d in doc.get("abandoned") or []]
 
 
 def unmerged(store: Store, known: set[str]) -> tuple[list[Abandoned], list[str]]:
@@ -72,7 +70,7 @@ def settle_abandoned(store: Store, paid: Callable[[], Decimal], ask: Ask | None 
     (nothing is sent between a stop and this): a bound is capped at what the budget then left, which
     its worker never sent past. Returns the ledger's totals (`news`: the requests booked or
     reconciled by this call)."""
-    ledger, legacy = read_ledger(store)
+    ledger = read_ledger(store)
     new, keys = unmerged(store, {a.source for a in ledger})
     askable = [a.generation_id for a in ledger + new if a.cost is None and a.generation_id and a.asked < MAX_ASKS]
     if not keys and not (ask and askable):
@@ -88,8 +86,6 @@ def settle_abandoned(store: Store, paid: Callable[[], Decimal], ask: Ask | None 
                  else replace(a, asked=a.asked + 1) if a.cost is None and a.generation_id in asked else a
                  for a, t in zip(items, told, strict=True)]
     doc: dict = {"abandoned": [a.to_json() for a in items], "updatedAt": now_iso()}
-    if legacy is not None:
-        doc["committedUSD"] = str(legacy)
     store.put(layout.BUDGET, orjson.dumps(doc))
     for key in keys:  # after the ledger holds them: a kill between the two merges nothing twice
         store.delete(key)

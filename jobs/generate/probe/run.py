@@ -44,14 +44,13 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import InputError
-from eyrie.jobs.generate.budget.checkpoint import read_checkpoint, settle_stops
-from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.generate.plan import ShardPlan
 from eyrie.jobs.generate.probe.verdict import ProviderVerdict, decide, limits_failure, measure, probe_routing, routing
 from eyrie.jobs.generate.sending.journal import Journal
 from eyrie.jobs.generate.sending.requests import build_body
-from eyrie.jobs.generate.sending.worker import ShardWorker, WorkerConfig
+from eyrie.jobs.generate.sending.session import Ask, Session
 from eyrie.jobs.spec import DatasetGenerationSpec, PricingSpec, ProbeThresholds, ProviderProbeSpec, ProviderSpec
 from eyrie.jobs.store import NotFound, Store
 from eyrie.jobs.tools import declarations
@@ -280,44 +279,18 @@ def _plan_jobs(spec: DatasetGenerationSpec, listing: Listing, endpoints: list[En
     return jobs, have
 
 
-async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url: str, attempt: str,
-                api_key: str | None, progress: _Progress | None = None) -> list[records.Record]:
-    """Every job's requests, endpoints side by side; each answer durable before its slot is freed.
-    `progress` is written every `progress.every` seconds from the answers durable so far."""
-    sending = [j for j in jobs if j.todo]
-    api = sending[0].spec.api
-    share = max(1, api.max_concurrency // len(sending))
-    rpm = max(1, api.requests_per_minute // len(sending)) if api.requests_per_minute else None
-    tpm = max(1, api.tokens_per_minute // len(sending)) if api.tokens_per_minute else None
-    journal = Journal(store, key=lambda _shard, writer, seq: layout.probe_answers_key(writer, seq))
-    out: list[records.Record] = []
-
-    async def one(worker: ShardWorker, slots: asyncio.Semaphore, tag: str, sid: str, prompt: sources.Prompt,
-                  key: str) -> None:
-        async with slots:
-            if worker.stopping:
-                return
-            rec = await worker.process(sid, prompt)
-            if rec is None:
-                return
-            if request_key(rec["request"]) != key:  # the body is built by the one code that sends it
-                raise RuntimeError(f"probe request for {tag} was not the body planned")
-            rec["probe"] = {"endpoint": tag, "key": key}
-            await worker.commit(journal, 0, rec)
-            out.append(rec)
-
-    async def endpoint(i: int, job: _Job) -> None:
-        config = WorkerConfig(job.spec.model_dump_json(by_alias=True), f"probe-{i}", attempt, base_url, share,
-                              rpm, tpm)
-        worker = ShardWorker(config, coord, None, store, api_key=api_key)
-        worker.canary.per_provider = 0  # template fit is judged per endpoint here, not per answer's provider name
-        slots = asyncio.Semaphore(share)
-        async with worker.open_client(), asyncio.TaskGroup() as tg:
-            for sid, prompt, key in job.todo:
-                tg.create_task(one(worker, slots, job.endpoint.tag, sid, prompt, key))
-        await worker.budget.give_back()
-
+async def _send(jobs: list[_Job], session: Session, progress: _Progress | None = None) -> list[records.Record]:
+    """Every job's requests, endpoints side by side (one sender each, sharing the provider's limits); each
+    answer durable before its slot is freed. `progress` is written every `progress.every` seconds from the
+    answers durable so far."""
+    journal = Journal(session.store, key=lambda _shard, writer, seq: layout.probe_answers_key(writer, seq))
+    asks = []
+    for i, job in enumerate(j for j in jobs if j.todo):
+        sender = session.sender(f"probe-{i}", job.spec, journal)
+        sender.canary.per_provider = 0  # template fit is judged per endpoint here, not per answer's provider name
+        asks += [Ask(sender, 0, sid, prompt, _labeller(job.endpoint.tag, key)) for sid, prompt, key in job.todo]
     sent = asyncio.Event()
+    out: list[records.Record] = []
 
     async def reporting(progress: _Progress) -> None:
         # not cancelled, but told to end: a write in its thread finishes before the final one
@@ -328,17 +301,24 @@ async def _send(jobs: list[_Job], coord: RunCoordinator, store: Store, base_url:
                 await asyncio.to_thread(progress.write, progress.section(list(out)))
 
     async with asyncio.TaskGroup() as outer:
-        writer = outer.create_task(journal.run())
         if progress is not None:
             outer.create_task(reporting(progress))
         try:
-            async with asyncio.TaskGroup() as tg:
-                for i, job in enumerate(sending):
-                    tg.create_task(endpoint(i, job))
+            await session.answer_all(asks, out)
         finally:
-            writer.cancel()
             sent.set()
     return out
+
+
+def _labeller(tag: str, key: str) -> Callable[[records.Record], None]:
+    """The probe's fields of a record, once its request is checked to be the body planned."""
+
+    def label(rec: records.Record) -> None:
+        if request_key(rec["request"]) != key:  # the body is built by the one code that sends it
+            raise RuntimeError(f"probe request for {tag} was not the body planned")
+        rec["probe"] = {"endpoint": tag, "key": key}
+
+    return label
 
 
 @dataclass
@@ -455,10 +435,11 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
     if todo:
         notify(f"provider probe: {len(prompts)} prompts to {len(jobs) - len(pre_failed)} endpoints of "
                f"{spec.target.model} ({todo} requests; {sum(len(v) for v in have.values())} answers reused)")
-        settle_stops(store, base_url, ctx.api_key)  # what a kill left in flight, booked before anything is sent
-        ckpt = read_checkpoint(store)
-        coord = RunCoordinator(spec.budget.max_usd, ckpt.spent, Counts(), todo, [],
-                               workers=sum(1 for j in jobs if j.todo))
+        # what a kill left in flight booked before anything is sent (the session)
+        session = Session.for_requests(spec, store, ctx, base_url, requests=todo,
+                                       senders=sum(1 for j in jobs if j.todo))
+        coord, ckpt = session.coordinator, session.checkpoint
+        assert ckpt is not None
         progress = None
         if on_progress is not None:
             reused = sum(len(v) for v in have.values())
@@ -466,7 +447,7 @@ def run_probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_u
                                  sum((Decimal(r.get("costUSD") or "0") for r in stored.values()), Decimal(0)),
                                  ckpt.spent, ckpt.audit, progress_every)
             on_progress(progress.section([]))
-        new = asyncio.run(_send(jobs, coord, store, base_url, ctx.attempt, ctx.api_key, progress))
+        new = asyncio.run(_send(jobs, session, progress))
         if progress is not None:
             on_progress(progress.section(new))
     spent_now = sum((Decimal(r.get("costUSD") or "0") for r in new), Decimal(0))

@@ -1,2 +1,3 @@
-"""Sending requests: building a request, the per-request path and the shard loop, the journal that
-makes each answer durable before its slot is freed, and a conversation's turns."""
+"""Sending requests: the one per-request path (`sender.py`), the session its callers share (`session.py`), the
+shard loop (`worker.py`), the journal that makes each answer durable before its slot is freed, and a
+conversation's turns."""

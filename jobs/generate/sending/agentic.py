@@ -12,16 +12,35 @@ which is how a resume knows it is finished without preparing it again.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from eyrie.jobs.contract import records
 from eyrie.jobs.generate.sending.conversation import Finished, annotate, next_turn
 from eyrie.jobs.sources import BadRow, Prompt
+from eyrie.jobs.spec import GenerationSpec
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools import declarations
 
-if TYPE_CHECKING:
-    from eyrie.jobs.generate.sending.worker import ShardWorker
+
+class TurnSender(Protocol):
+    """What a conversation needs of the request sender (`sender.Sender` implements it): a turn's record, the
+    prompt prepared, each turn sent and persisted, and whether the run stopped."""
+
+    @property
+    def generation(self) -> GenerationSpec: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def record(self, sid: str, prompt: Prompt | BadRow, turn: int | None = None) -> records.Record: ...
+
+    def prepare(self, prompt: Prompt | BadRow) -> declarations.Prepared | tuple[str, str]: ...
+
+    def reject(self, rec: records.Record, kind: str, reason: str) -> records.Record: ...
+
+    async def send(self, rec: records.Record, prepared: declarations.Prepared) -> records.Record | None: ...
+
+    async def persist(self, shard: int, rec: records.Record) -> None: ...
 
 
 def earlier_turns(store: Store, shard: int) -> dict[str, list[records.Record]]:
@@ -53,16 +72,14 @@ def _answers(recs: list[records.Record]) -> list[dict[str, Any] | None]:
     return out
 
 
-async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | BadRow,
+async def converse(sender: TurnSender, shard: int, sid: str, prompt: Prompt | BadRow,
                    earlier: list[records.Record]) -> bool:
     """Regenerate a conversation's turns from the first one without a record; True once it has
     ended, False when the run stopped first (a resume goes on from there)."""
-    spec = worker.spec.generation
-    rec = worker._base_record(sid, prompt)
-    rec["turn"] = 0
-    prepared = worker.prepare(prompt)
+    spec = sender.generation
+    prepared = sender.prepare(prompt)
     if not isinstance(prepared, declarations.Prepared):
-        await worker.reject(shard, rec, *prepared)
+        await sender.persist(shard, sender.reject(sender.record(sid, prompt, turn=0), *prepared))
         return True
     answers = _answers(earlier)
     # text mode: the model's calls are in its content, and the history carries none structurally
@@ -72,14 +89,14 @@ async def converse(worker: ShardWorker, shard: int, sid: str, prompt: Prompt | B
         nt = next_turn(prepared.messages, answers, spec.on_divergence, spec.max_turns, declared)
         if isinstance(nt, Finished):
             return True
-        if worker.stopping:
+        if sender.stopping:
             return False
-        rec = {**worker._base_record(sid, prompt), "turn": nt.turn}
-        sent = await worker.send_prepared(rec, dataclasses.replace(prepared, messages=nt.messages))
+        rec = sender.record(sid, prompt, turn=nt.turn)
+        sent = await sender.send(rec, dataclasses.replace(prepared, messages=nt.messages))
         if sent is None:
             return False
         response = sent.get("response") if sent.get("status") == "ok" else None
         sent["agentic"] = annotate(prepared.messages, answers, nt, response, spec.on_divergence, spec.max_turns,
                                    declared)
-        await worker.commit(worker.journal, shard, sent)
+        await sender.persist(shard, sent)
         answers.append(response)

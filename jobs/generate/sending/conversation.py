@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import orjson
 
+from eyrie.jobs.contract.progress import SampleCounts
 from eyrie.jobs.tools.textcalls import find_calls
 
 Message = dict[str, Any]
@@ -338,14 +339,14 @@ class AgenticSummary:
             self.ended[str(info["end"])] += 1
             self.dropped += int(info.get("dropped") or 0)
 
-    def samples(self, total: int) -> dict[str, int]:
+    def samples(self, total: int) -> SampleCounts:
         """progress.json's `samples` in conversations: `total` rows; done (ended: every turn, a
         divergence, maxTurns), rejected (rows never sent), failed (a turn failed); `discarded` stays
         0 here: the tool policy discards turns, not conversations (`discardedUSD` counts them). A
         conversation that has not ended is neither: a stopped run resumes it."""
         failed = self.ended.get(End.FAILED.value, 0)
-        return {"total": total, "done": sum(self.ended.values()) - failed, "rejected": self.rejected,
-                "discarded": 0, "failed": failed}
+        return SampleCounts(total=total, done=sum(self.ended.values()) - failed, rejected=self.rejected,
+                            discarded=0, failed=failed)
 
     def to_dict(self) -> dict[str, Any]:
         return {"conversations": len(self.conversations), "turnsRegenerated": self.turns,
