@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,22 +20,8 @@ from eyrie.jobs.store import open_store
 # tier (tests/conftest.py): `eyrie run` of the examples as a process, local Ray, the tiny model
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_example(tmp_path: Path, name: str, **kw) -> tuple[subprocess.CompletedProcess, Path]:
-    """`eyrie run examples/NAME.yaml` on a copy of examples/ (without any output of a local run: the
-    output is written next to the spec), and the output folder."""
-    examples = shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("eyrie-out"))
-    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(examples / f"{name}.yaml"), "--no-progress"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=900, **kw)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r, examples / "eyrie-out" / name
-
-
-def test_quickstart_runs_end_to_end(tmp_path):
-    env = {**os.environ, "EYRIE_CACHE_DIR": os.environ.get("EYRIE_CACHE_DIR", str(Path.home() / ".cache/eyrie"))}
-    r, out = run_example(tmp_path, "quickstart", env=env)
+def test_quickstart_runs_end_to_end(example_run):
+    r, out = example_run("quickstart")
     progress = json.loads((out / "progress.json").read_text())
     assert progress["outcome"] == "Done" and progress["stage"] == "done"
     assert progress["samples"]["total"] == 45
@@ -102,11 +86,11 @@ def test_quickstart_runs_end_to_end(tmp_path):
         assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f
 
 
-def test_the_impostor_example_passes_every_check_but_fidelity(tmp_path):
+def test_the_impostor_example_passes_every_check_but_fidelity(example_run):
     """examples/quickstart-impostor.yaml: the provider serves another model's answers (the same
     recipe, another seed) under the target's name. Tool calls, token counts and templates all hold;
     the target model scoring the answers finds them unlike its own, under the spec's floor."""
-    r, out = run_example(tmp_path, "quickstart-impostor")
+    r, out = example_run("quickstart-impostor")
     manifest = json.loads((out / "manifest.json").read_text())
     rec = manifest["reconstruction"]["samples"]
     assert rec["kept"] == 45 and rec["completionTokenGap"]["exact"] == 45 and rec["promptTokenGap"]["exact"] == 45
@@ -125,8 +109,8 @@ def test_the_impostor_example_passes_every_check_but_fidelity(tmp_path):
     assert "class='bad' data-line='fidelity'" in page and "class='ok' data-line='reconstruction'" in page
 
 
-def test_agentic_quickstart_regenerates_every_turn_and_builds_one_sample_per_turn(tmp_path):
-    _, out = run_example(tmp_path, "quickstart-agentic")
+def test_agentic_quickstart_regenerates_every_turn_and_builds_one_sample_per_turn(example_run):
+    _, out = example_run("quickstart-agentic")
     progress = json.loads((out / "progress.json").read_text())
     assert progress["outcome"] == "Done" and progress["stage"] == "done"
     agentic = progress["agentic"]
