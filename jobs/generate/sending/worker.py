@@ -25,6 +25,7 @@ from typing import Any
 
 from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed, reported_cost
 from eyrie.jobs.api.client import Completion
+from eyrie.jobs.api.sse import parse_completion
 from eyrie.jobs.context import api_key_from_env
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.fingerprint import fingerprint, generated_mode
@@ -43,6 +44,8 @@ from eyrie.jobs.store import Store
 from eyrie.jobs.tools import checks, declarations
 
 log = logging.getLogger(__name__)
+
+DATASET_PROVIDER = "dataset"  # the provider of an answer taken from the row itself (generation.answers: dataset)
 
 
 def run_loop(coro: Any) -> Any:
@@ -119,6 +122,7 @@ class ShardWorker:
         # on every record: what shaped its answer (the run's binding: routing a probe derived is part of it)
         self.fingerprint = config.fingerprint or fingerprint(self.spec).id
         self.agentic = self.spec.generation.turns == "all"
+        self.dataset_answers = self.spec.generation.answers == "dataset"
         key = layout.inflight_key(self.worker_id, secrets.token_hex(4))
         meta = {"attempt": self.attempt, "worker": self.worker_id, "maxUSD": str(self.spec.budget.max_usd)}
         self.inflight = InflightLog(lambda doc: self._store().put(key, doc), lambda: self._store().delete(key), meta)
@@ -260,7 +264,7 @@ class ShardWorker:
         whole = self.spec.generation.turns == "all"
         for span in self.plan.shards[shard]:
             rows = iter_source(by_name[span.source], self.spec.output.endpoint, whole=whole, start=span.start,
-                               stop=span.stop, index=self.plan.indexes[span.source])
+                               stop=span.stop, index=self.plan.indexes[span.source], answers=self.dataset_answers)
 
             def take(rows: Iterator[Prompt | BadRow] = rows) -> list[tuple[str, Prompt | BadRow]]:
                 return [(item.sample_id(), item) for item in itertools.islice(rows, self.concurrency)]
@@ -332,7 +336,28 @@ class ShardWorker:
         prepared = self.prepare(prompt)
         if not isinstance(prepared, declarations.Prepared):
             return self._rejected(rec, *prepared)
+        if self.dataset_answers:
+            return self.take_answer(rec, prepared, prompt)
         return await self.send_prepared(rec, prepared)
+
+    def take_answer(self, rec: records.Record, prepared: declarations.Prepared,
+                    prompt: Prompt | BadRow) -> records.Record:
+        """`generation.answers: dataset`: the row's own answer as the response of the request that would
+        have been sent (provider `dataset`, read by the same parser as a provider's body): nothing sent,
+        nothing paid, checked and kept or dropped as a bought answer is."""
+        answer = prompt.answer if isinstance(prompt, Prompt) else None
+        if answer is None:
+            return self._rejected(rec, "no_answer", "the row has no assistant turn right after its prompt's user "
+                                  "turn to take as the answer (generation.answers: dataset)")
+        rec["request"] = build_body(self.spec, prepared.messages, prepared.tools)
+        response, _ = parse_completion({"provider": DATASET_PROVIDER, "model": self.spec.target.model, "choices": [
+            {"message": answer, "finish_reason": "tool_calls" if answer.get("tool_calls") else "stop"}]})
+        check = checks.check_response(prepared, response)
+        verdict = checks.policy(check, self.spec.tools.on_invalid_call)
+        rec.update(status="ok", response=response, checks=check.to_record(), policy=verdict)
+        self.budget.observe(RequestResult("ok", policy=verdict, check=check, provider=DATASET_PROVIDER,
+                                          cost=Decimal(0)))
+        return rec
 
     async def send_prepared(self, rec: records.Record, prepared: declarations.Prepared) -> records.Record | None:
         """Reserve, send, check and settle one request; fills `rec`, or None when the run stopped
