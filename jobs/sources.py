@@ -59,6 +59,9 @@ class Prompt:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     fmt: str
+    # read only when asked (`generation.answers: dataset`): the row's own answer to `messages`, in OpenAI
+    # message form (content, reasoning_content, tool_calls), or None when the row has none
+    answer: dict[str, Any] | None = None
 
     def sample_id(self) -> str:
         """The one sample identity (DESIGN §3): source, row and content (messages and row tools)."""
@@ -625,7 +628,8 @@ _FORMATS = {"openai": _openai, "sharegpt": _sharegpt, "glaive": _glaive}
 
 
 def iter_source(source: SourceSpec, endpoint: str | None = None, *, whole: bool = False, start: int = 0,
-                stop: int | None = None, index: SourceIndex | None = None) -> Iterator[Prompt | BadRow]:
+                stop: int | None = None, index: SourceIndex | None = None,
+                answers: bool = False) -> Iterator[Prompt | BadRow]:
     """Stream a source's prompts in file order; bad rows come out as BadRow, never as an exception.
 
     `whole`: each Prompt holds the whole normalized conversation (`generation.turns: all`), not the
@@ -634,7 +638,8 @@ def iter_source(source: SourceSpec, endpoint: str | None = None, *, whole: bool 
     `limit` counts rows taken, bad rows included (a row is taken once it yields a Prompt or a
     BadRow; blank lines are not rows), so a limit of N always means the first N rows of the file.
     `start`/`stop` select rows by that count (a shard's slice); with the source's `index`
-    (`scan_source`) the reader seeks to the slice instead of reading up to it.
+    (`scan_source`) the reader seeks to the slice instead of reading up to it. `answers`: each Prompt
+    also carries the row's own answer (`generation.answers: dataset`).
     The S3 endpoint defaults to EYRIE_S3_ENDPOINT (see `store.open_store`). Raises SourceError when
     the file cannot be opened or is corrupt as a whole.
     """
@@ -650,13 +655,14 @@ def iter_source(source: SourceSpec, endpoint: str | None = None, *, whole: bool 
             continue
         if isinstance(raw, bytes):
             raw = decode_line(raw)  # error positions within the line
-        yield prompt_from_row(source.name, source.format, i, raw, whole=whole)
+        yield prompt_from_row(source.name, source.format, i, raw, whole=whole, answer=answers)
 
 
-def prompt_from_row(source: str, fmt: str, row: int, raw: Any, *, whole: bool = False) -> Prompt | BadRow:
+def prompt_from_row(source: str, fmt: str, row: int, raw: Any, *, whole: bool = False,
+                    answer: bool = False) -> Prompt | BadRow:
     """One decoded row of a dataset in format `fmt` (openai, sharegpt, glaive) as a Prompt, or a
     BadRow saying what is wrong: the one reading of each format, for sources and for any other file
-    that holds such rows (`eyrie audit --from`)."""
+    that holds such rows (`eyrie audit --from`). `answer`: also the row's own answer (`original_answer`)."""
     try:
         if isinstance(raw, _RowError):
             raise raw
@@ -665,6 +671,29 @@ def prompt_from_row(source: str, fmt: str, row: int, raw: Any, *, whole: bool = 
         if json_depth(raw, MAX_ROW_DEPTH) > MAX_ROW_DEPTH:
             raise _RowError(f"row nests deeper than {MAX_ROW_DEPTH} levels")
         messages, tools = _FORMATS[fmt](raw, whole)
+        given = original_answer(fmt, raw, messages) if answer and not whole else None
     except _RowError as e:
         return BadRow(source, row, str(e))
-    return Prompt(source, row, messages, tools, fmt)
+    return Prompt(source, row, messages, tools, fmt, given)
+
+
+def original_answer(fmt: str, raw: dict[str, Any], prompt: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The dataset's own answer to `prompt` (what `_FORMATS[fmt]` read from `raw` for turns: last): the
+    assistant turn right after the prompt's user turn, read as a whole conversation is (calls written as
+    text, glaive `<functioncall>` or Hermes `<tool_call>`, become OpenAI calls); None when the row has no
+    assistant turn there. A row whose whole conversation does not read (a call never answered before a
+    later turn) is a bad row: its answer cannot be taken as it is."""
+    whole, _tools = _FORMATS[fmt](raw, True)
+    users = [i for i, m in enumerate(whole) if m["role"] == "user"]
+    asked = sum(1 for m in prompt if m["role"] == "user")  # the prompt ends with this many users' turns
+    if asked > len(users):
+        return None
+    after = users[asked - 1] + 1
+    if after >= len(whole) or whole[after]["role"] != "assistant":
+        return None
+    m = whole[after]
+    out = {"role": "assistant", "content": m.get("content"),
+           "reasoning_content": m.get("reasoning_content") or m.get("reasoning")}
+    if m.get("tool_calls"):
+        out["tool_calls"] = m["tool_calls"]
+    return out

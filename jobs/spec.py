@@ -463,6 +463,11 @@ class GenerationSpec(Model):
     turn, or keep the dataset's turn and tool results and flag every later turn `diverged`."""
     max_turns: int = Field(default=32, ge=1, le=10_000)
     """turns: all: a conversation stops after this many regenerated turns (counted)."""
+    answers: Literal["regenerate", "dataset"] = "regenerate"
+    """regenerate: each prompt's answer is bought from the API; dataset: the row's own answer (its assistant
+    turn right after the prompt's user turn) is taken as the answer: nothing is sent or paid, and it is
+    checked, reconstructed and extracted as a bought one (what training on the dataset without
+    regeneration means; `eyrie evaluate` compares drafters of both). turns: last only."""
     ray: RaySpec = Field(default_factory=RaySpec)
     """Where the shard workers run."""
 
@@ -608,6 +613,9 @@ class DatasetGenerationSpec(Model):
             if limit is not None and limit < workers:  # the workers split it exactly: none may get zero
                 raise ValueError(f"api.{name}: {limit} is below generation.ray.workers ({workers}), which share it; "
                                  "raise it or lower the workers")
+        if self.generation.answers == "dataset" and self.generation.turns != "last":
+            raise ValueError("generation.answers: dataset takes each row's answer to its prompt (turns: last); "
+                             "with turns: all the later turns' answers are the model's own by definition")
         if self.generation.ray.mode == "Submit" and not self.generation.ray.address:
             raise ValueError("generation.ray.address: required when generation.ray.mode is Submit")
         if self.extraction.enabled and not (self.extraction.model or self.target.tokenizer):

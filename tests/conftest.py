@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +168,22 @@ def s3_bucket(s3_env) -> str:
 
 
 @pytest.fixture(scope="session")
+def example_run(tmp_path_factory) -> Callable[[str], tuple[subprocess.CompletedProcess, Path]]:
+    """`eyrie run examples/NAME.yaml` (tests/example_runs.py), once per session and name: the run and its
+    output folder, shared by the tests that read it (one that writes copies it: `copy_output`)."""
+    from tests.example_runs import run_example
+
+    done: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+
+    def run(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+        if name not in done:
+            done[name] = run_example(tmp_path_factory.mktemp(name), name)
+        return done[name]
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def _process_state_as_found() -> dict:
     """The process-global state as the last test left it (tests/process_state.py): first as the session
     found it, before any fixture of a narrower scope ran; a key not there yet (torch not imported) from
@@ -271,7 +287,7 @@ def tier_times(stats: dict[str, list[object]]) -> dict[str, tuple[int, float]]:
 # that starts a process, Ray or a socket raise, so the fast tier cannot grow slow by accident.
 TIERS = ("unit", "integration", "cluster", "node")
 # fixtures that start a real component: a test using one is `integration` at least
-INTEGRATION_FIXTURES = frozenset({"s3_server", "s3_env", "s3_bucket", "start_sim", "ray_tmp"})
+INTEGRATION_FIXTURES = frozenset({"s3_server", "s3_env", "s3_bucket", "start_sim", "ray_tmp", "example_run"})
 # fixtures of tests/cluster/conftest.py that run pods on the real node (the rest of that folder is `cluster`)
 NODE_FIXTURES = frozenset({"node", "node_kuberay", "release"})
 CLUSTER_DIR = Path(__file__).resolve().parent / "cluster"

@@ -172,14 +172,14 @@ def _kernel_backward(logits, target, mask, grad_out=1.0):
 def test_the_cpu_loss_is_specforges_formula_and_the_kernels_forward_and_backward():
     from specforge.core.loss import _compute_loss
 
-    from eyrie.jobs.evaluate.drafter import _TorchLogSoftmaxLoss, specforge_backend
+    from eyrie.jobs.evaluate.drafter import TorchLogSoftmaxLoss, specforge_backend
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 11, 97, generator=g).requires_grad_()
     target = torch.softmax(torch.randn(3, 11, 97, generator=g), -1)
     mask = (torch.rand(3, 11, 1, generator=g) > 0.3).float()
     with specforge_backend(torch.device("cpu")):
-        loss = _TorchLogSoftmaxLoss.apply(logits, target, mask)
+        loss = TorchLogSoftmaxLoss.apply(logits, target, mask)
         assert loss.item() == pytest.approx(_compute_loss(logits, target, mask).item(), rel=1e-6)
     loss.backward()
     assert loss.item() == pytest.approx(_kernel_forward(logits.detach(), target, mask)[0].item(), rel=1e-5)

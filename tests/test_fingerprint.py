@@ -74,6 +74,7 @@ def test_what_does_not_shape_an_answer_leaves_the_fingerprint(field, value):
     ("generation.turns", "all", "generation.turns"),
     ("target.chatFormat", "qwen3", "target.chatFormat"),
     ("target.templateVariant", "later", "target.templateVariant"),
+    ("generation.answers", "dataset", "generation.answers"),
 ])
 def test_what_shapes_an_answer_changes_the_fingerprint_by_name(field, value, name):
     before, after = fingerprint(spec_of()), fingerprint(spec_of(**{field: value}))
@@ -180,8 +181,15 @@ def test_accept_names_must_be_fingerprint_fields():
 def test_an_output_without_a_fingerprint_but_with_records_is_refused_field_by_field():
     with pytest.raises(FingerprintChanged) as e:
         bind(None, OLD, persisted=3, attempt="a2")
-    assert {c.field for c in e.value.refused} == set(FIELDS)
+    # generation.answers is left out while it is `regenerate`: absent on both sides, it is no change
+    assert {c.field for c in e.value.refused} == set(FIELDS) - {"generation.answers"}
     assert "(not recorded)" in str(e.value)
+
+
+def test_bought_answers_fingerprint_as_before_the_dataset_answers_field_existed():
+    fields = fingerprint(spec_of()).fields
+    assert "generation.answers" not in fields
+    assert fingerprint(spec_of(**{"generation.answers": "dataset"})).fields["generation.answers"] == "dataset"
 
 
 def test_fingerprint_ids_are_stable_text():

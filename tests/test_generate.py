@@ -256,3 +256,58 @@ def test_bad_rows_are_recorded_with_their_row_and_never_sent(tmp_path):
     assert [recs[i]["status"] for i in range(5)] == ["ok", "rejected", "rejected", "rejected", "ok"]
     assert stats["requests"] == 2
     assert progress(out)["samples"] == {"total": 5, "done": 2, "rejected": 3, "discarded": 0, "failed": 0}
+
+
+def test_the_datasets_own_answers_are_taken_sent_nowhere_paid_nothing_and_rebuilt(tmp_path):
+    """`generation.answers: dataset`: each row's answer is the record's response (provider `dataset`,
+    cost 0), checked like a bought one (an invalid call dropped), and rebuilt into samples; a row with
+    no answer is never sent; the provider is never asked anything."""
+    import pyarrow.parquet as pq
+
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}}
+
+    def call(args: dict) -> dict:
+        return {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "get_weather", "arguments": json.dumps(args)}}]}
+
+    rows = [{"messages": [{"role": "user", "content": "Explain tides."},
+                          {"role": "assistant", "content": "Tides rise and fall.", "reasoning_content": "The moon."}]},
+            {"messages": [{"role": "user", "content": "Weather in Oslo?"}, call({"city": "Oslo"})], "tools": [weather]},
+            {"messages": [{"role": "user", "content": "No answer here."}]},
+            {"messages": [{"role": "user", "content": "Weather in Lima?"}, call({"town": "Lima"})], "tools": [weather]}]
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = f"file://{tmp_path}/out"
+    with SimulatorProcess(SimulatorConfig()) as sim:
+        r = run_cli(make_spec(tmp_path, p, out, base_url=sim.base_url,
+                              extra={"generation.answers": "dataset", "target.tokenizer": "builtin:tiny-chat"}),
+                    env={"EYRIE_NO_RAY": "1"})
+        stats = sim.stats()
+    assert r.returncode == 0, r.stderr
+    assert stats["requests"] == 0
+    recs = {x["row"]: x for x in persisted(out)}
+    assert [recs[i]["status"] for i in range(4)] == ["ok", "ok", "rejected", "ok"]
+    for i in (0, 1, 3):
+        assert recs[i]["response"]["provider"] == "dataset" and recs[i]["costUSD"] == "0" and recs[i]["usage"] is None
+        assert recs[i]["request"]["messages"][-1] == rows[i]["messages"][-2]  # the request that would have been sent
+    assert (recs[0]["response"]["content"], recs[0]["response"]["reasoning"]) == ("Tides rise and fall.", "The moon.")
+    assert recs[1]["response"]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert recs[1]["policy"] == "keep" and recs[3]["policy"] == "drop"  # its call does not validate: dropped
+    assert recs[2]["error"]["type"] == "no_answer"
+    got = progress(out)
+    assert got["spentUSD"] in ("0", "0.000000") and got["samples"] == {
+        "total": 4, "done": 2, "rejected": 1, "discarded": 1, "failed": 0}
+    samples = [s for f in sorted((tmp_path / "out" / "samples").glob("shard-*.parquet"))
+               for s in pq.read_table(f).to_pylist()]
+    assert sorted(s["sample_id"] for s in samples) == sorted(recs[i]["sample_id"] for i in (0, 1))
+    from transformers import AutoTokenizer
+
+    from eyrie.jobs.extract.tiny import tokenizer_folder
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder("builtin:tiny-chat"))
+    first = next(s for s in samples if s["sample_id"] == recs[0]["sample_id"])
+    trained = [t for t, m in zip(first["input_ids"], first["loss_mask"], strict=True) if m]
+    assert "The moon." in tok.decode(trained) and "Tides rise and fall." in tok.decode(trained)

@@ -144,9 +144,12 @@ def _audit_doc() -> dict:
     return with_entry(None, entry, Decimal("0.02"))
 
 
-def _full_store(root: Path) -> FileStore:
-    """A run's output with every document the report reads, as the stages write them."""
+def _full_store(root: Path, evaluation: dict | None = None) -> FileStore:
+    """A run's output with every document the report reads, as the stages write them (with
+    `evaluation`, `eyrie evaluate`'s evaluation.json too)."""
     store = FileStore(root)
+    if evaluation is not None:
+        store.put(layout.EVALUATION, orjson.dumps(evaluation))
     recs = []
     for i in range(60):
         source = ("glaive", "chat", "agentic")[i % 3]
@@ -578,3 +581,98 @@ def test_the_audit_verdict_opens_the_page_and_an_older_audit_json_still_reads(tm
     print_report(data, console)  # the audit's verdict right after the run table
     text = console.export_text()
     assert text.index("audit verdict") < text.index("samples by outcome")
+
+# ------------------------------------------------------------------- what the data is worth (eyrie evaluate)
+
+
+def _evaluation_doc(against_acc: float = 0.6, heldout: int = 40) -> dict:
+    """evaluation.json as `eyrie evaluate OUT --against OTHER --control` writes it (run.document), from
+    SpecForge's per-sample counts drawn at these accuracies: the reference 0.8 at every draft position,
+    the other output `against_acc`, the control 0.05."""
+    import numpy as np
+
+    from eyrie.jobs.evaluate.run import Trained, document
+
+    rng = np.random.default_rng(7)
+    trained = []
+    for name, kind, acc in (("out", "reference", 0.8), ("other", "against", against_acc),
+                            ("control: shuffled tokens", "control", 0.05)):
+        denom = rng.integers(20, 60, size=(heldout, 1)) * np.ones((1, 7))
+        correct = rng.binomial(denom.astype(int), acc).astype(float)
+        training = {"samples": 160, "heldoutPromptsLeftOut": heldout, "lossTokens": 9000, "passes": 8.5,
+                    "steps": 300, "tokensPerStep": 256, "seconds": 90.0}
+        per = (correct.sum(0) / denom.sum(0)).tolist()
+        trained.append(Trained(name, kind, f"file:///runs/{name}", training, [9.0 - i / 50 for i in range(300)],
+                               correct, denom, {"eval/per_position_acc": per}))
+    held = {"uri": "file:///runs/out", "samples": heldout, "seed": 0, "tokens": int(trained[0].denom[:, 0].sum()),
+            "idsSha256": "0" * 64}
+    settings = {"steps": 300, "tokens_per_step": 256, "ttt_length": 7, "seed": 0}
+    return document("k", {"model": "builtin:tiny-chat"}, [], held, settings, True, "cpu", trained)
+
+
+def test_the_worth_line_reads_the_evaluation_and_eyrie_report_prints_it(tmp_path):
+    """`eyrie report`'s verdict row "What the data is worth": the first drafter's accepted length with
+    its interval and the evaluation's verdict; ok when every other output's drafter is told apart
+    below it, warn when one serves the target's traffic better, info when the held-out set cannot
+    tell."""
+    doc = _evaluation_doc()
+    data = collect(_full_store(tmp_path / "out", doc))
+    worth = {v.key: v for v in verdict(data)}["worth"]
+    length = doc["drafters"][0]["acceptance"]["acceptedLength"]
+    assert worth.title == "What the data is worth" and worth.status == "ok"
+    assert float(worth.figures["acceptedLength"]) == pytest.approx(length["value"], abs=5e-4)
+    assert (float(worth.figures["low"]), float(worth.figures["high"])) == pytest.approx(
+        (length["low"], length["high"]), abs=5e-4) and worth.figures["heldout"] == "40"
+    assert all(f in worth.text for f in worth.figures.values()) and doc["verdict"] in worth.text
+    assert "a drafter trained on other accepts" in worth.text and "fewer tokens per step" in worth.text
+    console = Console(record=True, width=240, file=io.StringIO())
+    print_report(data, console)
+    row = next(line for line in console.export_text().splitlines() if "What the data is worth" in line)
+    assert f"A drafter trained on out accepts {worth.figures['acceptedLength']} [" in row
+    assert {v.key: v.status for v in verdict(collect(_full_store(tmp_path / "better", _evaluation_doc(0.95))))}[
+        "worth"] == "warn"  # another output's drafter accepts more of this target's tokens
+    assert {v.key: v.status for v in verdict(collect(_full_store(tmp_path / "same", _evaluation_doc(0.8))))}[
+        "worth"] == "info"
+
+
+ACCEPTANCE = """JSON.stringify({
+  order: ['verdict', 'sample', 'acceptance'].map(id => document.getElementById(id).getBoundingClientRect().top),
+  worth: (l => l && {status: l.className, text: l.querySelector('dd').textContent,
+                     figures: JSON.parse(l.dataset.figures)})(document.querySelector("#verdict [data-line='worth']")),
+  verdict: document.querySelector('#acceptance p.verdict').textContent,
+  rows: Array.from(document.querySelectorAll('#acceptance tr[data-drafter]')).map(r => ({
+    name: r.dataset.drafter, length: Number(r.dataset.length), cells: Array.from(r.cells).map(c => c.textContent)})),
+  traces: (d => d.data.map(t => ({name: t.name, y: t.y, up: t.error_y.array, down: t.error_y.arrayminus})))(
+    document.getElementById('plot-acceptance')),
+  points: document.querySelectorAll('#plot-acceptance g.trace.scatter .points path').length,
+  bars: document.querySelectorAll('#plot-acceptance g.errorbar').length,
+})"""
+
+
+@pytest.mark.integration
+def test_the_acceptance_section_renders_in_chromium(tmp_path):
+    """The page of a run with evaluation.json: the verdict's worth line, then (after the sample) the
+    acceptance section with its table, its verdict and its plot, every drafter drawn with 95% bars."""
+    doc = _evaluation_doc()
+    store = _full_store(tmp_path / "out", doc)
+    data = collect(store)
+    page = Path(publish(store, data).removeprefix("file://"))
+    title = f"acceptance by draft position ({doc['heldout']['samples']} held-out answers)"
+    check_page(page, [title, *(t for _s, t, _f in figures(data))], "report-acceptance.png")
+    got = json.loads(open_page(page, ACCEPTANCE, READY).value)
+    assert got["order"] == sorted(got["order"])  # the verdict, the sample, then what the data is worth
+    assert got["worth"]["status"] == "ok" and doc["verdict"] in got["worth"]["text"]
+    assert all(f in got["worth"]["text"] for f in got["worth"]["figures"].values())
+    assert got["verdict"] == doc["verdict"]
+    assert [r["name"] for r in got["rows"]] == [d["name"] for d in doc["drafters"]]
+    for row, d, trace in zip(got["rows"], doc["drafters"], got["traces"], strict=True):
+        a = d["acceptance"]
+        assert row["length"] == pytest.approx(a["acceptedLength"]["value"])
+        assert row["cells"][2:9] == [f"{e['value']:.3f}" for e in a["accByPosition"]]
+        assert row["cells"][9].startswith(f"{a['acceptedLength']['value']:.3f} [")
+        assert trace["name"] == f"{d['name']}: {a['acceptedLength']['value']:.2f} per step"
+        assert trace["y"] == pytest.approx([e["value"] for e in a["accByPosition"]])
+        assert trace["up"] == pytest.approx([e["high"] - e["value"] for e in a["accByPosition"]])
+        assert trace["down"] == pytest.approx([e["value"] - e["low"] for e in a["accByPosition"]])
+    assert got["rows"][0]["cells"][10] == "-" and got["rows"][1]["cells"][10].startswith("-")
+    assert got["points"] == 3 * 7 and got["bars"] == 3 * 7  # every drafter's every position, with its interval

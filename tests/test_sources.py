@@ -359,3 +359,29 @@ def test_rows_and_answers_read_calls_written_as_text_one_way(tmp_path):
         {"from": "human", "value": "q"},
         {"from": "gpt", "value": "<tool_call>{'name': 'w', 'arguments': {'c': {1, 2}}}</tool_call>"}]}], "sharegpt")
     assert bad.reason == "turn 1 <tool_call> 0: arguments are not JSON values"
+
+
+def test_a_rows_own_answer_is_read_as_its_whole_conversation_reads_it(tmp_path):
+    """`generation.answers: dataset`: the answer to a prompt is the assistant turn right after the
+    prompt's user turn (the last one; glaive's first), calls written as text read into OpenAI calls."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                         {"role": "user", "content": "Weather in Oslo?"},
+                         {"role": "assistant", "content": "<tool_call>\n{\"name\": \"w\", \"arguments\": "
+                                                          "{\"city\": \"Oslo\"}}\n</tool_call>",
+                          "reasoning_content": "Oslo: call w."}]}
+    open_end = {"messages": [{"role": "user", "content": "Hi"}]}
+    share = {"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
+                               {"from": "human", "value": "c"}, {"from": "gpt", "value": "d"}]}
+    path = jsonl(tmp_path / "a.jsonl", [chat, open_end])
+    got = list(iter_source(src(path), answers=True))
+    assert got[0].answer == {"role": "assistant", "content": None, "reasoning_content": "Oslo: call w.",
+                             "tool_calls": [{"id": "call_3_0", "type": "function",
+                                             "function": {"name": "w", "arguments": "{\"city\":\"Oslo\"}"}}]}
+    assert got[1].answer is None  # nothing after the last user turn
+    assert [p.answer for p in iter_source(src(path))] == [None, None]  # read only when asked
+    assert got[0].sample_id() == next(iter(iter_source(src(path)))).sample_id()  # the same sample either way
+    [s] = list(iter_source(src(jsonl(tmp_path / "s.jsonl", [share]), "sharegpt"), answers=True))
+    assert s.answer == {"role": "assistant", "content": "d", "reasoning_content": None}
+    first = next(iter(iter_source(src(CORPUS / "glaive.jsonl", "glaive"), answers=True)))
+    assert first.answer["content"] is None and [c["function"] for c in first.answer["tool_calls"]] == [
+        {"name": "get_news_headlines", "arguments": "{\"country\": \"United States\"}"}]

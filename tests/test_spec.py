@@ -68,6 +68,8 @@ def test_cross_field_rules_name_the_field():
     assert "spec.generation.ray.address" in problems(sub)
     dup = {**MINIMAL, "sources": [{"name": "a", "uri": "x"}, {"name": "a", "uri": "y"}]}
     assert "duplicate" in problems(dup)["spec.sources"]
+    agentic = {**MINIMAL, "generation": {"turns": "all", "answers": "dataset"}}
+    assert "each row's answer to its prompt (turns: last)" in problems(agentic)["spec.generation.answers"]
 
 
 @pytest.mark.parametrize("ray", [{"mode": "RayJob", "image": "ray:1"}, {"mode": "Submit", "address": "http://ray:8265"}])

@@ -70,6 +70,8 @@ def evaluate_main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the held-out choice, the order and the weights")
     ap.add_argument("--control", action="store_true", help="also train a control on OUTPUT's samples with their "
                     "token ids shuffled (it should rank last: a check that the evaluation tells drafters apart)")
+    ap.add_argument("--threads", type=_positive, metavar="N", help="torch threads while training on a CPU "
+                    "(default 1: a small target's drafter gains nothing from more)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (SpecForge's Triton loss and torch.compile)")
     ap.add_argument("--json", metavar="FILE", help="also write evaluation.json's document to FILE")
     ap.add_argument("--endpoint", help="S3 endpoint (default: $EYRIE_S3_ENDPOINT)")
@@ -82,7 +84,8 @@ def evaluate_main(argv: list[str]) -> int:
     defaults = TrainSettings()
     settings = TrainSettings(steps=args.steps or defaults.steps,
                              tokens_per_step=args.tokens_per_step or defaults.tokens_per_step, seed=args.seed,
-                             dtype="bfloat16" if args.device.startswith("cuda") else defaults.dtype)
+                             dtype="bfloat16" if args.device.startswith("cuda") else defaults.dtype,
+                             threads=args.threads or defaults.threads)
     err = Console(stderr=True)
     result = run_evaluation(Request(args.output, tuple(args.against), args.heldout, settings, args.control,
                                     args.endpoint, args.device),

@@ -14,7 +14,9 @@ In the fingerprint (`FIELDS`): what is sent or decides how an answer is read bac
 "model"; its latency aside; set only for `baseUrl: simulated`, so moving to a real API changes it; the
 config file it names counts by what the file says, not where it is: an edited file is a changed setting),
 `tools.mode` (audit runs generate structured), `generation.turns` (and, for `turns: all`,
-`onDivergence` and `maxTurns`, which decide what later turns are asked), `target.chatFormat` and
+`onDivergence` and `maxTurns`, which decide what later turns are asked), `generation.answers` (the
+dataset's own answers instead of bought ones; left out while it is `regenerate`, so an output's
+fingerprint reads as it did before the field existed), `target.chatFormat` and
 `target.templateVariant` (the template variant policy), and `prompt.preparation` (the version of
 eyrie's row -> request preparation: a release that changes what a row becomes bumps it).
 
@@ -104,6 +106,7 @@ FIELDS: dict[str, Callable[[DatasetGenerationSpec], Any]] = {
     "generation.turns": lambda s: s.generation.turns,
     "generation.onDivergence": _agentic("onDivergence"),
     "generation.maxTurns": _agentic("maxTurns"),
+    "generation.answers": lambda s: s.generation.answers,
     "target.chatFormat": lambda s: s.target.chat_format,
     "target.templateVariant": lambda s: s.target.template_variant,
     "prompt.preparation": lambda _s: PROMPT_PREPARATION,
@@ -126,6 +129,8 @@ class Fingerprint:
 def fingerprint(spec: DatasetGenerationSpec, *, tools_mode: str | None = None) -> Fingerprint:
     """The fingerprint of the answers `spec` buys (`tools_mode`: another mode's, e.g. the audit's)."""
     fields = {name: get(spec) for name, get in FIELDS.items()}
+    if fields["generation.answers"] == "regenerate":  # bought answers read as before the field was added
+        del fields["generation.answers"]
     if tools_mode is not None:
         fields["tools.mode"] = tools_mode
     return Fingerprint(fields)

@@ -23,6 +23,8 @@ import numpy as np
 
 from eyrie.jobs.errors import EyrieError
 
+SPECFORGE_VERSION = "0.2.0"  # the SpecForge whose code trains and measures the drafters (drafter.py)
+
 
 class EvaluationError(EyrieError):
     """`eyrie evaluate` cannot measure what it was asked; the message says what to run or change."""

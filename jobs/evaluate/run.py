@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import orjson
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.evaluate import figures
 from eyrie.jobs.evaluate.data import Corpus, check_same_target, open_corpus
 from eyrie.jobs.evaluate.plan import (
+    SPECFORGE_VERSION,
     EvaluationError,
     Heldout,
     check_disjoint,
@@ -36,7 +38,7 @@ from eyrie.jobs.evaluate.plan import (
 FORMAT = "eyrie-evaluation/1"
 CODE_VERSION = 1  # bump when what an evaluation computes changes: a stored one is then recomputed
 MIN_TRAIN = 5  # samples the reference drafter needs at least besides the held-out set
-CONTROL = "control: shuffled token ids"
+CONTROL = "control: shuffled tokens"
 MAX_CURVE = 1000  # loss-curve points kept per drafter (evenly spaced when there are more steps)
 
 
@@ -92,6 +94,56 @@ def _curve(losses: list[float]) -> list[list[float]]:
     return [[i + 1, round(losses[i], 5)] for i in picks]
 
 
+@dataclass(frozen=True)
+class Trained:
+    """One drafter as the evaluation records it: what it trained on, its loss at every step, and
+    SpecForge's counts on each held-out sample (samples x draft positions)."""
+
+    name: str
+    kind: str  # reference | against | control
+    uri: str
+    training: dict[str, Any]
+    losses: list[float]
+    correct: np.ndarray
+    denom: np.ndarray
+    specforge: dict[str, Any]  # its Evaluator's eval/* figures
+
+
+SPECFORGE_FIGURES = ("eval/avg_loss", "eval/avg_acc", "eval/per_position_acc", "eval/simulated_acc_len")
+
+
+def document(key: str, target: dict[str, Any], inputs: list[dict[str, Any]], heldout: dict[str, Any],
+             settings: dict[str, Any], control: bool, device: str, trained: Sequence[Trained]) -> dict[str, Any]:
+    """evaluation.json's document: each drafter's figures, every difference to the first (the
+    reference) and the verdict. Pure: the counts in, the figures out."""
+    seed = int(settings.get("seed", 0))
+    rows = []
+    for t in trained:
+        rows.append({"name": t.name, "kind": t.kind, "uri": t.uri, "training": t.training, "loss": _curve(t.losses),
+                     "acceptance": figures.acceptance(t.correct, t.denom, seed=seed).to_dict(),
+                     "specforge": {k: v for k, v in t.specforge.items() if k in SPECFORGE_FIGURES}})
+    ref = trained[0]
+    ref_len = figures.acceptance(ref.correct, ref.denom, seed=seed).length
+    diffs = []
+    for t in trained[1:]:
+        diff = figures.length_difference((ref.correct, ref.denom), (t.correct, t.denom), seed=seed)
+        other_len = figures.acceptance(t.correct, t.denom, seed=seed).length
+        diffs.append({"name": t.name, "kind": t.kind, "minusReference": diff.to_dict(),
+                      "separates": figures.separates(diff), "samplesToSeparate": figures.samples_to_separate(diff),
+                      "verdict": figures.verdict_sentence(ref.name, t.name, ref_len, other_len, diff)})
+    first = next((d for d in diffs if d["kind"] == "against"), None) or (diffs[0] if diffs else None)
+    verdict = first["verdict"] if first else (
+        f"a drafter trained on {ref.name} accepts {ref_len.value:.2f} [{ref_len.low:.2f}-{ref_len.high:.2f}] "
+        f"tokens per step on {heldout['samples']:,} of its held-out answers (nothing to compare it with: pass "
+        "--against)")
+    return {
+        "format": FORMAT, "key": key, "specforgeVersion": SPECFORGE_VERSION, "code": CODE_VERSION,
+        "target": target, "inputs": inputs, "heldout": heldout, "settings": settings, "control": control,
+        "device": device, "drafters": rows, "differences": diffs, "verdict": verdict,
+        "createdAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
 def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None) -> Result:
     """Evaluate (or read back) the drafters of `req`; the document is stored under the reference output."""
     import torch
@@ -116,7 +168,7 @@ def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None
         drafters.append((CONTROL, "control", ref, drafter.shuffled))
     inputs = [{"uri": c.uri, "fingerprint": c.fingerprint, "samples": len(c.samples)} for c in [ref, *others]]
     key = evaluation_key(inputs, n_held, settings.to_dict(), req.control, ref.target.to_dict(),
-                         drafter.SPECFORGE_VERSION)
+                         SPECFORGE_VERSION)
     stored = read_evaluation(ref)
     if stored is not None and stored.get("key") == key:
         notify(f"evaluation {key} of these inputs is stored in {ref.store.url(layout.EVALUATION)}: reused")
@@ -124,8 +176,7 @@ def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None
 
     model_path = drafter.target_folder(ref.target.name, ref.target.model)
     device = torch.device(req.device)
-    counts: dict[str, drafter.Counts] = {}
-    rows: list[dict[str, Any]] = []
+    trained: list[Trained] = []
     for name, kind, corpus, transform in drafters:
         train, left_out = training_set(corpus.samples, heldout)
         check_disjoint((corpus.samples[i] for i in train), heldout, name)
@@ -136,50 +187,23 @@ def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None
                f"{settings.tokens_per_step:,} loss tokens ({passes(plan, loss, train):.1f} passes)")
         d = drafter.train(corpus, plan, train, model_path, settings, device, transform)
         got = drafter.evaluate(d, ref, held, settings)
-        counts[name] = got
         acc = figures.acceptance(got.correct, got.denom, seed=settings.seed)
         notify(f"{name}: accepted length {acc.length.value:.3f} [{acc.length.low:.3f}, {acc.length.high:.3f}] "
                f"per step on {acc.samples:,} held-out samples ({d.seconds:.0f} s of training)")
-        rows.append({
-            "name": name, "kind": kind, "uri": corpus.uri,
-            "training": {"samples": len(train), "heldoutPromptsLeftOut": left_out,
-                         "lossTokens": sum(loss[i] for i in train), "passes": round(passes(plan, loss, train), 3),
-                         "steps": len(plan), "tokensPerStep": settings.tokens_per_step, "seconds": round(d.seconds, 2)},
-            "loss": _curve(d.losses),
-            "acceptance": acc.to_dict(),
-            "specforge": {k: v for k, v in got.specforge.items()
-                          if k in ("eval/avg_loss", "eval/avg_acc", "eval/per_position_acc", "eval/simulated_acc_len")},
-        })
-
-    reference = rows[0]["name"]
-    ref_counts = (counts[reference].correct, counts[reference].denom)
-    ref_len = figures.acceptance(*ref_counts, seed=settings.seed).length
-    diffs = []
-    for row in rows[1:]:
-        c = counts[row["name"]]
-        diff = figures.length_difference(ref_counts, (c.correct, c.denom), seed=settings.seed)
-        other_len = figures.acceptance(c.correct, c.denom, seed=settings.seed).length
-        diffs.append({"name": row["name"], "kind": row["kind"], "minusReference": diff.to_dict(),
-                      "separates": figures.separates(diff), "samplesToSeparate": figures.samples_to_separate(diff),
-                      "verdict": figures.verdict_sentence(reference, row["name"], ref_len, other_len, diff)})
-    first = next((d for d in diffs if d["kind"] == "against"), None) or (diffs[0] if diffs else None)
-    verdict = first["verdict"] if first else (
-        f"a drafter trained on {reference} accepts {ref_len.value:.2f} [{ref_len.low:.2f}-{ref_len.high:.2f}] "
-        f"tokens per step on {len(held):,} of its held-out answers (nothing to compare it with: pass --against)")
-    doc = {
-        "format": FORMAT, "key": key, "specforgeVersion": drafter.SPECFORGE_VERSION, "code": CODE_VERSION,
-        "target": ref.target.to_dict(), "inputs": inputs,
-        "heldout": {"uri": ref.uri, "samples": len(held), "seed": settings.seed,
-                    "tokens": int(counts[reference].denom[:, 0].sum()),
-                    "idsSha256": hashlib.sha256("\n".join(ref.samples[i].sample_id for i in held).encode())
-                    .hexdigest()},
-        "settings": settings.to_dict(), "control": req.control, "device": str(device),
-        "drafters": rows, "differences": diffs, "verdict": verdict,
-        "createdAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+        trained.append(Trained(
+            name, kind, corpus.uri,
+            {"samples": len(train), "heldoutPromptsLeftOut": left_out, "lossTokens": sum(loss[i] for i in train),
+             "passes": round(passes(plan, loss, train), 3), "steps": len(plan),
+             "tokensPerStep": settings.tokens_per_step, "seconds": round(d.seconds, 2)},
+            d.losses, got.correct, got.denom, got.specforge))
+    held_doc = {"uri": ref.uri, "samples": len(held), "seed": settings.seed,
+                "tokens": int(trained[0].denom[:, 0].sum()),
+                "idsSha256": hashlib.sha256("\n".join(ref.samples[i].sample_id for i in held).encode()).hexdigest()}
+    doc = document(key, ref.target.to_dict(), inputs, held_doc, settings.to_dict(), req.control, str(device),
+                   trained)
     ref.store.put(layout.EVALUATION, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return Result(doc, False, key)
 
 
-__all__ = ["CONTROL", "EvaluationError", "Request", "Result", "default_heldout", "read_evaluation",
-           "run_evaluation"]
+__all__ = ["CONTROL", "EvaluationError", "Request", "Result", "Trained", "default_heldout", "document",
+           "read_evaluation", "run_evaluation"]

@@ -27,12 +27,13 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
         store.check_writable()
     except Exception as e:
         raise PreflightError(f"output.uri: the store is not writable: {e}") from None
-    async with ChatClient(base_url, api_key, timeout=min(30.0, spec.api.request_timeout_seconds),
-                          max_retries=0, max_concurrency=1) as client:
-        try:
-            await client.preflight()
-        except ApiError as e:
-            raise PreflightError(f"api.baseUrl: {e}") from None
+    if spec.generation.answers == "regenerate":  # the dataset's own answers send nothing: no API to reach
+        async with ChatClient(base_url, api_key, timeout=min(30.0, spec.api.request_timeout_seconds),
+                              max_retries=0, max_concurrency=1) as client:
+            try:
+                await client.preflight()
+            except ApiError as e:
+                raise PreflightError(f"api.baseUrl: {e}") from None
     if spec.extraction.enabled:
         from eyrie.jobs.extract.layers import LayerError, read_specforge_config, specforge_layer_ids
 

@@ -25,6 +25,7 @@ from typing import Any
 from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed, reported_cost
 from eyrie.jobs.api.client import Completion
 from eyrie.jobs.api.limits import Limits, Pacer
+from eyrie.jobs.api.sse import parse_completion
 from eyrie.jobs.context import api_key_from_env
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.fingerprint import fingerprint, generated_mode
@@ -42,6 +43,8 @@ from eyrie.jobs.tools import checks, declarations
 # The coordinator seen from a sender: `await call("lease", ...)`, whether it is the object or a Ray actor.
 Call = Callable[..., Awaitable[Any]]
 
+
+DATASET_PROVIDER = "dataset"  # the provider of an answer taken from the row itself (generation.answers: dataset)
 
 def coordinator_call(coordinator: Any, is_actor: bool = False) -> Call:
     """How a sender calls the run coordinator: the object's methods in this process, or a Ray actor's."""
@@ -92,6 +95,7 @@ class Sender:
         # on every record: what shaped its answer (the run's binding: routing a probe derived is part of it)
         self.fingerprint = config.fingerprint or fingerprint(self.spec).id
         self.agentic = self.spec.generation.turns == "all"
+        self.dataset_answers = self.spec.generation.answers == "dataset"
         key = layout.inflight_key(self.sender_id, secrets.token_hex(4))
         meta = {"attempt": self.attempt, "worker": self.sender_id, "maxUSD": str(self.spec.budget.max_usd)}
         self.inflight = InflightLog(lambda doc: self.open_store().put(key, doc),
@@ -192,7 +196,28 @@ class Sender:
         prepared = self.prepare(prompt)
         if not isinstance(prepared, declarations.Prepared):
             return self.reject(rec, *prepared)
+        if self.dataset_answers:
+            return self.take_answer(rec, prepared, prompt)
         return await self.send(rec, prepared)
+
+    def take_answer(self, rec: records.Record, prepared: declarations.Prepared,
+                    prompt: Prompt | BadRow) -> records.Record:
+        """`generation.answers: dataset`: the row's own answer as the response of the request that would
+        have been sent (provider `dataset`, read by the same parser as a provider's body): nothing sent,
+        nothing paid, checked and kept or dropped as a bought answer is."""
+        answer = prompt.answer if isinstance(prompt, Prompt) else None
+        if answer is None:
+            return self.reject(rec, "no_answer", "the row has no assistant turn right after its prompt's user "
+                               "turn to take as the answer (generation.answers: dataset)")
+        rec["request"] = build_body(self.spec, prepared.messages, prepared.tools)
+        response, _ = parse_completion({"provider": DATASET_PROVIDER, "model": self.spec.target.model, "choices": [
+            {"message": answer, "finish_reason": "tool_calls" if answer.get("tool_calls") else "stop"}]})
+        check = checks.check_response(prepared, response)
+        verdict = checks.policy(check, self.spec.tools.on_invalid_call)
+        rec.update(status="ok", response=response, checks=check.to_record(), policy=verdict)
+        self.budget.observe(RequestResult("ok", policy=verdict, check=check, provider=DATASET_PROVIDER,
+                                          cost=Decimal(0)))
+        return rec
 
     async def answer(self, shard: int, sid: str, prompt: Prompt | BadRow,
                      label: Callable[[records.Record], None] | None = None) -> records.Record | None:

@@ -33,7 +33,6 @@ from eyrie.jobs.store import Store
 
 log = logging.getLogger(__name__)
 
-
 def run_loop(coro: Any) -> Any:
     """Run a coroutine on uvloop where available: ~20% less CPU per request than asyncio's loop."""
     try:
@@ -163,7 +162,7 @@ class ShardWorker:
         whole = self.spec.generation.turns == "all"
         for span in self.plan.shards[shard]:
             rows = iter_source(by_name[span.source], self.spec.output.endpoint, whole=whole, start=span.start,
-                               stop=span.stop, index=self.plan.indexes[span.source])
+                               stop=span.stop, index=self.plan.indexes[span.source], answers=self.sender.dataset_answers)
 
             def take(rows: Iterator[Prompt | BadRow] = rows) -> list[tuple[str, Prompt | BadRow]]:
                 return [(item.sample_id(), item) for item in itertools.islice(rows, self.sender.concurrency)]
