@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import os
 import random
 import tempfile
@@ -22,6 +23,7 @@ from urllib.parse import urlparse
 from eyrie.jobs.errors import EyrieError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class StoreError(EyrieError, RuntimeError):
@@ -204,19 +206,29 @@ class S3Store:
         import urllib3
         from minio.error import S3Error, ServerError
 
-        deadline = time.monotonic() + self.RETRY_SECONDS
+        start = time.monotonic()
+        deadline = start + self.RETRY_SECONDS
         for attempt in itertools.count():
             try:
-                return fn()
+                out = fn()
+                if attempt:  # the writer (or reader) says it waited, and for how long: a pod's log keeps it
+                    log.warning("%s: the store answered again after %.1f s (%d retries)", what,
+                                time.monotonic() - start, attempt)
+                return out
             except S3Error as e:
                 if e.code in NOT_FOUND_S3_CODES and what.startswith("get"):
                     raise NotFound(f"{what}: {e.code}") from None
                 if e.code not in TRANSIENT_S3_CODES or time.monotonic() >= deadline:
                     raise StoreError(f"{what} failed: {e.code}: {e.message}") from None
+                error = f"{e.code}: {e.message}"
             except (ServerError, urllib3.exceptions.HTTPError, OSError) as e:  # a bare 5xx, the network
                 if time.monotonic() >= deadline:
                     raise StoreError(f"{what} failed after {self.RETRY_SECONDS:.0f} s of retries: "
                                      f"{type(e).__name__}: {e}") from None
+                error = f"{type(e).__name__}: {e}"
+            if not attempt:
+                log.warning("%s: %s; waiting for the store, retrying for up to %.0f s", what, error,
+                            self.RETRY_SECONDS)
             step = min(self.BACKOFF_CAP, self.BACKOFF_BASE * 2 ** attempt)
             time.sleep(min(random.uniform(step / 2, step), max(0.0, deadline - time.monotonic())))
         raise AssertionError("unreachable")

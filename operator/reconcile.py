@@ -570,6 +570,11 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                 can_start: bool) -> Decision:
     """The generation child of the current attempt: create it, or read its state into the phase."""
     obs = p.obs
+    if child is not None and prog is None and obs.progress_error:
+        # the store is down, not the run: what a child's end means (Done, a stop, a failure to retry or not) is what
+        # its job wrote, so nothing is decided on it until progress.json reads again; the phase stays (a child that
+        # finished generating while extraction runs, or runs on, is no failure)
+        return Decision(p.actions, p.status(obs.status.get("phase") or "Pending", attempt))
     accepted = _output_binding(p, running=child is not None and child.running)
     if child is None:
         p.cond(QUEUED, False, "NotQueued")
@@ -603,8 +608,6 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
     if prog is not None and prog.stage == Stage.PROBE and prog.probe is not None:
         p.cond(PROVIDERS_CHECKED, False, "Probing", probing_message(prog.probe))
         return Decision(p.actions, p.status("Canary", attempt))  # measuring before generation, as the canary
-    if prog is None and obs.progress_error and obs.status.get("phase") in ("Canary", "Generating"):
-        return Decision(p.actions, p.status(obs.status["phase"], attempt))  # the store is down, not the run
     gate = obs.spec.tools.gate
     in_canary = (prog is not None and prog.stage == "generate" and gate.enabled
                  and prog.samples.done < gate.canary_samples)

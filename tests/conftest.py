@@ -60,6 +60,16 @@ class S3Server:
         return {"EYRIE_S3_ACCESS_KEY": self.access_key, "EYRIE_S3_SECRET_KEY": self.secret_key,
                 "EYRIE_S3_ENDPOINT": self.endpoint}
 
+    def stop(self) -> None:
+        """The store goes away (SIGTERM, by its PID): connections are refused until `start`."""
+        stop_pid(self.proc)
+
+    def start(self) -> None:
+        """The same server again after `stop`: the same ports, data and credentials (what a restarted MinIO pod
+        behind its Service looks like to its clients); returns once it answers signed calls."""
+        assert self.proc.poll() is not None, "MinIO is still running: stop it first"
+        self.proc = start_minio(self.data_dir.parent, self.ports).proc
+
 
 def free_ports(n: int) -> list[int]:
     """n distinct free loopback ports (held open together so none is handed out twice)."""

@@ -1,3 +1,4 @@
+import re
 import time
 
 import pytest
@@ -122,6 +123,27 @@ def test_s3_retries_transient_failures_then_succeeds():
 
     assert s._retry("put s3://bucket/prefix/k", fn) == "ok"
     assert len(calls) == 4
+
+
+def test_s3_says_it_waited_for_the_store_once_as_it_starts_and_once_as_it_ends(caplog):
+    """What a pod's log keeps of an outage: one line when a call first fails, one when the store answers again (not
+    one per retry); a call that never failed says nothing."""
+    s = _store_with_short_retries()
+    failures = [ConnectionRefusedError("connection refused")] * 3
+
+    def fn():
+        if failures:
+            raise failures.pop(0)
+        return "ok"
+
+    with caplog.at_level("WARNING", logger="eyrie.jobs.store"):
+        assert s._retry("put s3://bucket/prefix/k", fn) == "ok"
+        assert s._retry("put s3://bucket/prefix/k2", lambda: "ok") == "ok"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith("put s3://bucket/prefix/k: ConnectionRefusedError: connection refused; waiting for "
+                              "the store, retrying for up to 2 s")
+    assert re.fullmatch(r"put s3://bucket/prefix/k: the store answered again after [0-9.]+ s \(3 retries\)", said[1])
 
 
 def test_s3_does_not_retry_what_a_retry_cannot_fix():

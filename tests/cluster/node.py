@@ -382,6 +382,7 @@ class Node:
     started_in: float = 0.0
     store: Path | None = None  # containerd's root: images and their snapshots
     store_lock: Any = None
+    _kubelet_argv: list[str | Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.cp.node == NODE_NAME, "start the control plane with node=NODE_NAME"
@@ -597,12 +598,51 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "serializeImagePulls": False, "registerNode": True, "rotateCertificates": False,
             "nodeStatusUpdateFrequency": "4s", "syncFrequency": "10s",
         }))
-        mntns = f"/proc/{self.procs[0].proc.pid}/ns/mnt"  # containerd's: the kubelet's volumes are its mounts
-        self._spawn("kubelet", [
-            "nsenter", f"--mount={mntns}", f"--net=/run/netns/{self.link.netns}", "--", kubelet,
-            f"--config={config}", f"--kubeconfig={self.kubeconfig('kubelet')}", f"--root-dir={d / 'root'}",
-            f"--cert-dir={d / 'pki'}", f"--hostname-override={NODE_NAME}", f"--node-ip={self.ip}", "--v=1",
-        ], self.root / "kubelet.log")
+        self._kubelet_argv = [
+            kubelet, f"--config={config}", f"--kubeconfig={self.kubeconfig('kubelet')}", f"--root-dir={d / 'root'}",
+            f"--cert-dir={d / 'pki'}", f"--hostname-override={NODE_NAME}", f"--node-ip={self.ip}", "--v=1"]
+        self._spawn("kubelet", self._in_node_mounts("containerd", self._kubelet_argv), self.root / "kubelet.log")
+
+    def _in_node_mounts(self, beside: str, argv: list[str | Path]) -> list[str | Path]:
+        """argv run in the node's network namespace and in the mount namespace of its process `beside` (containerd's,
+        made as it started: the kubelet's volumes, the images' snapshots and the pods' network namespaces are mounts
+        there, so whatever joins the node later joins that one)."""
+        pid = self._process(beside).proc.pid
+        return ["nsenter", f"--mount=/proc/{pid}/ns/mnt", f"--net=/run/netns/{self.link.netns}", "--", *argv]
+
+    def _process(self, name: str) -> Process:
+        return next(p for p in self.procs if p.name == name)
+
+    # --- faults: a node's own processes restarted under its pods, as `systemctl restart` would
+
+    def restart_kubelet(self) -> float:
+        """SIGTERM the kubelet, start it again with the same configuration; returns the seconds it was away. The
+        containers keep running (they are containerd's); the kubelet finds them again."""
+        return self._restart("kubelet", lambda: self._in_node_mounts("containerd", self._kubelet_argv))
+
+    def restart_containerd(self) -> float:
+        """SIGTERM containerd, start it again with the same configuration in the same mount namespace (the
+        kubelet's: the running containers' snapshots and sandboxes are mounted there); returns the seconds it was
+        away. Its shims, and so the containers, keep running; containerd reconnects to them as it starts."""
+        config = self.root / "containerd" / "config.toml"
+        return self._restart("containerd", lambda: self._in_node_mounts("kubelet", ["containerd", "--config",
+                                                                                     config]))
+
+    def _restart(self, name: str, argv: Any) -> float:
+        i = next(i for i, p in enumerate(self.procs) if p.name == name)
+        old = self.procs[i]
+        t0 = time.monotonic()
+        old.stop(grace=30)
+        self.procs[i] = spawn(name, argv(), old.log)
+        self._record()
+        if name == "containerd":
+            wait_for("containerd's socket again", lambda: self.procs[i].check() or self.ctr(
+                "version", check=False).returncode == 0, timeout=60, every=0.2)
+        else:
+            with httpx.Client(timeout=2) as c:
+                wait_for("the kubelet's /healthz again", lambda: self.procs[i].check() or _ok(
+                    c, f"http://{self.ip}:{self._ports['kubelet_healthz']}/healthz"), timeout=60, every=0.2)
+        return time.monotonic() - t0
 
     def _ready(self) -> bool:
         self._check()

@@ -16,172 +16,46 @@ kubectl delete taking every pod and child; helm uninstall keeping the CRD and th
 
 from __future__ import annotations
 
-import io
 import json
 import re
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import pytest
-from minio import Minio
 
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.money import brief, dollars
 from eyrie.jobs.extract import shards as shards_
-from eyrie.jobs.store import S3Credentials, Store, open_store
 
 from .conftest import API_KEY, Release, dsg
 from .node import Node, images_archive
-from .testbed import CONFIGMAPS, DSG, JOBS, PODS, RAYCLUSTERS, RAYJOBS, wait_for
+from .node_runs import (
+    EXTRACTOR_IMAGE,
+    RAY_IMAGE,
+    Cluster,
+    bucket_with_prompts,
+    delete_and_wait,
+    delete_every_run,
+    eyrie_pods,
+    running_cluster,
+    spec,
+)
+from .testbed import CONFIGMAPS, DSG, JOBS, PODS, RAYJOBS
 
 NS = "e2e"
-VERSION = "0.1.0"
-RAY_IMAGE = f"ghcr.io/eyrie-dev/eyrie-ray-worker:{VERSION}"
-EXTRACTOR_IMAGE = f"ghcr.io/eyrie-dev/eyrie-extractor:{VERSION}-cpu"
-PRICING = {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}
-SIM_PORT = 8080
-DEPLOYMENTS = ("apps", "v1", "deployments")
-
-
-@dataclass
-class Cluster:
-    """The node with the operator and KubeRay, the simulator's Deployment and the host's MinIO as Services."""
-
-    node: Node
-    release: Release
-    s3: Any
-    minio_endpoint: str  # as pods reach it
-
-    @property
-    def cp(self) -> Any:
-        return self.node.cp
-
-    def sim_stats(self) -> dict[str, Any]:
-        """The simulator's own count of what it answered and billed, read at its pod's address."""
-        [pod] = [p for p in self.cp.list(PODS, NS, labelSelector="app=sim") if p["status"].get("podIP")]
-        return httpx.get(f"http://{pod['status']['podIP']}:{SIM_PORT}/sim/stats", timeout=10).json()
-
-    def store(self, bucket: str) -> Store:
-        return open_store(f"s3://{bucket}/run", self.s3.endpoint, S3Credentials(self.s3.access_key,
-                                                                                self.s3.secret_key))
-
-    def status(self, name: str) -> dict[str, Any]:
-        return (self.cp.get(DSG, NS, name) or {}).get("status") or {}
-
-    def condition(self, name: str, type_: str) -> dict[str, Any] | None:
-        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), None)
-
-    def phase_is(self, name: str, *phases: str) -> Any:
-        return lambda: self.status(name).get("phase") in phases
-
-    def pods(self, selector: str) -> list[dict[str, Any]]:
-        return self.cp.list(PODS, NS, labelSelector=selector)
-
-    def diagnose(self, name: str) -> str:
-        """What a failed wait shows: the object's status, its events, the pods and their last log lines."""
-        lines = [f"status: {json.dumps(self.status(name))}"]
-        lines += [f"event {e.get('reason')}: {e.get('message')}" for e in self.cp.events(NS, name)]
-        for p in self.cp.list(PODS, NS):
-            lines.append(f"pod {p['metadata']['name']}: {p['status'].get('phase')} "
-                         f"{json.dumps(p['status'].get('containerStatuses'))[:600]}")
-            lines.append(self.cp.kubectl("logs", "-n", NS, p["metadata"]["name"], "--all-containers",
-                                         "--tail=30").stdout[-3000:])
-        lines.append(f"operator: {self.release.log()[-3000:]}")
-        return "\n".join(lines)
-
-    def wait(self, name: str, what: str, fn: Any, timeout: float) -> Any:
-        try:
-            return wait_for(what, fn, timeout=timeout, every=1)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.diagnose(name)}") from e
 
 
 @pytest.fixture(scope="module")
 def cluster(node_kuberay: Node, release: Release, s3_server: Any) -> Iterator[Cluster]:
-    node = node_kuberay
-    node.import_image(images_archive("ray-worker"))
-    cp = node.cp
-    cp.ensure_namespace(NS)
-    ip = node.host_service(NS, "minio", s3_server.port)
-    assert ip
-    cp.secret(NS, "provider", {"api-key": API_KEY})
-    cp.secret(NS, "s3", {"accessKey": s3_server.access_key, "secretKey": s3_server.secret_key})
-    labels = {"app": "sim"}
-    cp.create(DEPLOYMENTS, NS, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sim"},
-                                "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-                                    "metadata": {"labels": labels}, "spec": {"containers": [{
-                                        "name": "sim", "image": RAY_IMAGE,
-                                        "command": ["eyrie", "simulate", "--host", "0.0.0.0", "--port",
-                                                    str(SIM_PORT), "--latency-ms", "20"],
-                                        "ports": [{"containerPort": SIM_PORT}],
-                                        "readinessProbe": {"httpGet": {"path": "/sim/stats", "port": SIM_PORT},
-                                                           "periodSeconds": 2}}]}}}})
-    cp.create(("", "v1", "services"), NS, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "sim"},
-                                           "spec": {"selector": labels, "ports": [{"port": SIM_PORT}]}})
-    cp.kubectl("rollout", "status", "-n", NS, "deployment/sim", "--timeout=180s", check=True)
-    yield Cluster(node, release, s3_server, f"http://minio.{NS}.svc:{s3_server.port}")
-    cp.delete(("", "v1", "namespaces"), "", NS)
-
-
-def bucket_with_prompts(cluster: Cluster, n: int) -> str:
-    name = f"e2e{time.time_ns()}"
-    client = Minio(f"127.0.0.1:{cluster.s3.port}", access_key=cluster.s3.access_key,
-                   secret_key=cluster.s3.secret_key, secure=False)
-    client.make_bucket(name)
-    body = "".join(json.dumps({"messages": [{"role": "user", "content": f"Question {i}: explain {i * 7}."}]}) + "\n"
-                   for i in range(n)).encode()
-    client.put_object(name, "prompts.jsonl", io.BytesIO(body), len(body))
-    return name
-
-
-def spec(cluster: Cluster, bucket: str, max_usd: str = "5.00", **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "sources": [{"name": "p", "uri": f"s3://{bucket}/prompts.jsonl", "format": "openai"}],
-        "target": {"model": "test/model", "tokenizer": "bundled:deepseek-v4", "chatFormat": "deepseek-v4"},
-        "api": {"baseUrl": f"http://sim.{NS}.svc:{SIM_PORT}/v1", "apiKeySecretRef": {"name": "provider",
-                                                                                     "key": "api-key"},
-                "maxConcurrency": 4, "maxRetries": 4, "requestTimeoutSeconds": 10, "sampling": {"maxTokens": 256}},
-        "tools": {"gate": {"enabled": False}},
-        "budget": {"maxUSD": max_usd, "pricing": PRICING},
-        "generation": {"shards": 2, "ray": {"mode": "RayJob", "image": RAY_IMAGE, "workers": 1,
-                                            "cpusPerWorker": 0.25}},
-        "output": {"uri": f"s3://{bucket}/run", "endpoint": cluster.minio_endpoint,
-                   "credentialsSecretRef": {"name": "s3"}},
-    }
-    out.update(extra)
-    return out
-
-
-def eyrie_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    """Every pod a DatasetGeneration's children made: its Ray clusters' (KubeRay labels each with ray.io/cluster,
-    the RayCluster it named after the RayJob, NAME-gen-ATTEMPT-xxxxx), KubeRay's submitter's and the extraction
-    Job's (the Job controller's batch.kubernetes.io/job-name)."""
-    def ours(pod: dict[str, Any]) -> bool:
-        labels = pod["metadata"].get("labels") or {}
-        return (labels.get("ray.io/cluster", "").startswith(f"{name}-gen-")
-                or labels.get("batch.kubernetes.io/job-name", "").startswith(f"{name}-"))
-    return [p for p in cluster.cp.list(PODS, NS) if ours(p)]
-
-
-def delete_and_wait(cluster: Cluster, name: str) -> None:
-    """`kubectl delete dsg`: the operator lets it go, the garbage collector takes every child and pod."""
-    cluster.cp.kubectl("delete", "dsg", name, "-n", NS, "--wait=true", "--timeout=120s", check=True)
-    cluster.wait(name, "every pod and child gone", lambda: not eyrie_pods(cluster, name) and not [
-        d for res in (RAYJOBS, RAYCLUSTERS, JOBS, CONFIGMAPS) for d in cluster.cp.list(res, NS)
-        if d["metadata"]["name"].startswith(f"{name}-")], timeout=240)
+    with running_cluster(node_kuberay, release, s3_server, NS, latency_ms=20) as c:
+        yield c
 
 
 @pytest.fixture(autouse=True)
 def nothing_left(cluster: Cluster) -> Iterator[None]:
-    """A test that failed midway leaves no run behind: its Ray pods (kept ttlSecondsAfterFinished after a success)
-    would hold the node's CPUs from the next test's."""
     yield
-    for doc in cluster.cp.list(DSG, NS):
-        delete_and_wait(cluster, doc["metadata"]["name"])
+    delete_every_run(cluster)
 
 
 def test_a_run_in_real_pods_oomkilled_extraction_then_recreated_to_succeeded_paying_nothing_twice(

@@ -265,6 +265,23 @@ CASES = [
         conds={"OutputReachable": ("False", "OutputUnreachable")},
     ),
     Case(
+        "the store goes mid-extraction: the generation child that ended is no failure, the phase stays",
+        obs(generation_children=(gen(state="Succeeded"),), progress_error="spec.output.uri: cannot read",
+            status={"attempt": "1", "phase": "Extracting", "spentUSD": "0.42"}),
+        ["Event:Warning:OutputUnreachable"],
+        "Extracting",
+        conds={"OutputReachable": ("False", "OutputUnreachable")},
+    ),
+    Case(
+        "the store is down as KubeRay says the RayJob failed: no decision until progress.json reads (retry or fail)",
+        obs(generation_children=(gen(state="Failed", reason="AppFailed"),), progress_error="spec.output.uri: x",
+            status={"attempt": "1", "phase": "Generating",
+                    "conditions": [cond("OutputReachable", "False", "OutputUnreachable")]}),
+        [],
+        "Generating",
+        conds={"OutputReachable": ("False", "OutputUnreachable")},
+    ),
+    Case(
         "the store is back: a Normal event says since when it was not",
         obs(generation_children=(gen(),), progress=prog(done=500),
             status={"attempt": "1", "phase": "Generating",
