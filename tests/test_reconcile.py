@@ -57,7 +57,7 @@ def test_the_same_stop_merged_twice_is_booked_once(store):
     store.put(KEY, obj)  # as if the deletion had never happened
     again = settle_abandoned(store, paid)
     assert (again.requests, again.news, again.booked) == (2, 0, Decimal("0.0031"))
-    assert len(read_ledger(store)[0]) == 2 and not store.list(layout.INFLIGHT + "/")
+    assert len(read_ledger(store)) == 2 and not store.list(layout.INFLIGHT + "/")
     # nothing new and nothing to ask: budget.json is not even written again
     before = store.get(layout.BUDGET)
     assert settle_abandoned(store, paid, Provider()).booked == Decimal("0.0031")
@@ -73,7 +73,7 @@ def test_what_the_provider_says_a_generation_cost_replaces_its_bound(store):
     assert (t.reconciled, t.reconciled_usd, t.open_requests, t.open_usd) == (1, Decimal("0.00042"), 1,
                                                                              Decimal("0.002"))
     assert t.booked == Decimal("0.00242") and t.news == 2
-    ledger = {a.generation_id: a for a in read_ledger(store)[0]}
+    ledger = {a.generation_id: a for a in read_ledger(store)}
     assert (ledger["gen-1"].cost, ledger["gen-1"].how) == (Decimal("0.00042"), "provider")
     assert (ledger["gen-2"].cost, ledger["gen-2"].asked) == (None, 1)
     # the next accounting asks about the one still unknown only, and books what it cost
@@ -92,7 +92,7 @@ def test_a_generation_is_asked_about_at_most_max_asks_times_then_its_bound_stays
         t = settle_abandoned(store, paid, provider)
         assert t.booked == Decimal("0.002") and t.open_requests == 1
         assert len(provider.asked) == min(n, MAX_ASKS)
-    assert read_ledger(store)[0][0].asked == MAX_ASKS
+    assert read_ledger(store)[0].asked == MAX_ASKS
 
 
 def test_a_killed_workers_slots_stay_a_bound_capped_by_what_the_budget_left(store):

@@ -162,7 +162,8 @@ class ShardWorker:
         whole = self.spec.generation.turns == "all"
         for span in self.plan.shards[shard]:
             rows = iter_source(by_name[span.source], self.spec.output.endpoint, whole=whole, start=span.start,
-                               stop=span.stop, index=self.plan.indexes[span.source], answers=self.sender.dataset_answers)
+                               stop=span.stop, index=self.plan.indexes[span.source],
+                               answers=self.sender.dataset_answers)
 
             def take(rows: Iterator[Prompt | BadRow] = rows) -> list[tuple[str, Prompt | BadRow]]:
                 return [(item.sample_id(), item) for item in itertools.islice(rows, self.sender.concurrency)]
