@@ -4,7 +4,8 @@ both extracted with builtin:tiny-chat, and the shuffled control; drafters traine
 code at a small budget and measured on the quickstart's held-out answers.
 
 The budget is the smallest at which the ranking held on every seed tried (docs/operating.md, "Does
-it matter for the drafter?"): 45 samples an output (9 held out), STEPS steps of 256 loss tokens.
+it matter for the drafter?"): the quickstart's kept samples (a fifth held out, the default), STEPS steps of
+256 loss tokens.
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ def _chain(acc: list[float]) -> float:
 
 def test_evaluation_json_holds_every_drafters_acceptance_consistent_by_the_chain_formula(evaluated):
     doc = evaluated["doc"]
+    kept = json.loads((evaluated["ref"] / "progress.json").read_text())["samples"]["done"]
+    heldout = kept // 5  # the default: a fifth of the reference's samples
     assert evaluated["json"] == doc  # --json writes the stored document
     assert doc["target"]["model"] == "builtin:tiny-chat" and doc["specforgeVersion"] == "0.2.0"
     assert [d["kind"] for d in doc["drafters"]] == ["reference", "against", "control"]
     assert [d["name"] for d in doc["drafters"][:2]] == ["quickstart", "quickstart-impostor"]
-    assert doc["heldout"]["samples"] == 9 and doc["heldout"]["uri"].endswith("/quickstart")
-    for d in doc["drafters"]:
+    assert heldout >= 5 and doc["heldout"]["samples"] == heldout and doc["heldout"]["uri"].endswith("/quickstart")
+    corpora = [i["samples"] for i in doc["inputs"]]  # the reference's, then each --against output's
+    assert corpora[0] == kept
+    for n, d in enumerate(doc["drafters"]):
         a = d["acceptance"]
         acc = [e["value"] for e in a["accByPosition"]]
         assert len(acc) == doc["settings"]["ttt_length"] == 7
@@ -68,10 +73,17 @@ def test_evaluation_json_holds_every_drafters_acceptance_consistent_by_the_chain
         assert sf["eval/simulated_acc_len"] + 1 == pytest.approx(a["acceptedLength"]["value"], abs=1e-6)
         assert a["specforgeSimulatedAccLen"] == pytest.approx(sf["eval/simulated_acc_len"], abs=1e-5)
         # every drafter: the same held-out set, the same budget, nothing of the held-out set trained on
-        assert (a["heldoutSamples"], a["heldoutTokens"]) == (9, doc["heldout"]["tokens"])
+        assert (a["heldoutSamples"], a["heldoutTokens"]) == (heldout, doc["heldout"]["tokens"])
         t = d["training"]
-        assert (t["steps"], t["tokensPerStep"]) == (STEPS, 256) and t["heldoutPromptsLeftOut"] == 9
-        assert t["samples"] == 36 and len(d["loss"]) == STEPS
+        assert (t["steps"], t["tokensPerStep"]) == (STEPS, 256)
+        # trained on its output's samples less those of a held-out prompt (and any without loss tokens); the
+        # reference's and the control's held-out ones are exactly the held-out set
+        corpus = corpora[n] if d["kind"] != "control" else kept
+        assert t["heldoutPromptsLeftOut"] > 0 and t["samples"] + t["heldoutPromptsLeftOut"] <= corpus
+        assert t["samples"] >= corpus - heldout - 2, t
+        if d["kind"] != "against":
+            assert t["heldoutPromptsLeftOut"] == heldout
+        assert len(d["loss"]) == STEPS
     assert evaluated["stdout"].count("quickstart-impostor") >= 1 and "verdict: " + doc["verdict"] in \
         evaluated["stdout"].replace("\n", " ")
 
@@ -116,7 +128,8 @@ def test_a_drafter_about_to_train_on_a_heldout_sample_is_refused(example_run, tm
     with pytest.raises(SystemExit) as done:
         main(["evaluate", str(ref), "--steps", "1"])
     assert done.value.code == 1 and not trained
-    assert "quickstart: 9 training samples are held-out prompts" in capsys.readouterr().err
+    kept = json.loads((ref / "progress.json").read_text())["samples"]["done"]
+    assert f"quickstart: {kept // 5} training samples are held-out prompts" in capsys.readouterr().err
 
 
 def test_an_output_of_another_extraction_model_is_refused(example_run, tmp_path):

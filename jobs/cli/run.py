@@ -389,7 +389,9 @@ def audit_main(argv: list[str]) -> int:
           file=sys.stderr)
     out = doc["from"]["output"] if args.from_file is not None else open_output(dg.spec).uri
     # its own line: a path is copied whole
-    print(f"written to {out.rstrip('/')}/{layout.AUDIT} and {layout.AUDIT_ROWS}", file=sys.stderr)
+    # a path on a line of its own with a short label: copied whole, never wrapped
+    print(f"written to {out.rstrip('/')}/{layout.AUDIT}", file=sys.stderr)
+    print(f"each row's answers: {out.rstrip('/')}/{layout.AUDIT_ROWS}", file=sys.stderr)
     if doc["outcome"] != Outcome.DONE:
         print(fitted(f"stopped early: {doc['message']}"), file=sys.stderr)
         return 3
