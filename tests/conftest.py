@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -20,6 +21,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
 # the testbed's binaries (MinIO, the Kubernetes control plane) are looked up where tests/cluster/build.sh put them
 sys.path.insert(0, str(Path(__file__).resolve().parent / "cluster"))
+
+if TYPE_CHECKING:
+    from tests.example_runs import ExampleRun
 
 S3_ACCESS_KEY = "eyrietestaccess"
 S3_SECRET_KEY = "eyrie-test-s3-secret-9f8e7d6c5b4a"
@@ -178,14 +182,14 @@ def s3_bucket(s3_env) -> str:
 
 
 @pytest.fixture(scope="session")
-def example_run(tmp_path_factory) -> Callable[[str], tuple[subprocess.CompletedProcess, Path]]:
-    """`eyrie run examples/NAME.yaml` (tests/example_runs.py), once per session and name: the run and its
-    output folder, shared by the tests that read it (one that writes copies it: `copy_output`)."""
+def example_run(tmp_path_factory) -> Callable[[str], ExampleRun]:
+    """`eyrie run examples/NAME.yaml` (tests/example_runs.py), once per session and name: the run, its
+    output folder and its wall time, shared by the tests that read it (one that writes copies it: `copy_output`)."""
     from tests.example_runs import run_example
 
-    done: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+    done: dict[str, ExampleRun] = {}
 
-    def run(name: str) -> tuple[subprocess.CompletedProcess, Path]:
+    def run(name: str) -> ExampleRun:
         if name not in done:
             done[name] = run_example(tmp_path_factory.mktemp(name), name)
         return done[name]
