@@ -169,6 +169,8 @@ def test_a_deleted_ray_head_pod_is_resumed_under_the_operators_control_never_two
         cluster.cp.delete(PODS, NS, pod["metadata"]["name"])
         st = run.ends("Succeeded")
     events = run.events()
+    print(f"head pod deleted: attempt {st['attempt']}, disruptions {st.get('disruptions')}, retries "
+          f"{st.get('retries')}, events {[r for _, r in events]}")
     if st["attempt"] == "1":  # KubeRay's submitter resubmitted: the job found its attempt and counted a restart
         assert st["disruptions"]["restarts"] >= 1, st
         assert "GenerationRestarted" in {reason for _, reason in events}, events
@@ -263,7 +265,7 @@ def test_the_store_stopped_for_30_s_mid_extraction_costs_a_pause_not_the_run(clu
     assert sorted(manifest["files"]["hidden"]) == sorted(k for k in store.list(f"{layout.HIDDEN}/")
                                                          if "summary-" not in k)
     assert manifest["extraction"]["samples"] == manifest["reconstruction"]["samples"]["kept"] > 0
-    assert st["extraction"]["shardsDone"] == st["extraction"]["shardsTotal"] == 2
+    assert st["extraction"] == {"shardsDone": 1, "shardsTotal": 1, "bytes": manifest["extraction"]["bytes"]}
     run.check_money_and_data(stops=0)
     delete_and_wait(cluster, "storeext")
 
@@ -320,6 +322,7 @@ def test_suspend_during_a_store_outage_then_resume(cluster: Cluster) -> None:
         cluster.wait("paused", "the Ray pods gone", lambda: not eyrie_pods(cluster, "paused"), timeout=120,
                      every=0.25)
         released = time.monotonic() - deleted
+        print(f"the Ray pods left {released:.1f} s after their RayJob's deletion")
         assert released < 15, f"the Ray pods took {released:.1f} s to leave after their RayJob was deleted"
         done = cluster.status("paused")["samples"]["done"]
         assert 0 < done < N
