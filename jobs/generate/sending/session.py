@@ -94,11 +94,16 @@ class Session:
         return self.coordinator
 
     def start_actor(self, name: str) -> Any:
-        """The coordinator as a named Ray actor (its handle); every worker calls it."""
+        """The coordinator as a named Ray actor (its handle); every worker calls it. It runs on the caller's node (the
+        driver's: a RayJob's head), so it lives and dies with the run: Ray places an actor that asks for no
+        resources on a random node, and on a worker's pod it went with that pod (seen on the test node: a deleted
+        worker pod failed the RayJob instead of costing one shard worker)."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.coordinator = ray.remote(RunCoordinator).options(
-            name=name, num_cpus=0, max_concurrency=100_000).remote(**self.coordinator_args)
+            name=name, num_cpus=0, max_concurrency=100_000, scheduling_strategy=here).remote(**self.coordinator_args)
         return self.coordinator
 
     # -- senders ---------------------------------------------------------------------------------------
