@@ -1,7 +1,7 @@
 """The builtin models ship with eyrie (jobs/extract/builtin/): every machine loads the same weights,
 checked against MANIFEST.json's hashes; a file that does not match is an error, never a rebuild; and
 `build`, the recipe they were made with, made them: a rebuild here agrees with them (bit for bit on
-the platform that trained them, else within what another CPU's rounding makes of 800 training steps,
+the platform that trained them, else within what another CPU's rounding makes of 1,600 training steps,
 measured and printed)."""
 
 from __future__ import annotations
