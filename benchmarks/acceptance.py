@@ -7,22 +7,15 @@
    structured, regenerated; then (b) tools as text, (c) the dataset's original answers, (d) the
    impostor), held out: OUTPUT's own answers; the table and the CPU seconds against 1,800 s.
 3. --experiment N: the four datasets made first, by `eyrie run` (each a process; their CPU seconds
-   printed apart from the evaluation's), from the same N prompts: the tool-declaring conversations
-   of builtin:tiny-chat's training distribution (`jobs/extract/tiny.py`'s `corpus(..., seed=EXPERIMENT_SEED,
-   text_share=0)`, each row the prompt with its tools and the recipe's own answer to it), then
-   evaluated as in 2 with (a) as OUTPUT:
-   (a) `structured`: tools in the API's `tools`, the target's (builtin:tiny-chat's) greedy answers;
-   (b) `text`: the same prompts with the functions described in the system prompt (`tools.mode: text`);
-   (c) `dataset`: the rows' own answers, not regenerated (`generation.answers: dataset`);
-   (d) `impostor`: builtin:tiny-chat-seed1 answering under the target's name (examples/quickstart-impostor.yaml's
-       provider), tools structured.
-   Every answer is kept as the model wrote it (`onInvalidCall: keep`: a dataset bought without eyrie's
-   checks), every run extracted by the target itself. The held-out serving traffic is (a)'s own answers,
-   left out of every drafter's training by prompt.
+   printed apart from the evaluation's), from the same N distinct prompts (tests/acceptance_fixture.py:
+   the tool-declaring conversations of builtin:tiny-chat's training distribution, each row the prompt,
+   its tools and the recipe's own answer): (a) `structured`, (b) `text`, (c) `dataset` (the rows'
+   own answers), (d) `impostor`; then evaluated as in 2 with (a) as OUTPUT. The held-out serving
+   traffic is (a)'s own answers, left out of every drafter's training.
 
 Run: python benchmarks/acceptance.py [OUTPUT] [--against OTHER ...] [--heldout N] [--steps S]
 (OUTPUT default: examples/eyrie-out/quickstart, made by `eyrie run examples/quickstart.yaml`), or
-python benchmarks/acceptance.py --experiment N [--heldout H] [--work DIR] [--steps S].
+python benchmarks/acceptance.py --experiment N [--heldout H] [--work DIR] [--steps S] [--repeats].
 """
 
 from __future__ import annotations
@@ -30,18 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 ONE_CEILING_S = 180.0
 FOUR_CEILING_S = 1800.0
-EXPERIMENT_SEED = 34  # the prompts' draw (issue 34); the recipe trains on seed 0's
-DATASETS = ("structured", "text", "dataset", "impostor")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # acceptance_fixture: the datasets
 
 
 def _cpu(who: int = resource.RUSAGE_SELF) -> float:
@@ -49,62 +37,18 @@ def _cpu(who: int = resource.RUSAGE_SELF) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def experiment_rows(n: int) -> list[dict[str, Any]]:
-    """`n` tool-declaring conversations of builtin:tiny-chat's training distribution as OpenAI rows:
-    the prompt, its tools, and the recipe's own answer (what `generation.answers: dataset` takes)."""
-    from eyrie.jobs.extract import tiny
+def make_datasets(work: Path, n: int, unique: bool) -> dict[str, float]:
+    """The four outputs under `work` (tests/acceptance_fixture.py); returns each run's CPU seconds (the
+    `eyrie run` process and the children it reaped, as the kernel counts them)."""
+    import acceptance_fixture as data
 
-    rows: list[dict[str, Any]] = []
-    draw = 0
-    while len(rows) < n:
-        for c in tiny.corpus(4 * n, seed=EXPERIMENT_SEED + draw, text_share=0):
-            if c["tools"] and len(rows) < n:
-                answer = tiny.assistant_message(c)
-                calls = [{"id": f"call_{len(rows)}_{i}", **tc} for i, tc in enumerate(answer.pop("tool_calls"))]
-                if calls:
-                    answer["tool_calls"] = calls
-                rows.append({"messages": [*c["messages"], answer], "tools": c["tools"]})
-        draw += 1000
-    return rows
-
-
-def experiment_spec(name: str, prompts: str) -> dict[str, Any]:
-    """The spec of one of the four datasets (`DATASETS`), everything else as the quickstart's."""
-    model = "builtin:tiny-chat-seed1" if name == "impostor" else "builtin:tiny-chat"
-    spec = {"sources": [{"name": "tiny", "uri": prompts, "format": "openai"}],
-            "target": {"model": "eyrie/tiny-chat", "tokenizer": "builtin:tiny-chat"},
-            "api": {"baseUrl": "simulated", "maxConcurrency": 8, "requestTimeoutSeconds": 600,
-                    "sampling": {"temperature": 0, "maxTokens": 1024, "reasoning": {"effort": "high"}},
-                    "simulator": {"answerModel": model, "answerModelCalls": "model"}},
-            "tools": {"mode": "text" if name == "text" else "structured", "onInvalidCall": "keep",
-                      "gate": {"enabled": False}},
-            "budget": {"maxUSD": "20.00", "pricing": {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}},
-            "generation": {"shards": 4, "ray": {"mode": "Local", "workers": 2},
-                           **({"answers": "dataset"} if name == "dataset" else {})},
-            "extraction": {"enabled": True, "engine": "transformers", "model": "builtin:tiny-chat",
-                           "dtype": "bfloat16"},
-            "output": {"uri": name}}
-    return {"apiVersion": "eyrie.dev/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": f"acceptance-{name}"},
-            "spec": spec}
-
-
-def make_datasets(work: Path, n: int) -> dict[str, float]:
-    """The four outputs under `work` (an output already done is kept: `eyrie run` resumes it, sending
-    nothing); returns each run's CPU seconds (its process tree's, as the kernel counts children)."""
-    work.mkdir(parents=True, exist_ok=True)
-    prompts = work / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps(r) + "\n" for r in experiment_rows(n)))
+    data.write_prompts(work, n, unique)
     cpu: dict[str, float] = {}
-    for name in DATASETS:
-        spec = work / f"{name}.yaml"
-        spec.write_text(yaml.safe_dump(experiment_spec(name, prompts.name), sort_keys=False))
+    for name in data.DATASETS:
         before, t0 = _cpu(resource.RUSAGE_CHILDREN), time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "run", str(spec), "--no-progress"], cwd=work,
-                           capture_output=True, text=True)
+        out = data.make(work, name)
         cpu[name] = _cpu(resource.RUSAGE_CHILDREN) - before
-        if r.returncode != 0:
-            sys.exit(f"eyrie run {spec} exited {r.returncode}:\n{r.stderr[-3000:]}")
-        done = json.loads((work / name / "progress.json").read_text())["samples"]
+        done = json.loads((out / "progress.json").read_text())["samples"]
         print(f"  {name}: {done.get('done')} samples of {n} prompts, CPU {cpu[name]:.0f} s, wall "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     return cpu
@@ -120,12 +64,14 @@ def main() -> int:
     ap.add_argument("--experiment", type=int, metavar="N", help="make the four datasets from N prompts first")
     ap.add_argument("--work", type=Path, default=Path("acceptance-experiment"),
                     help="with --experiment: where the datasets are made (default: ./acceptance-experiment)")
+    ap.add_argument("--repeats", action="store_true", help="with --experiment: let a prompt come twice, as the "
+                    "distribution draws it (default: every prompt once)")
     args = ap.parse_args()
     if args.experiment:
-        made = make_datasets(args.work.resolve(), args.experiment)
+        made = make_datasets(args.work.resolve(), args.experiment, unique=not args.repeats)
         print(f"datasets: CPU {sum(made.values()):.0f} s ({', '.join(f'{k} {v:.0f}' for k, v in made.items())})")
-        args.output = str(args.work.resolve() / DATASETS[0])
-        args.against = [str(args.work.resolve() / d) for d in DATASETS[1:]]
+        args.output = str(args.work.resolve() / "structured")
+        args.against = [str(args.work.resolve() / d) for d in ("text", "dataset", "impostor")]
 
     from eyrie.jobs.cli.evaluate import table
     from eyrie.jobs.evaluate.drafter import TrainSettings
