@@ -60,7 +60,17 @@ def main() -> int:
         spec = write_inputs(folder)
         r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(spec), "--samples", str(a.samples)],
                            cwd=folder, text=True)
-        return r.returncode
+        if r.returncode != 0:
+            return r.returncode
+        modes = json.loads((folder / "out" / "audit.json").read_text())["figures"]["modes"]
+        calls = {m: modes[m]["callRate"]["value"] for m in ("text", "structured")}
+        invalid = {m: modes[m]["invalidRate"]["value"] or 0.0 for m in ("text", "structured")}
+        # what a real model does with the declarations in the prompt: fewer calls, most of them still valid
+        ok = calls["text"] < calls["structured"] and 0 < invalid["text"] < 0.5
+        print(f"RESULT tiny_text_tools text_calls={calls['text']:.2f} structured_calls={calls['structured']:.2f} "
+              f"text_invalid={invalid['text']:.2f} structured_invalid={invalid['structured']:.2f} "
+              f"target=text_calls<structured_calls,0<text_invalid<0.5 {'PASS' if ok else 'MISS'}")
+        return 0
 
 
 if __name__ == "__main__":
