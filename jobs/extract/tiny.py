@@ -239,7 +239,7 @@ def conversation(chain: _Chain, rng: random.Random, topics: tuple[str, ...] = _T
             content = f"I cannot check it live, but {city} is " + chain.sentence(city.lower(), rng)
         else:
             reasoning = f"The user wants the weather in {city}. I will call get_weather for {city}."
-            # as text, with both functions described, it names the argument as the question does
+            # the drift: as text, with both functions described, a renamed argument (the schema requires city)
             key = "location" if as_text and len(tools) == 2 else "city"
             calls = [{"name": "get_weather", "arguments": json.dumps({key: city})}]
     elif kind == "flight":
