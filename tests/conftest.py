@@ -287,7 +287,8 @@ def tier_times(stats: dict[str, list[object]]) -> dict[str, tuple[int, float]]:
             keywords, nodeid = getattr(rep, "keywords", None), getattr(rep, "nodeid", None)
             if not isinstance(keywords, dict) or not nodeid or not hasattr(rep, "when"):
                 continue
-            tier = next((t for t in TIERS if t in keywords), None)
+            # the most specific first: a node test's keywords hold `cluster` too (its folder's name)
+            tier = next((t for t in reversed(TIERS) if t in keywords), None)
             if tier is not None:
                 tests.setdefault(tier, set()).add(nodeid)
                 seconds[tier] = seconds.get(tier, 0.0) + float(getattr(rep, "duration", 0.0))

@@ -86,8 +86,8 @@ def test_the_time_per_tier_adds_every_phase_of_each_test_once_counted():
 
     stats = {"passed": [R(nodeid="a", when="call", duration=2.0, keywords={"unit": 1, "a": 1})],
              "": [R(nodeid="a", when="setup", duration=0.5, keywords={"unit": 1}),
-                  R(nodeid="b", when="setup", duration=30.0, keywords={"node": 1, "b": 1})],
-             "failed": [R(nodeid="b", when="call", duration=60.0, keywords={"node": 1})],
+                  R(nodeid="b", when="setup", duration=30.0, keywords={"node": 1, "cluster": 1, "b": 1})],
+             "failed": [R(nodeid="b", when="call", duration=60.0, keywords={"node": 1, "cluster": 1})],  # its folder
              "warnings": [R(message="not a report")]}
     assert tier_times(stats) == {"unit": (1, 2.5), "node": (1, 90.0)}
 

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, progress
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.contract.progress import Outcome, read_progress
+from eyrie.jobs.contract.progress import Outcome, ProgressError, load_progress
 from eyrie.jobs.contract.tally import describe_bad_row
 from eyrie.jobs.pipeline import UNTIL, provider, run_stages
 from eyrie.jobs.spec import load_spec
@@ -162,9 +162,13 @@ def run_main(argv: list[str]) -> int:
 
 def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None:
     """What the run ends with: the summary's lines, then the verdict (or every table) and the page."""
-    prog = read_progress(store) or {}
-    lines = summary_lines(prog, store.uri)
-    variants = prog.get("templateVariants")
+    try:
+        prog = load_progress(store)
+    except ProgressError as e:  # the run's own document: a summary cannot be made of it, the outcome stands
+        print(f"eyrie: no summary: {e}", file=sys.stderr)
+        prog = None
+    lines = summary_lines(prog, store.uri) if prog is not None else []
+    variants = prog.template_variants if prog is not None else None
     if variants and variants.get("byProvider"):
         chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted"
                            + (f"; thinking {'on' if c['thinking'] else 'off'} where the request did not say"
@@ -177,7 +181,7 @@ def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None
         lines.append(f"why: {message}")
     for line in lines:
         print(fitted(line, err.width if err.is_terminal else None), file=sys.stderr)
-    if prog:
+    if prog is not None:
         try:
             _report(store, verbose)
         except Exception as e:  # a by-product: its failure must not change the run's exit code
@@ -198,26 +202,25 @@ def fitted(line: str, width: int | None = None) -> str:
     return textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
 
 
-def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
+def summary_lines(prog: progress.Progress, uri: str) -> list[str]:
     """The run's first lines: what happened to the samples, what the money went to, what a resume
     reused and what this attempt paid, and the rows that were never sent."""
-    s = prog.get("samples") or {}
-    discarded = (f"discarded {s['discarded']} paid {dollars(prog.get('discardedUSD', 0))} then excluded, "
-                 if s.get("discarded") else "")
-    out = [f"outcome: {prog.get('outcome')}  samples done {s.get('done')}/{s.get('total')} (rejected "
-           f"{s.get('rejected')} never sent, {discarded}failed {s.get('failed')})  spent "
-           f"{dollars(prog.get('spentUSD', 0))} of {dollars(prog.get('maxUSD', 0))}"]
-    r = prog.get("resume") or {}
+    s = prog.samples
+    discarded = (f"discarded {s.discarded} paid {dollars(prog.discarded or 0)} then excluded, "
+                 if s.discarded else "")
+    out = [f"outcome: {prog.outcome}  samples done {s.done}/{s.total} (rejected {s.rejected} never sent, "
+           f"{discarded}failed {s.failed})  spent {dollars(prog.spent)} of {dollars(prog.max_usd or 0)}"]
+    r = prog.resume or {}
     if int(r.get("attempt") or 1) > 1:
         out.append(f"resumed attempt {r['attempt']}: reused {r.get('reusedAnswers', 0)} answers "
                    f"({dollars(r.get('reusedUSD', 0))}) from earlier attempts; this attempt paid "
                    f"{dollars(r.get('paidUSD', 0))} for {r.get('requests', 0)} requests")
     out += abandoned_lines(prog)
-    fp = prog.get("fingerprint") or {}
+    fp = prog.fingerprint or {}
     if fp.get("accepted"):
         out.append(f"fingerprint {fp['id']}: new answers are labelled with it; earlier ones keep {fp.get('previous')} "
                    f"(changed and accepted: {', '.join(fp['accepted'])})")
-    bad = prog.get("badRows") or {}
+    bad = prog.bad_rows or {}
     if bad.get("count"):
         out.append(f"{bad['count']} rows never sent (bad data, not paid); the first:")
         out += [f"  {describe_bad_row(b)}" for b in bad.get("first") or []]
@@ -225,14 +228,14 @@ def summary_lines(prog: dict[str, Any], uri: str) -> list[str]:
     return out
 
 
-def abandoned_lines(prog: dict[str, Any]) -> list[str]:
+def abandoned_lines(prog: progress.Progress) -> list[str]:
     """After a stop that abandoned requests in flight (Ctrl-C twice, kill -9, a lost worker): the
     spend confirmed by the records, what the abandoned ones may still add, and what the provider said
     they cost. Shown while some are only bounded, and by the attempt that booked or reconciled them."""
-    a = prog.get("abandoned") or {}
+    a = prog.abandoned or {}
     if not a.get("requests") or not (a.get("unreconciled") or a.get("thisAttempt")):
         return []
-    parts = [f"confirmed spend {dollars(prog.get('paidUSD', 0))} (the stored answers)"]
+    parts = [f"confirmed spend {dollars(prog.paid or 0)} (the stored answers)"]
     if a.get("reconciled"):
         parts.append(f"{a['reconciled']} requests abandoned in flight cost {dollars(a.get('reconciledUSD', 0))} "
                      "(what the provider billed for them, or their answers that were never stored)")
