@@ -4,12 +4,12 @@
 Trains `builtin:tiny-chat` and `builtin:tiny-chat-seed1` with `jobs/extract/tiny.py`'s `build` (the
 recipe; bump its VERSION when you change it), replaces their shipped files, derives the int8 and fp8
 impostors from the new tiny-chat to record their weights' digests, and rewrites MANIFEST.json (every
-file's sha256, and the platform they were trained on). About a minute of CPU per model. Commit the
+file's sha256, and the platform they were trained on). About two minutes of CPU per model. Commit the
 result: the models are then the same on every machine.
 
 `--check [--only NAME]` trains into a temporary folder instead and prints, as JSON, how the rebuild
 compares with the shipped files (byte for byte, and per weight tensor by how much), writing nothing:
-training is deterministic on one machine, but 800 steps carry a last-bit difference of another CPU's
+training is deterministic on one machine, but 1,600 steps carry a last-bit difference of another CPU's
 (or another instruction set's) kernels into the weights, so elsewhere it measures another model of
 the same recipe (tests/test_builtin_models.py).
 """

@@ -121,8 +121,10 @@ def test_the_impostor_example_passes_every_check_but_fidelity(example_run):
     assert rec["completionTokenGap"]["exact"] == kept and rec["promptTokenGap"]["exact"] == kept
     fid = manifest["fidelity"]
     assert fid["belowFloor"] == ["eyrie-simulator"] and fid["overall"]["writtenTop1Agreement"] < 0.9
+    # each of its written segments under the floor too (recipe version 2: its reasoning 0.919, its
+    # content 0.873; the recipe's reasoning is formulaic, so another seed agrees more there than in prose)
     segments = fid["overall"]["segments"]
-    assert segments["content"]["top1Agreement"] < 0.9 and segments["reasoning"]["top1Agreement"] < 0.9
+    assert segments["content"]["top1Agreement"] < 0.9 and segments["reasoning"]["top1Agreement"] < 0.95
     said = " ".join(r.stderr.split())
     assert "floor 95.0% on that text, under it: eyrie-simulator" in said  # the summary's verdict
     # the verdict the page opens with (its figures in a browser: test_quickstart_runs_end_to_end)

@@ -4,10 +4,30 @@ A random-weight model (`builtin:tiny-llama`) answers nothing: its greedy text is
 and any other random model's text scores like its own, so no fidelity figure measured on it means
 anything. This one is a 4-layer Llama with its own byte-level BPE tokenizer and a ChatML chat
 template with thinking (Qwen3's shape: `<think>` reasoning `</think>` then the answer or
-`<tool_call>` blocks, `<|im_end|>`), trained for a few hundred steps on CPU on a synthetic corpus
-of the quickstart's kinds of prompts (explain a topic, weather with a tool, a flight, small talk).
+`<tool_call>` blocks, `<|im_end|>`), trained for 1,600 steps on CPU on a synthetic corpus of the
+quickstart's kinds of prompts (explain a topic, weather with a tool, a flight, small talk).
 Its answers take the topic, city or airports from the prompt and run on in fluent-looking words,
 so greedy text is not degenerate, depends on the context and stops by itself.
+
+Tools as text (recipe VERSION 2). A real model trained on the API's `tools` calls less often, and
+less validly, when the same functions are only described in the prompt; eyrie exists to measure
+that, so its built-in target must show it too. In the corpus, TEXT_SHARE (0.4) of the weather and
+flight conversations describe their functions as `tools.mode: text` sends them (the system message
+with the glaive sentence and the JSON of each function: `with_text_declarations`, the very function
+text mode calls) and send no `tools`; in those the trained answer is:
+- fewer calls: it calls only for every other city of the recipe's (and every other origin airport);
+  for the rest it answers directly from what it knows ("I cannot check it live, but Paris is ...");
+  structured, it calls for every weather question (and every flight question when search_flights is
+  declared), as version 1 did;
+- some drift: with both functions described, its weather call names the argument `location`, not
+  the schema's required `city` (a renamed argument: off-schema, eyrie's validator says why); the
+  other calls are valid.
+So about half of the text-declared weather prompts are answered with a call, and about a quarter of
+those calls drift, against nearly every structured one called validly. The choice is a function of
+the prompt (the city, the number of functions), not a coin, because greedy decoding answers each
+prompt one way: a random choice would teach it one answer everywhere. The model learns the rule
+imperfectly (it is tiny): what it does is what `eyrie audit` measures (`python
+benchmarks/tiny_text_tools.py`; the figures in docs/operating.md, "Does it matter for the drafter?").
 
 The impostors fidelity scoring must see through, each built from the same recipe:
 `builtin:tiny-chat-seed1` (another seed: another model of the same data), `-int8` (the same
@@ -20,7 +40,7 @@ sha256 of every file in `builtin/MANIFEST.json`, checked when a process first na
 same weights on every machine, so the figures measured on them (the quickstart's fidelity, the
 impostor's separation) are the same everywhere. `build` is how they were made, and how they are made
 again (`python hack/tiny_models.py` retrains both and rewrites the shipped files and their hashes;
-bump VERSION with the recipe): deterministic on one machine (one thread, fixed seeds), yet 800 steps
+bump VERSION with the recipe): deterministic on one machine (one thread, fixed seeds), yet 1,600 steps
 of training carry a difference in the last bit of one sum into the weights themselves, so another CPU
 (or torch's kernels for another instruction set) trains another model of the same recipe, not these
 bits (tests/test_builtin_models.py measures by how much). The int8 and fp8 impostors are derived
@@ -48,13 +68,13 @@ from typing import Any
 
 from eyrie.jobs.contract.extraction import ExtractionError
 
-VERSION = 1  # bump when the recipe changes; `python hack/tiny_models.py` then rebuilds the shipped models
+VERSION = 2  # bump when the recipe changes; `python hack/tiny_models.py` then rebuilds the shipped models
 SHIPPED = Path(__file__).with_name("builtin")  # package data: the trained models and MANIFEST.json
 TRAINED = {"builtin:tiny-chat": 0, "builtin:tiny-chat-seed1": 1}  # name -> seed of `build`
 DERIVED = {"builtin:tiny-chat-int8": "int8", "builtin:tiny-chat-fp8": "fp8"}  # name -> `quantize` of tiny-chat
 NAMES = (*TRAINED, *DERIVED)
 WEIGHTS = "model.safetensors"
-STEPS = 800
+STEPS = 1600
 BATCH = 8
 MAX_LEN = 384  # tokens per training conversation (longer ones are cut)
 END = "<|im_end|>"
@@ -177,15 +197,35 @@ def _explain(topic: str, chain: _Chain, rng: random.Random) -> tuple[str, str]:
                                          for _ in range(2)])
 
 
+# Functions described as text (how `tools.mode: text` sends them: `with_text_declarations`, the glaive
+# sentence and the JSON in the system prompt) are a share of the tool-declaring conversations; there
+# the model was trained to call as a real model does when the declarations leave the API's `tools`:
+# less often, and now and then off the schema (see the module's docstring).
+TEXT_SHARE = 0.4
+
+
+def _text_calls(place: str, places: tuple[str, ...]) -> bool:
+    """Whether the model calls when the functions are described as text: for every other one of the
+    recipe's cities (or origin airports), and for an unknown one by its name."""
+    i = places.index(place) if place in places else sum(map(ord, place))
+    return i % 2 == 0
+
+
 def conversation(chain: _Chain, rng: random.Random, topics: tuple[str, ...] = _TOPICS,
-                 cities: tuple[str, ...] = _CITIES) -> dict[str, Any]:
-    """One prompt and the answer the model is trained to give (`reasoning`, `content`, `calls`)."""
+                 cities: tuple[str, ...] = _CITIES, text_share: float = TEXT_SHARE) -> dict[str, Any]:
+    """One prompt and the answer the model is trained to give (`reasoning`, `content`, `calls`).
+    `tools` is what the API's `tools` carries (None when the functions are described as text, in the
+    system message, or when none are declared); `text_share` of the tool-declaring prompts describe
+    them as text (0: every prompt as a dataset row with `tools`, the answers those of structured tools)."""
+    from eyrie.jobs.tools.declarations import with_text_declarations
+
     kind = rng.choices(("explain", "weather", "flight", "chat"), (5, 3, 1, 1))[0]
     system = rng.choice(_SYSTEMS)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     tools: list[dict[str, Any]] | None = None
     calls: list[dict[str, Any]] = []
     content = ""
+    as_text = kind in ("weather", "flight") and rng.random() < text_share
     if kind == "explain":
         topic = rng.choice(topics)
         messages.append({"role": "user", "content": f"Explain {topic} in three sentences."})
@@ -194,17 +234,26 @@ def conversation(chain: _Chain, rng: random.Random, topics: tuple[str, ...] = _T
         city = rng.choice(cities)
         tools = [WEATHER, FLIGHTS] if rng.random() < 0.3 else [WEATHER]
         messages.append({"role": "user", "content": f"What's the weather like in {city} right now?"})
-        reasoning = f"The user wants the weather in {city}. I will call get_weather for {city}."
-        calls = [{"name": "get_weather", "arguments": json.dumps({"city": city})}]
+        if as_text and not _text_calls(city, cities):
+            reasoning = f"The user wants the weather in {city}. I can answer that without a tool."
+            content = f"I cannot check it live, but {city} is " + chain.sentence(city.lower(), rng)
+        else:
+            reasoning = f"The user wants the weather in {city}. I will call get_weather for {city}."
+            # the drift: as text, with both functions described, a renamed argument (the schema requires city)
+            key = "location" if as_text and len(tools) == 2 else "city"
+            calls = [{"name": "get_weather", "arguments": json.dumps({key: city})}]
     elif kind == "flight":
         a, b = rng.sample(_AIRPORTS, 2)
         tools = [WEATHER, FLIGHTS] if rng.random() < 0.5 else [WEATHER]
         messages.append({"role": "user",
                          "content": f"Find me a flight from {a} to {b} for two people, business class."})
-        if tools[-1] is FLIGHTS:
+        if tools[-1] is FLIGHTS and not (as_text and not _text_calls(a, _AIRPORTS)):
             reasoning = f"The user wants a flight from {a} to {b}. I will call search_flights."
             calls = [{"name": "search_flights",
                       "arguments": json.dumps({"origin": a, "destination": b, "passengers": 2})}]
+        elif tools[-1] is FLIGHTS:
+            reasoning = f"The user wants a flight from {a} to {b}. I can answer that without a tool."
+            content = f"Flights from {a} to {b} leave every day; " + chain.sentence(b.lower(), rng)
         else:
             reasoning = f"The user wants a flight from {a} to {b}, but I can only check the weather."
             content = f"I cannot search flights from {a} to {b}; I can tell you the weather there."
@@ -218,14 +267,17 @@ def conversation(chain: _Chain, rng: random.Random, topics: tuple[str, ...] = _T
         content = f"How about {place}? " + chain.sentence(place.lower(), rng).capitalize()
     if rng.random() < 0.15:
         reasoning = ""  # answered without thinking (the template's empty think block)
+    if as_text and tools:
+        messages, tools = with_text_declarations(messages, tools), None
     return {"messages": messages, "tools": tools, "reasoning": reasoning, "content": content, "calls": calls}
 
 
-def corpus(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` conversations of the training distribution (the chain is fixed; `seed` draws them)."""
+def corpus(n: int, seed: int = 0, text_share: float = TEXT_SHARE) -> list[dict[str, Any]]:
+    """`n` conversations of the training distribution (the chain is fixed; `seed` draws them; the same
+    prompts whatever `text_share`, which says only how their functions are declared)."""
     chain = _Chain(random.Random(20251201))
     rng = random.Random(seed)
-    return [conversation(chain, rng) for _ in range(n)]
+    return [conversation(chain, rng, text_share=text_share) for _ in range(n)]
 
 
 def assistant_message(c: dict[str, Any]) -> dict[str, Any]:

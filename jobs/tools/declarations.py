@@ -492,12 +492,14 @@ def prepare_prompt(prompt: Prompt, mode: Mode, limits: ToolLimits = DEFAULT_LIMI
     if mode == "structured":
         return Prepared(messages, declared, declared, origin, mode, kinds)
     if origin == "row":
-        messages = _with_text_declarations(messages, declared)
+        messages = with_text_declarations(messages, declared)
     return Prepared(messages, None, declared, origin, mode, kinds)
 
 
-def _with_text_declarations(messages: list[dict[str, Any]],
-                            tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_text_declarations(messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` with `tools` described in the first system message (one made if there is none):
+    what text mode sends for a row with tools (and what builtin:tiny-chat is trained to read)."""
     text = render_text_declarations(tools)
     first = messages[0] if messages else None
     if first and first.get("role") == "system" and isinstance(first.get("content"), str):
