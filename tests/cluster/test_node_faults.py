@@ -147,7 +147,7 @@ def test_a_deleted_ray_worker_pod_is_replaced_and_its_shards_finished_by_the_sam
         assert pod is not None, cluster.diagnose("worker")
         cluster.cp.delete(PODS, NS, pod["metadata"]["name"])
         st = run.ends("Succeeded")
-    assert st["attempt"] == "1" and "retries" not in st, st
+    assert st["attempt"] == "1" and "retries" not in st, cluster.diagnose("worker")
     assert st["disruptions"]["workersLost"] >= 1, st
     assert ("Warning", "WorkerLost") in run.events()
     assert [d["metadata"]["name"] for d in run.rayjobs()] == ["worker-gen-1"] and run.rayjobs_at_once == 1
