@@ -46,8 +46,8 @@ NS = "faults"
 N = 40  # prompts per run: 20 s of answers at 4 in flight and 2 s each, so every fault lands mid-generation
 CONCURRENCY = 4  # node_runs.spec's api.maxConcurrency, one Ray worker
 MAX_USD = Decimal("5.00")
-# a request's worst case, as the run reserves it: these prompts' rendered length (under 40 tokens) with room to
-# spare, at most maxTokens (256) out
+# a request's worst case, as the run reserves it: 200 prompt tokens, far more than these one-sentence prompts
+# render to, and at most maxTokens (256) out
 WORST = worst_case(Pricing(Decimal(PRICING["inputPerMillion"]), Decimal(PRICING["outputPerMillion"])), 200, 256)
 
 
@@ -82,6 +82,12 @@ class Run:
         """Returns once the provider has answered `k` of the run's prompts: generation is under way."""
         self.cluster.wait(self.name, f"{k} answers", lambda: self.cluster.sim_stats()["completed"] >= k,
                           timeout=timeout, every=0.25)
+
+    def delete_ray_pod(self, node_type: str) -> None:
+        """Deletes the run's running Ray pod of `node_type` (head, worker), as a drain or an eviction does."""
+        pod = ray_pod(self.cluster, self.name, node_type)
+        assert pod is not None, self.cluster.diagnose(self.name)
+        self.cluster.cp.delete(PODS, NS, pod["metadata"]["name"])
 
     def rayjobs(self) -> list[dict[str, Any]]:
         return [d for d in self.cluster.cp.list(RAYJOBS, NS) if d["metadata"]["name"].startswith(f"{self.name}-gen-")]
@@ -143,9 +149,7 @@ def test_a_deleted_ray_worker_pod_is_replaced_and_its_shards_finished_by_the_sam
     run = new_run(cluster, "worker").start()
     with run.watched():
         run.answered(6)
-        pod = ray_pod(cluster, "worker", "worker")
-        assert pod is not None, cluster.diagnose("worker")
-        cluster.cp.delete(PODS, NS, pod["metadata"]["name"])
+        run.delete_ray_pod("worker")
         st = run.ends("Succeeded")
     assert st["attempt"] == "1" and "retries" not in st, cluster.diagnose("worker")
     assert st["disruptions"]["workersLost"] >= 1, st
@@ -164,9 +168,7 @@ def test_a_deleted_ray_head_pod_is_resumed_under_the_operators_control_never_two
     run = new_run(cluster, "head").start()
     with run.watched():
         run.answered(6)
-        pod = ray_pod(cluster, "head", "head")
-        assert pod is not None, cluster.diagnose("head")
-        cluster.cp.delete(PODS, NS, pod["metadata"]["name"])
+        run.delete_ray_pod("head")
         st = run.ends("Succeeded")
     events = run.events()
     print(f"head pod deleted: attempt {st['attempt']}, disruptions {st.get('disruptions')}, retries "

@@ -96,8 +96,9 @@ class Session:
     def start_actor(self, name: str) -> Any:
         """The coordinator as a named Ray actor (its handle); every worker calls it. It runs on the caller's node (the
         driver's: a RayJob's head), so it lives and dies with the run: Ray places an actor that asks for no
-        resources on a random node, and on a worker's pod it went with that pod (seen on the test node: a deleted
-        worker pod failed the RayJob instead of costing one shard worker)."""
+        resources on a random node, and on a worker's pod it would go with that pod: the driver's next call fails,
+        and the RayJob with it, where the pod should cost one shard worker (the likely cause of a deleted worker pod
+        failing a RayJob on the test node once)."""
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
