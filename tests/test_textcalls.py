@@ -343,3 +343,26 @@ def test_hostile_sizes_stay_bounded():
 def test_degenerate_texts(text):
     found = find_calls(text, NAMES)
     assert all(c.problem for c in found)
+
+
+def test_a_cut_off_call_to_a_declared_function_names_it():
+    """`maxTokens` cuts a Kimi call after its id: the call names a declared function, so it counts
+    for that function (invalid: never closed), not as a call to an undeclared one; the same for
+    DeepSeek's and Hermes' cut calls, and for a call cut before its argument marker."""
+    cut = {
+        f"Let me look.{kimi.SECTION_BEGIN}{kimi.CALL_BEGIN}functions.get_weather:0{kimi.CALL_ARG_BEGIN}{{\"ci":
+            ("get_weather", "Kimi tool call is never closed"),
+        f"{kimi.SECTION_BEGIN}{kimi.CALL_BEGIN} functions.get_weather:3 ": ("get_weather", "Kimi tool call is never"),
+        f"{kimi.CALL_BEGIN}get_weather:0{kimi.CALL_ARG_BEGIN}{{}}": ("get_weather", "Kimi tool call is never closed"),
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\"":
+            ("get_weather", "DeepSeek tool call is never closed"),
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Par': ("get_weather", "<tool_call> block is never"),
+    }
+    for text, (name, message) in cut.items():
+        check = text_check(text)
+        assert [(v.name, v.valid) for v in check.calls] == [(name, False)], (text, check.calls)
+        assert check.calls[0].errors[0]["message"].startswith(message), (text, check.calls[0].errors)
+    # a call opened again before it closed keeps its name too
+    twice = (f"{kimi.SECTION_BEGIN}{kimi.CALL_BEGIN}functions.get_weather:0{kimi.CALL_BEGIN}functions.get_weather:1"
+             f"{kimi.CALL_ARG_BEGIN}{{\"city\": \"A\"}}{kimi.CALL_END}{kimi.SECTION_END}")
+    assert [(v.name, v.valid) for v in text_check(twice).calls] == [("get_weather", False), ("get_weather", True)]

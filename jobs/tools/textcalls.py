@@ -375,22 +375,50 @@ def _kimi_call(text: str, start: int, end: int, limits: TextCallLimits) -> TextC
                     None if name else "has no function name", call_id or None)
 
 
+_NAME_CHARS = 64
+_CUT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a name read from a cut call: a plain identifier, or none
+
+
+def _kimi_cut_name(head: str) -> str | None:
+    """The function a cut Kimi call names (`functions.NAME:IDX` before its argument marker, or all
+    there is), so a call `maxTokens` cut counts for its function."""
+    head = head.partition(kimi.CALL_ARG_BEGIN)[0][: 2 * _NAME_CHARS]
+    m = _KIMI_ID.fullmatch(head)
+    name = m.group(1).strip() if m else ""
+    return name if _CUT_NAME.fullmatch(name) else None
+
+
+def _deepseek_cut_name(head: str) -> str | None:
+    """The function a cut DeepSeek call names: `NAME<｜tool▁sep｜>` (V3.1), `function<｜tool▁sep｜>NAME\\n` (V3/R1)."""
+    first, sep, rest = head[: 2 * _NAME_CHARS].partition(DS_SEP)
+    if not sep:
+        return None
+    name = rest.partition("\n")[0].strip() if first.strip() == "function" else first.strip()
+    return name if _CUT_NAME.fullmatch(name) else None
+
+
 def _marked_calls(fmt: CallFormat, text: str, span: tuple[int, int], begin: str, end_marker: str,
-                  read: Any, limits: TextCallLimits, out: list[TextCall]) -> None:
+                  read: Any, limits: TextCallLimits, out: list[TextCall], cut_name: Any = None) -> None:
     """Calls `begin ... end_marker` inside text[span]; `read(text, start, end, limits)` reads one.
-    A call opened again (or not closed) before its end marker is a call with a problem."""
+    A call opened again (or not closed) before its end marker is a call with a problem, named by
+    `cut_name(what follows its begin)` when it got as far as its name (a cut answer's last call)."""
     p, stop = text.find(begin, *span), span[1]
     close = -2  # the first end marker after the current call's begin; found once, reused
+
+    def cut(a: int, b: int) -> TextCall:
+        name = cut_name(text[a + len(begin):b]) if cut_name is not None else None
+        return TextCall(fmt, name, None, a, b, "is never closed")
+
     while p != -1 and len(out) <= limits.max_calls:
         body = p + len(begin)
         if close != -1 and close < body:
             close = text.find(end_marker, body, stop)
         if close == -1:
-            out.append(TextCall(fmt, None, None, p, stop, "is never closed"))
+            out.append(cut(p, stop))
             return
         nxt = text.find(begin, body, close)
         if nxt != -1:
-            out.append(TextCall(fmt, None, None, p, nxt, "is never closed"))
+            out.append(cut(p, nxt))
             p = nxt
             continue
         end = close + len(end_marker)
@@ -433,7 +461,8 @@ def parse_kimi(text: str, declared: Collection[str] = (), limits: TextCallLimits
     spans = _sections(text, _KIMI_OPENS, _KIMI_CLOSES) \
         if kimi.CALL_BEGIN in text or "section_begin|>" in text else []
     for span in spans:
-        _marked_calls(CallFormat.KIMI, text, span, kimi.CALL_BEGIN, kimi.CALL_END, _kimi_call, limits, out)
+        _marked_calls(CallFormat.KIMI, text, span, kimi.CALL_BEGIN, kimi.CALL_END, _kimi_call, limits, out,
+                      _kimi_cut_name)
     if declared and not spans and "functions." in text:  # a decoder that drops markers drops them all
         for a, b in _gaps(spans, 0, len(text)):
             objects = dict(_outer_spans(text, a, b)) if text.find("functions.", a, b) != -1 else {}
@@ -483,7 +512,8 @@ def parse_deepseek(text: str, limits: TextCallLimits = DEFAULT_TEXT_LIMITS,
     spans = _sections(text, _DS_OPENS, _DS_CLOSES)
     out: list[TextCall] = []
     for span in spans:
-        _marked_calls(CallFormat.DEEPSEEK, text, span, DS_CALL_BEGIN, DS_CALL_END, _deepseek_call, limits, out)
+        _marked_calls(CallFormat.DEEPSEEK, text, span, DS_CALL_BEGIN, DS_CALL_END, _deepseek_call, limits, out,
+                      _deepseek_cut_name)
     return out, spans
 
 
