@@ -28,6 +28,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_snake
 
+from eyrie.jobs.contract import pilot as pilot_contract
 from eyrie.jobs.contract.model import Model
 from eyrie.jobs.contract.progress import EndpointVerdict, SampleCounts, TokenCounts
 from eyrie.jobs.errors import InputError
@@ -543,6 +544,53 @@ class ExtractionSpec(Model):
         return v
 
 
+class PilotTraining(Model):
+    """The budget of each pilot drafter (the same for every option, as `eyrie evaluate` gives its drafters)."""
+
+    steps: int = Field(default=pilot_contract.STEPS, ge=1, le=100_000)
+    """Training steps per drafter (`eyrie evaluate --steps`)."""
+    tokens_per_step: int = Field(default=pilot_contract.TOKENS_PER_STEP, ge=1, le=1_000_000)
+    """Loss tokens per step, exact (`eyrie evaluate --tokens-per-step`)."""
+
+
+class PilotSpec(Model):
+    """Before the money goes: buy a small slice of the run (both tools modes, and/or take the sources' own
+    answers), extract it, train one small EAGLE-3 drafter per option with SpecForge's code and compare their
+    accepted tokens per step on the target's own structured answers held out (`eyrie pilot`, docs/operating.md).
+    Its answers are paid from budget.maxUSD (shown apart as pilotUSD); the run's own mode's answers are kept
+    as the run's samples, never bought twice. Needs extraction.enabled."""
+
+    prompts: int | None = Field(default=None, ge=1, le=100_000)
+    """Tool-declaring prompts of the sources in the pilot (a seeded random sample, as `eyrie audit` picks);
+    unset: tools.gate.canarySamples."""
+    heldout: int | None = Field(default=None, ge=1, le=100_000)
+    """Of those, the prompts whose structured answers are the serving traffic every drafter is measured on
+    (never trained on); unset: a fifth of the prompts, at most 500."""
+    compare: list[Literal["otherMode", "datasetAnswers"]] = Field(default_factory=lambda: ["otherMode"],
+                                                                 min_length=1, max_length=2)
+    """What the run's own data (its tools mode, regenerated) is compared with: otherMode (the other tools
+    mode, bought for the same prompts), datasetAnswers (the sources' own answers, as generation.answers:
+    dataset takes them: "should I regenerate the data I already have?")."""
+    training: PilotTraining = Field(default_factory=PilotTraining)
+    """Each drafter's training budget."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the prompts' sample, the held-out choice, the training order and the drafters' weights."""
+    policy: Literal["report", "require"] = "report"
+    """report: record the verdict and go on; require: suspend the run with the verdict (outcome PilotFailed)
+    unless the drafter of the run's own data accepts no fewer tokens per step than the best alternative's,
+    less `margin`."""
+    margin: float = Field(default=0.0, ge=0, lt=pilot_contract.MAX_MARGIN)
+    """Accepted tokens per step the run's own drafter may fall short of the best alternative's and still pass
+    (0 <= margin < 7: a drafter accepts at most 7 draft tokens per step more than another)."""
+
+    @field_validator("compare")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"{', '.join(sorted({x for x in v if v.count(x) > 1}))} named twice")
+        return v
+
+
 class CredentialsRef(Model):
     name: str = Field(description="Secret with the S3 credentials.")
     access_key_key: str = Field(default="accessKey", description="Key holding the access key.")
@@ -588,6 +636,9 @@ class DatasetGenerationSpec(Model):
     """Hidden-state extraction."""
     output: OutputSpec
     """Where everything is written."""
+    pilot: PilotSpec | None = None
+    """Measure the decision before the money goes: drafters trained on a small slice of each option (`eyrie
+    pilot`); with policy require the run suspends when its own data's drafter is worse."""
 
     @model_validator(mode="after")
     def _cross_field(self) -> DatasetGenerationSpec:
@@ -622,7 +673,43 @@ class DatasetGenerationSpec(Model):
             raise ValueError("extraction.model: required when extraction is enabled (or set target.tokenizer)")
         if self.extraction.enabled and not self.target.tokenizer:
             raise ValueError("target.tokenizer: extraction needs reconstructed samples, which need a tokenizer")
+        if self.pilot is not None:
+            self._check_pilot(self.pilot)
         return self
+
+    def _check_pilot(self, pilot: PilotSpec) -> None:
+        """What a pilot needs that its own fields cannot say (ValueError "field: why", as `_cross_field`)."""
+        if not self.extraction.enabled:
+            raise ValueError("pilot: its drafters train on the target's hidden states: set extraction.enabled: true "
+                             "(and extraction.model or target.tokenizer), or remove pilot")
+        if self.generation.answers == "dataset":
+            raise ValueError("pilot: with generation.answers: dataset nothing is bought to pilot; to ask whether "
+                             "regenerating pays, set generation.answers: regenerate and pilot.compare: "
+                             "[datasetAnswers]")
+        if self.generation.turns != "last":
+            raise ValueError("pilot: compares answers to single prompts (generation.turns: last)")
+        n, held = self.pilot_prompts(), self.pilot_heldout()
+        limits = [s.limit for s in self.sources]
+        if all(x is not None for x in limits) and n > sum(limits):  # type: ignore[arg-type]
+            raise ValueError(f"pilot.prompts: {n:,} (unset: tools.gate.canarySamples) is more than the sources' "
+                             f"limits allow ({sum(limits):,} rows, not all of them declaring tools); lower "  # type: ignore[arg-type]
+                             "pilot.prompts")
+        if held >= n:
+            raise ValueError(f"pilot.heldout: {held:,} held out of {n:,} pilot prompts leaves none to train on")
+        if n - held < pilot_contract.MIN_TRAIN:
+            raise ValueError(f"pilot.prompts: {n:,} prompts with {held:,} held out leave {n - held:,} to train each "
+                             f"drafter on; at least {pilot_contract.MIN_TRAIN} are needed: raise pilot.prompts to "
+                             f"{held + pilot_contract.MIN_TRAIN:,}" + (" or lower pilot.heldout" if held > 1 else ""))
+
+    def pilot_prompts(self) -> int:
+        """The pilot's prompts: pilot.prompts, else tools.gate.canarySamples."""
+        assert self.pilot is not None
+        return self.pilot.prompts or self.tools.gate.canary_samples
+
+    def pilot_heldout(self) -> int:
+        """The pilot's held-out prompts: pilot.heldout, else `eyrie evaluate`'s default for that many."""
+        assert self.pilot is not None
+        return self.pilot.heldout or pilot_contract.default_heldout(self.pilot_prompts())
 
     def effective_pricing(self) -> PricingSpec:
         """The prices reservations use: `budget.pricing`, or the simulator's own price list when the
@@ -759,10 +846,12 @@ def _problems(err: ValidationError, prefix: str) -> list[tuple[str, str]]:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
-        # a model-level validator reports "path: message" in its text; lift the path out.
-        if not loc and msg.startswith("Value error, ") and ": " in msg:
+        # a model-level validator reports "path: message" in its text; lift the path out (the spec's own
+        # validator sits at `spec` in a whole resource)
+        if loc in ([], ["spec"]) and msg.startswith("Value error, ") and ": " in msg:
             path, _, rest = msg.removeprefix("Value error, ").partition(": ")
-            problems.append((f"{prefix}.{path}" if prefix else path, rest))
+            base = ".".join(p for p in (prefix, *loc) if p)
+            problems.append((f"{base}.{path}" if base else path, rest))
             continue
         msg = msg.removeprefix("Value error, ")
         full = _loc(tuple(loc))

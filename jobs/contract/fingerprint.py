@@ -141,6 +141,22 @@ def audit_fingerprint(spec: DatasetGenerationSpec) -> Fingerprint:
     return fingerprint(spec, tools_mode="text+structured")
 
 
+def pilot_key(spec: DatasetGenerationSpec) -> str:
+    """What the pilot's verdict (contract/pilot.py, pilot.json) was decided for: its settings, the answers it
+    compares (the audit's fingerprint: the same answers both ways, whatever the run's own mode), the run's own
+    mode, the prompts it is drawn from and what turns them into hidden states. A spec with another key needs
+    the pilot again (its answers and evaluation are reused where they are the same). Torch-free: the operator
+    compares it with pilot.json's to know whether the pilot is done."""
+    assert spec.pilot is not None
+    ex = spec.extraction
+    doc = {"pilot": spec.pilot.dump(), "prompts": spec.pilot_prompts(), "heldout": spec.pilot_heldout(),
+           "answers": audit_fingerprint(spec).id, "own": generated_mode(spec),
+           "sources": [s.dump() for s in spec.sources],
+           "target": [spec.target.tokenizer, spec.target.chat_format, spec.target.template_variant],
+           "extraction": [ex.engine, ex.model or spec.target.tokenizer, ex.layers, ex.dtype]}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Change:
     field: str

@@ -34,6 +34,8 @@ SPECFORGE_ONLINE = "exports/specforge-online.json"  # `eyrie export specforge-on
 EVALUATION = "evaluation.json"  # `eyrie evaluate`: drafters trained on this output (and others), their acceptance
 PROBE_ANSWERS = "providers/answers"  # the probe's records, one object per group commit
 FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parquet), when scored
+PILOT = "pilot.json"  # the pilot's verdict (contract/pilot.py), written once it decided
+PILOT_SLICES = "pilot"  # the pilot's slices: one output-like folder per option (pilot_slice_prefix)
 
 _PART_RE = re.compile(r"^generations/shard-(\d{5})/part-(\d{5})\.jsonl\.gz$")
 _JOURNAL_RE = re.compile(r"^generations/shard-(\d{5})/journal/([0-9a-f]{8})-(\d{8})\.jsonl\.gz$")
@@ -81,6 +83,15 @@ def parse_audit_answers_key(key: str) -> str | None:
 def probe_answers_key(writer: str, seq: int) -> str:
     """One group commit of the provider probe's records (`writer`, `seq` as in `journal_key`)."""
     return f"{PROBE_ANSWERS}/{writer}-{seq:08d}.jsonl.gz"
+
+
+def pilot_slice_prefix(option: str) -> str:
+    """The folder of one pilot option's slice: a store of its own laid out like a run's output
+    (generations/, samples/, hidden/), what the option's drafter trains on; the structured slice also holds
+    the pilot's evaluation.json (the held-out answers are its)."""
+    if option not in ("structured", "text", "dataset"):
+        raise ValueError(f"not a pilot option: {option!r}")
+    return f"{PILOT_SLICES}/{option}"
 
 
 def inflight_key(worker: str, writer: str) -> str:

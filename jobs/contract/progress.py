@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import ConfigDict, Field, PlainSerializer, ValidationError, field_validator
@@ -36,9 +36,12 @@ class Outcome(StrEnum):
     STOPPED = "Stopped"  # a signal (Ray stop_job, Ctrl-C) asked the run to stop; resumable
     FORECAST_OVER_BUDGET = "ForecastOverBudget"  # the canary's forecast exceeds maxUSD (onForecastOver: suspend)
     NO_PROVIDER_PASSES = "NoProviderPasses"  # the provider probe passed no endpoint: nothing generated
+    PILOT_PASSED = "PilotPassed"  # stage pilot: the verdict lets the run go on (pilot.json); generation may start
+    PILOT_FAILED = "PilotFailed"  # stage pilot, policy require: the run's own data is worse; suspend (resumable)
 
 
 class Stage(StrEnum):
+    PILOT = "pilot"  # spec.pilot under way or decided (`pilot` says how far): nothing generated beyond it
     PROBE = "probe"  # spec.api.providerProbe under way: nothing generated yet (`probe` says how far)
     GENERATE = "generate"
     SAMPLES = "samples"
@@ -126,6 +129,25 @@ class ProbeProgress(Model):
     spent: USD = Field(default=Decimal(0), alias="spentUSD")
 
 
+class PilotProgress(Model):
+    """progress.json's `pilot` (the pilot stage writes it, jobs/pilot/run.py): how far it is, what it cost, and
+    once decided the verdict (pilot.json holds the whole of it)."""
+
+    model_config = ConfigDict(extra="allow")
+    step: Literal["buy", "samples", "extract", "train", "decided"]
+    """buy: its answers being bought; samples, extract: its slices built; train: its drafters trained;
+    decided: pilot.json written."""
+    prompts: Count = 0
+    answers: Count = 0
+    """Answers the pilot holds of those it needs (every option's)."""
+    planned: Count = Field(default=0, alias="answersPlanned")
+    spent: USD = Field(default=Decimal(0), alias="spentUSD")
+    passed: bool | None = None
+    proceed: bool | None = None
+    verdict: str | None = None
+    """The verdict sentence, once decided."""
+
+
 class Progress(Model):
     """progress.json: the whole document, as the driver writes it (`write_progress`) and the CLI, the report and
     the operator read it (`parse_progress`). Keys another writer adds are kept (`model_extra`), never dropped."""
@@ -141,6 +163,7 @@ class Progress(Model):
     reserved: USD = Field(default=Decimal(0), alias="reservedUSD")
     max_usd: USD | None = Field(default=None, alias="maxUSD")
     audit: USD | None = Field(default=None, alias="auditUSD")  # part of the spend, paid by `eyrie audit`
+    pilot_usd: USD | None = Field(default=None, alias="pilotUSD")  # part of the spend, the pilot's answers
     price_factor: USD | None = None
     forecast: USD | None = Field(default=None, alias="forecastUSD")  # projected total, once the canary is measured
     forecast_figures: dict[str, Any] | None = Field(default=None, alias="forecast")  # budget/forecast.py
@@ -160,6 +183,7 @@ class Progress(Model):
     template_variants: dict[str, Any] | None = None  # reconstruct.variants.VariantDetector.summary
     providers: ProvidersProgress | None = None
     probe: ProbeProgress | None = None  # the provider probe under way (stage probe)
+    pilot: PilotProgress | None = None  # the pilot (stage pilot while it runs; kept by the stages after it)
     attempts: list[str] = Field(default_factory=list)
     fingerprint: dict[str, Any] | None = None  # the attempt's binding (driver.Resume.progress)
     resume: dict[str, Any] | None = None
@@ -191,6 +215,7 @@ class Progress(Model):
 _SHAPES = {
     "probe": "probe must be {endpoints: [tag, ...], answers, answersPlanned, spentUSD}",
     "providers": "providers.endpoints must be a list of {tag, passed, ...}",
+    "pilot": "pilot must be {step: buy|samples|extract|train|decided, answers, answersPlanned, spentUSD, ...}",
 }
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eyrie.jobs.contract.pilot import STEPS, TOKENS_PER_STEP
 from eyrie.jobs.evaluate.data import Corpus
 from eyrie.jobs.evaluate.plan import SPECFORGE_VERSION, EvaluationError, Take
 
@@ -53,8 +54,8 @@ __all__ = ["SPECFORGE_VERSION", "Counts", "Drafter", "TrainSettings", "evaluate"
 class TrainSettings:
     """One drafter's budget and optimizer; every drafter of an evaluation gets the same."""
 
-    steps: int = 300  # on the quickstart (36 samples) 92 s of CPU, acc ~0.83 at every position (docs/operating.md)
-    tokens_per_step: int = 256  # loss tokens per step, exact (plan.steps_plan)
+    steps: int = STEPS  # on the quickstart (36 samples) 92 s of CPU, acc ~0.83 at every position (docs/operating.md)
+    tokens_per_step: int = TOKENS_PER_STEP  # loss tokens per step, exact (plan.steps_plan)
     ttt_length: int = 7  # SpecForge's default draft positions (training.ttt_length)
     learning_rate: float = 1e-2  # SpecForge's 1e-4 is for a large draft and 100k steps; at 300 steps 1e-2 beat 3e-3
     warmup_ratio: float = 0.015  # SpecForge's default

@@ -22,6 +22,8 @@ import numpy as np
 import orjson
 
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract import pilot as pilot_contract
+from eyrie.jobs.contract.pilot import default_heldout
 from eyrie.jobs.evaluate import figures
 from eyrie.jobs.evaluate.data import Corpus, check_same_target, open_corpus
 from eyrie.jobs.evaluate.plan import (
@@ -37,7 +39,7 @@ from eyrie.jobs.evaluate.plan import (
 
 FORMAT = "eyrie-evaluation/1"
 CODE_VERSION = 1  # bump when what an evaluation computes changes: a stored one is then recomputed
-MIN_TRAIN = 5  # samples the reference drafter needs at least besides the held-out set
+MIN_TRAIN = pilot_contract.MIN_TRAIN  # samples the reference drafter needs at least besides the held-out set
 CONTROL = "control: shuffled tokens"
 MAX_CURVE = 1000  # loss-curve points kept per drafter (evenly spaced when there are more steps)
 
@@ -58,10 +60,6 @@ class Result:
     doc: dict[str, Any]
     reused: bool
     key: str = field(default="")
-
-
-def default_heldout(samples: int) -> int:
-    return max(1, min(500, samples // 5))
 
 
 def _name(uri: str, taken: set[str]) -> str:
