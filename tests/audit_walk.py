@@ -39,16 +39,16 @@ def call(name: str, args: dict[str, Any] | str, idx: int = 0, closed: bool = Tru
 # (case, functions declared, the answer's content, why its call is invalid (None: valid; "-": no call), rows)
 CASES: list[tuple[str, tuple[dict[str, Any], ...], str, str | None, int]] = [
     ("weather", (WEATHER,), call("get_weather", {"city": "Paris"}), None, 5),
-    ("weather-enum", (WEATHER,), call("get_weather", {"city": "Oslo", "unit": "kelvin"}), "enum", 1),
-    ("weather-cut", (WEATHER,), call("get_weather", '{"city": "Li', closed=False), "unclosed", 1),
-    ("undeclared", (WEATHER,), call("book_hotel", {"city": "Paris"}), "undeclared", 1),
+    ("weather-enum", (WEATHER,), call("get_weather", {"city": "Oslo", "unit": "kelvin"}), "not in enum", 1),
+    ("weather-cut", (WEATHER,), call("get_weather", '{"city": "Li', closed=False), "never closed", 1),
+    ("undeclared", (WEATHER,), call("book_hotel", {"city": "Paris"}), "undeclared function", 1),
     ("prose", (WEATHER,), "It is usually mild in Paris in spring.", "-", 3),
     ("discount", (DISCOUNT,), call("calculate_discount", {"original_price": 80, "discount_percentage": 10}), None, 2),
     ("discount-renamed", (DISCOUNT,), call("calculate_discount", {"price": 100, "discount_percentage": 20}),
      "missing required", 2),
     ("discount-missing", (DISCOUNT,), call("calculate_discount", {"original_price": 100}), "missing required", 2),
     ("discount-string", (DISCOUNT,), call("calculate_discount", {"original_price": "100", "discount_percentage": 5}),
-     "type", 1),
+     "wrong type", 1),
 ]
 USAGE = {"prompt_tokens": 400, "completion_tokens": 120}  # no cost: priced at the spec's prices
 MULTI_TURN = 2  # rows with an earlier call and its result, then the answer (a valid get_weather call)
@@ -92,7 +92,7 @@ def _row(shape: str, functions: tuple[dict[str, Any], ...], turns: list[tuple[st
 
 
 def write(tmp: Path, shape: str = "glaive", name: str | None = None) -> Path:
-    """The file, one JSON object a line, with one malformed line at the end (row 31 here)."""
+    """The file, one JSON object a line, with one malformed line at the end."""
     path = tmp / (name or f"kimi-{shape}.jsonl")
     lines = [json.dumps(r) for r in _rows(shape)] + ['{"system": "SYSTEM: x", "chat": ']
     path.write_text("\n".join(lines) + "\n")

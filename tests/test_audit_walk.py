@@ -5,14 +5,24 @@ the shapes training data is kept in, and a paired difference said as such."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
+import pytest
+import yaml
+
 sys.path.insert(0, str(Path(__file__).parent))
-from audit_walk import EXPECT, write
+from audit_walk import EXPECT, MODEL, write
 
 from eyrie.jobs.context import RunContext
+from eyrie.jobs.contract import audit as stored
+from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.audit.from_recorded import FromOptions, run_audit_from
+from eyrie.jobs.generate.budget.pricing import Pricing
+from eyrie.jobs.store import open_store
 
 
 def audit(path: Path, dg=None) -> dict:
@@ -28,3 +38,87 @@ def test_a_cut_off_call_counts_for_its_function_as_never_closed(tmp_path):
     assert weather["declaredIn"] == EXPECT["declaredIn"]["get_weather"]
     assert round(weather["callRate"]["value"] * weather["declaredIn"]) == EXPECT["called"]["get_weather"]
     assert doc["figures"]["byTool"]["(not declared)"]["text"]["calls"] == EXPECT["undeclared"]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "200"})
+
+
+def spec(tmp: Path) -> Path:
+    doc = {"sources": [{"name": "unused", "uri": str(tmp / "unused.jsonl")}], "target": {"model": MODEL},
+           "api": {"baseUrl": "http://127.0.0.1:9/v1"},  # never called: nothing is sent without --rerun
+           "budget": {"maxUSD": "5.00", "pricing": {"inputPerMillion": "0.60", "outputPerMillion": "2.50"}},
+           "output": {"uri": f"file://{tmp}/out"}}
+    p = tmp / "spec.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+@pytest.mark.integration
+def test_why_invalid_is_counted_by_reason_on_screen(tmp_path):
+    path = write(tmp_path)
+    doc = audit(path)
+    assert doc["figures"]["modes"]["text"]["invalidReasons"] == EXPECT["reasons"]
+    r = cli("--from", str(path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    for reason, n in EXPECT["reasons"].items():
+        assert f"{reason} {n}" in out, (reason, out)
+
+
+def test_a_renamed_argument_is_named_beside_the_missing_one(tmp_path):
+    path = write(tmp_path)
+    audit(path)
+    rows = stored.read_rows(open_store(str(tmp_path / "audit-out")))
+    missing = [r["why"][0] for r in rows if r.get("why") and "is a required property" in r["why"][0]]
+    assert len(missing) == EXPECT["reasons"]["missing required"] == 4  # two renamed original_price, two left one out
+    renamed = [w for w in missing if "'original_price' is a required property" in w]
+    assert len(renamed) == 2 and all("'price'" in w for w in renamed), renamed
+    assert not any("'price'" in w for w in missing if w not in renamed)
+
+
+@pytest.mark.integration
+def test_what_regenerating_costs_the_model_and_what_to_do(tmp_path):
+    path = write(tmp_path)
+    r = cli("--from", str(path), cwd=tmp_path)  # no spec: its prices are what an estimate needs
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert f"model {MODEL}" in out and "model None" not in out
+    assert "regenerat" in out and "budget.pricing" in out
+    assert "What to do:" in out and "--rerun" in out
+    r = cli(str(spec(tmp_path)), "--from", str(path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    prompt, completion = EXPECT["tokens"]
+    cost = Pricing(Decimal("0.60"), Decimal("2.50")).cost(prompt, completion)
+    assert f"{dollars(cost)}" in out and f"{EXPECT['answers']} rows" in out, out
+    assert "What to do:" in out
+
+
+def test_a_paired_difference_says_it_is_over_the_prompts_answered_both_ways():
+    """30 text answers, 20 of them also answered structured: the rates are over 30 and 20, their
+    difference over the 20 prompts answered both ways, and the screen says so."""
+    from rich.console import Console
+
+    from eyrie.jobs.generate.audit import stats as st
+    from eyrie.jobs.report.terminal import audit_renderables
+
+    def fact(sid: str, mode: str, called: bool) -> st.AnswerFact:
+        calls = (st.CallFact("get_weather", True, "kimi" if mode == "text" else "structured", 1, True),) if called \
+            else ()
+        return st.AnswerFact(sid, "src", mode, "ok", frozenset({"get_weather"}), calls)
+
+    facts = [fact(f"s{i}", "text", i % 3 != 0) for i in range(30)] + \
+        [fact(f"s{i}", "structured", i % 4 != 0) for i in range(20)]
+    figs = st.summarize(facts, {"prompts": 30, "declaredPrompts": 30})
+    assert figs["paired"]["prompts"] == 20
+    verdict = st.verdict(figs)
+    assert "of 30 prompts" in verdict and "of 20 structured" in verdict
+    diff = st.fmt_diff(figs["paired"]["difference"]["callRate"], "rate")
+    assert f"on the 20 prompts answered both ways, structured minus text: {diff}" in verdict, verdict
+    console = Console(width=160, record=True)
+    for r in audit_renderables({"figures": figs, "verdict": verdict, "samples": 30, "model": "m"}):
+        console.print(r)
+    screen = " ".join(console.export_text().split())
+    assert "structured - text on the 20 prompts answered both ways" in screen, screen

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.progress import SampleCounts
-from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd
+from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd, reasons_phrase
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
 from eyrie.jobs.report.verdict import scoring_model, verdict, written_agreement
@@ -214,7 +214,8 @@ def _audit_main(doc: dict[str, Any]) -> Table:
     modes = [m for m in ("text", "structured") if m in figs["modes"]]
     paired = figs.get("paired")
     where = f"recorded in {escape(doc['from']['file'])}" if doc.get("kind") == "from" else f"seed {doc.get('seed')}"
-    t = Table(title=f"tools as text vs structured: {doc.get('samples')} prompts ({where}), model {doc.get('model')}; "
+    prompts = doc.get("samples") or (doc.get("population") or {}).get("declaredPrompts")  # --from: rows judged
+    t = Table(title=f"tools as text vs structured: {prompts} prompts ({where}), model {doc.get('model')}; "
                     f"sent {doc.get('sent', 0)} requests, reused {doc.get('reused', 0)} answers, "
                     f"spent {dollars(doc.get('spentUSD'))}",
               title_justify="left", caption="95% intervals: Wilson for rates, seeded bootstrap for means and "
@@ -224,7 +225,8 @@ def _audit_main(doc: dict[str, Any]) -> Table:
     for m in modes:
         t.add_column(m, justify="right")
     if paired:
-        t.add_column("structured - text", justify="right")
+        # the modes' rates are over their own answers, the difference over the prompts answered both ways
+        t.add_column(f"structured - text on the {paired['prompts']} prompts answered both ways", justify="right")
     t.add_row("answers", *(str(figs["modes"][m]["answers"]) for m in modes),
               *([f"{paired['prompts']} prompts in both"] if paired else []))
     for label, key, kind, dkey in _AUDIT_ROWS:
@@ -233,6 +235,8 @@ def _audit_main(doc: dict[str, Any]) -> Table:
             continue
         diff = [_cell(paired["difference"].get(dkey), _DIFF_KIND[dkey]) if dkey else ""] if paired else []
         t.add_row(label, *(_cell(c, kind) for c in cells), *diff)
+    if any(figs["modes"][m].get("invalidReasons") for m in modes):
+        t.add_row("  why", *(reasons_phrase(figs["modes"][m]) or "-" for m in modes), *([""] if paired else []))
     t.add_row("USD, these answers", *(dollars(figs["modes"][m]["costUSD"]) for m in modes), *([""] if paired else []))
     t.add_row("failed requests", *(str(figs["modes"][m]["failed"]) for m in modes), *([""] if paired else []))
     if any(figs["modes"][m]["unparsable"] for m in modes):
@@ -343,8 +347,22 @@ def _audit_recorded(doc: dict[str, Any]) -> Table | None:
         ("what these answers cost", f"{dollars(f['costUSD'])} (from usage.cost {f['priced']['usage']:,}, at the "
                                      f"spec's prices {f['priced']['pricing']:,}, "
                                      f"unpriced {f['priced']['unpriced']:,})"),
+        ("regenerating them", _regenerating(f.get("regenerate"))),
     ]
     return _kv("recorded answers (--from)", [(k, Text(str(v))) for k, v in rows])  # rows' text is not markup
+
+
+def _regenerating(r: dict[str, Any] | None) -> str | None:
+    """What buying the judged rows again would cost: their own token counts at the spec's prices."""
+    if not r or not r.get("rows"):
+        return None
+    tokens = (f"{r['rows']:,} rows, {r['promptTokens']:,} prompt and {r['completionTokens']:,} completion tokens"
+              + (f" in the {r['rowsWithUsage']:,} that give usage" if r["rowsWithUsage"] < r["rows"] else ""))
+    if r.get("usd") is not None:
+        return f"about {dollars(r['usd'])} at the spec's prices ({tokens})"
+    if not r["rowsWithUsage"]:
+        return f"not estimated: no row gives its usage ({r['rows']:,} rows)"
+    return f"not estimated: a SPEC's budget.pricing is needed to price {tokens}"
 
 
 def audit_renderables(doc: dict[str, Any]) -> list[Any]:

@@ -80,8 +80,22 @@ class _Schema:
                     return []
             except _FAST_FAILS:  # a value it cannot convert (a non-string key, say): ask the other
                 pass
-        return [{"path": json_pointer(e.absolute_path), "message": e.message[:cap]}
+        return [{"path": json_pointer(e.absolute_path), "message": _message(e)[:cap]}
                 for e in itertools.islice(self.slow.iter_errors(value), most)]
+
+
+def _message(e: Any) -> str:
+    """jsonschema's message; for a missing required property, the arguments given in its place that
+    the schema does not declare (a renamed argument: `price` for `original_price`) named beside it."""
+    if e.validator != "required" or not isinstance(e.instance, dict) or not isinstance(e.schema, dict):
+        return e.message
+    if e.schema.get("additionalProperties") is False:  # jsonschema names the extra ones itself
+        return e.message
+    declared = e.schema.get("properties")
+    extra = [k for k in e.instance if not isinstance(declared, dict) or k not in declared][:5]
+    if not extra:
+        return e.message
+    return f"{e.message} (the call has {', '.join(map(repr, extra))}, which the schema does not declare)"
 
 
 def _compile(key: bytes) -> _Schema:

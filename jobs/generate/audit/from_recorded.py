@@ -124,6 +124,7 @@ class RecordedPass:
     no_tools_rows: list[int] = field(default_factory=list)  # the first rows declaring nothing eyrie reads
     failed: list[dict[str, Any]] = field(default_factory=list)  # the first rows holding the provider's error
     models: Counter[str] = field(default_factory=Counter)  # the model each row says answered it
+    tokens: Counter[str] = field(default_factory=Counter)  # judged rows: rows, usage (rows with it), prompt, completion
     lines: list[bytes] = field(default_factory=list)  # audit/rows.jsonl, a line per row, in file order
 
     def __post_init__(self) -> None:
@@ -137,6 +138,7 @@ class RecordedPass:
         self.failed = (self.failed + other.failed)[:MAX_PROBLEMS]
         self.lines += other.lines
         self.models.update(other.models)
+        self.tokens.update(other.tokens)
         stats.merge_shapes(self.shapes, other.shapes)
         for name in ("bad_rows", "rows", "no_tools", "unparsable_rows", "cost"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -209,6 +211,7 @@ def _add(tally: RecordedPass, item: RecordedRow | RowProblem, job: _Job) -> None
         tally.lines.append(_line(stored.row_entry(base, stored.RowStatus.NO_DECLARATIONS)))
         return
     check = None if item.response is None else checks.check_response(got.prepared, item.response, got.validator)
+    _count_tokens(tally.tokens, item.usage)
     tally.facts.append(stats.fact_from_check(sid, item.prompt.source, item.mode, check, got.names, item.usage,
                                                    float(cost) if cost is not None else None))
     if check is None:
@@ -224,6 +227,27 @@ def _add(tally: RecordedPass, item: RecordedRow | RowProblem, job: _Job) -> None
                                "checks": check.to_record()}
         tally.candidates[item.mode].offer(priority(job.seed, sid), Candidate(sid, item.prompt, item.mode, got.names,
                                                                              rec, item.line))
+
+
+def _count_tokens(tokens: Counter[str], usage: dict[str, Any] | None) -> None:
+    """A judged row's own token counts: what regenerating it would cost at a spec's prices."""
+    tokens["rows"] += 1
+    p, c = (usage or {}).get("prompt_tokens"), (usage or {}).get("completion_tokens")
+    if isinstance(p, int) and isinstance(c, int) and not isinstance(p, bool) and not isinstance(c, bool):
+        tokens["usage"] += 1
+        tokens["prompt"] += p
+        tokens["completion"] += c
+
+
+def regeneration(tokens: Counter[str], pricing: Pricing | None) -> dict[str, Any]:
+    """What buying the judged rows again would cost: their own token counts at the spec's prices, the
+    rows without usage at the mean of those with it (`usd` None: no prices, or no row says its tokens)."""
+    out: dict[str, Any] = {"rows": tokens["rows"], "rowsWithUsage": tokens["usage"],
+                           "promptTokens": tokens["prompt"], "completionTokens": tokens["completion"], "usd": None}
+    if pricing is not None and tokens["usage"]:
+        cost = pricing.cost(tokens["prompt"], tokens["completion"]) * tokens["rows"] / tokens["usage"]
+        out["usd"] = usd(cost)
+    return out
 
 
 def _check_batch(job: _Job, batch: list[tuple[int, bytes] | RowProblem]) -> RecordedPass:
@@ -274,6 +298,11 @@ def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun:
         while pending:
             total.merge(pending.popleft().result())
     return total
+
+
+def _most(models: Counter[str]) -> str | None:
+    """The model most rows say answered them (the audit's header without a spec)."""
+    return models.most_common(1)[0][0] if models else None
 
 
 def default_output(path: str | Path) -> str:
@@ -407,16 +436,18 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
     figures = stats.summarize(facts, population)
     entry = {
         "kind": "from", "at": now_iso(), "samples": len(picked), "seed": seed,
-        "model": asked if asked else dg.spec.target.model if dg is not None else None, "fingerprint": fp,
+        "model": asked or (dg.spec.target.model if dg is not None else _most(tally.models)), "fingerprint": fp,
         "changedSince": changed, "outcome": outcome, "message": message, "spentUSD": usd(spent), "sent": sent,
         "reused": reused, "population": population,
         "from": {"file": str(path), "output": store.uri, "rows": tally.rows, "badRows": tally.bad_rows,
                  "problems": tally.problems, "modes": tally.modes, "models": dict(tally.models.most_common(20)),
                  "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows, "unparsable": tally.unparsable,
-                 "declarationShapes": tally.shapes, "costUSD": usd(tally.cost), "priced": tally.priced},
+                 "declarationShapes": tally.shapes, "costUSD": usd(tally.cost), "priced": tally.priced,
+                 "regenerate": regeneration(tally.tokens, pricing)},
         "figures": figures,
         "verdict": stats.verdict(figures, recorded=p.name, shapes=tally.shapes,
-                                 bought=(bought_mode, sent, reused) if bought_mode else None),
+                                 bought=(bought_mode, sent, reused) if bought_mode else None,
+                                 regenerate=regeneration(tally.tokens, pricing)),
         "examples": examples_doc, "sampleIds": [c.sample_id for c in picked],
     }
     stored.write_rows(store, lines)

@@ -49,6 +49,24 @@ UNDECLARED = "(not declared)"
 LARGE = 20_000  # above this many answers a bootstrap draws fewer resamples (never under 400)
 
 
+# Why a call did not validate, from its first error's message (the validator's, jsonschema's): what
+# the audit counts on screen ("missing required 4, undeclared function 1, ...").
+_REASONS = (("was not declared", "undeclared function"), ("is never closed", "never closed"),
+            ("is a required property", "missing required"), ("is not of type", "wrong type"),
+            ("is not one of", "not in enum"), ("Additional properties", "extra argument"),
+            ("not valid JSON", "not JSON"), ("not JSON values", "not JSON"), ("neither JSON nor", "not JSON"),
+            ("must be a JSON", "not JSON"), ("no function name", "no function name"),
+            ("holds no call", "no call in it"))
+OTHER_REASON = "other"
+
+
+def invalid_reason(errors: Any) -> str:
+    """The reason a call is invalid, in a word or two, from its first error (`OTHER_REASON` if none fits)."""
+    first = errors[0] if isinstance(errors, list) and errors else None
+    message = str(first.get("message", "")) if isinstance(first, dict) else str(first or "")
+    return next((reason for needle, reason in _REASONS if needle in message), OTHER_REASON)
+
+
 @dataclass(frozen=True, slots=True)
 class CallFact:
     name: str | None
@@ -56,9 +74,10 @@ class CallFact:
     format: str
     arguments: int | None  # a hash of the arguments' canonical JSON (None: they did not parse)
     declared: bool
+    reason: str | None = None  # why it is invalid (`invalid_reason`); None when valid
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return CallFact, (self.name, self.valid, self.format, self.arguments, self.declared)
+        return CallFact, (self.name, self.valid, self.format, self.arguments, self.declared, self.reason)
 
 
 @dataclass(slots=True)
@@ -164,8 +183,9 @@ def fact_from_record(record: dict[str, Any], declared: Iterable[str], *, referen
     for c in checks.get("calls") or ():
         name = c.get("name")
         args = c["arguments"] if "arguments" in c else structured_arguments(record, c.get("index"))
-        calls.append(CallFact(name, bool(c.get("valid")), str(c.get("format") or "structured"), arguments_key(args),
-                              name in names))
+        valid = bool(c.get("valid"))
+        calls.append(CallFact(name, valid, str(c.get("format") or "structured"), arguments_key(args),
+                              name in names, None if valid else invalid_reason(c.get("errors"))))
     return AnswerFact(
         sample_id=str(record.get("sample_id")), source=str(record.get("source", "")),
         mode=str(record.get("toolsMode") or "structured"), status=status, declared=names, calls=tuple(calls),
@@ -182,8 +202,8 @@ def fact_from_check(sample_id: str, source: str, mode: str, check: ResponseCheck
     keeps no record (`eyrie audit --from`)."""
     if check is None:
         return AnswerFact(sample_id, source, mode, "failed", declared, output_tokens=_output_tokens(usage), cost=cost)
-    calls = tuple(CallFact(v.name, v.valid, v.format, arguments_key(v.arguments), v.name in declared)
-                  for v in check.calls)
+    calls = tuple(CallFact(v.name, v.valid, v.format, arguments_key(v.arguments), v.name in declared,
+                           None if v.valid else invalid_reason(v.errors)) for v in check.calls)
     return AnswerFact(sample_id, source, mode, "ok", declared, calls, check.prose, check.leaked,
                       _output_tokens(usage), cost)
 
@@ -284,6 +304,7 @@ class _Group:
             "callsPerAnswer": _mean([len(f.calls) for f in ok]).to_dict(),
             "validRate": wilson(valid, len(calls)).to_dict(),
             "invalidRate": wilson(len(calls) - valid, len(calls)).to_dict(),
+            "invalidReasons": dict(Counter(c.reason or OTHER_REASON for c in calls if not c.valid).most_common()),
             "hallucinatedRate": wilson(sum(not c.declared for c in calls), len(calls)).to_dict(),
             "wrongFunctionRate": wilson(sum(c.declared and c.name not in f.reference for f, c in ref_calls),
                                         len(ref_calls)).to_dict(),
@@ -475,13 +496,21 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
+def reasons_phrase(f: dict[str, Any]) -> str:
+    """"missing required 4, undeclared function 1": why a mode's calls did not validate, most first."""
+    return ", ".join(f"{reason} {n:,}" for reason, n in (f.get("invalidReasons") or {}).items())
+
+
 def _invalid_phrase(f: dict[str, Any], mode: str, short: bool = False) -> str:
-    """"9% [4-18] of its 40 text calls would not validate"; short: "2% [0-9] of 38 structured"."""
+    """"9% [4-18] of its 40 text calls would not validate (missing required 3, ...)"; short: "2% [0-9] of
+    38 structured"."""
     if not f["calls"]:
         return f"no {mode} call" if short else f"it made no {mode} call"
     if short:
         return f"{fmt_rate(f['invalidRate'])} of {f['calls']} {mode}"
-    return f"{fmt_rate(f['invalidRate'])} of its {_n(f['calls'], f'{mode} call')} would not validate"
+    why = reasons_phrase(f)
+    return (f"{fmt_rate(f['invalidRate'])} of its {_n(f['calls'], f'{mode} call')} would not validate"
+            + (f" ({why})" if why else ""))
 
 
 def _formats_phrase(formats: dict[str, Any]) -> str:
@@ -509,14 +538,80 @@ def _cost_phrase(proj: dict[str, Any]) -> str:
             f"{_money(hi, ref)}] {word} than the text run.")
 
 
+INVALID_OK = 0.02  # invalid calls at or below this share need no regeneration (the gate's default maxInvalidCallRate)
+RERUN_SUGGESTED = 50  # prompts a first --rerun buys: enough to see a large difference, cheap next to the whole
+
+
 def verdict(figs: dict[str, Any], *, recorded: str | None = None,
-            shapes: dict[str, dict[str, int]] | None = None, bought: tuple[str, int, int] | None = None) -> str:
+            shapes: dict[str, dict[str, int]] | None = None, bought: tuple[str, int, int] | None = None,
+            regenerate: dict[str, Any] | None = None) -> str:
     """The audit in one paragraph, every number taken from `figs` and printed as the tables print
-    it. `recorded`: the name of a `--from` file whose answers the text side (or both) came from;
-    `shapes`: per source, the prompts by declaration shape (`count_shapes`); `bought`: with
-    `--rerun`, (the bought mode, requests sent, answers reused)."""
+    it, ending with what to do. `recorded`: the name of a `--from` file whose answers the text side
+    (or both) came from; `shapes`: per source, the prompts by declaration shape (`count_shapes`);
+    `bought`: with `--rerun`, (the bought mode, requests sent, answers reused); `regenerate`: what
+    buying the file's judged rows again would cost (`from_recorded.regeneration`)."""
     phrase = shapes_phrase(shapes or {})
-    return " ".join(p for p in (_verdict(figs, recorded, bought), phrase) if p)
+    todo = what_to_do(figs, recorded, regenerate)
+    return " ".join(p for p in (_verdict(figs, recorded, bought), phrase, todo) if p)
+
+
+def _regen_cost(regenerate: dict[str, Any] | None, rows: int | None = None) -> str | None:
+    """"about $1.23" for `rows` of the file's rows (all by default); None when nothing prices them."""
+    if not regenerate or not regenerate.get("rows") or regenerate.get("usd") is None:
+        return None
+    share = float(Decimal(str(regenerate["usd"])) * (rows if rows is not None else regenerate["rows"])
+                  / regenerate["rows"])
+    return f"about ${_money(share, share)}"
+
+
+def _unpriced(regenerate: dict[str, Any] | None) -> str:
+    """What an estimate of regenerating's cost needs, when there is none."""
+    if not regenerate or not regenerate.get("rows") or regenerate.get("usd") is not None:
+        return ""
+    if regenerate.get("rowsWithUsage"):
+        return (" A SPEC's budget.pricing prices the rows' own token counts: `eyrie audit SPEC --from FILE` says "
+                "what regenerating would cost.")
+    return " No row gives its usage (prompt_tokens, completion_tokens): nothing estimates what regenerating costs."
+
+
+def what_to_do(figs: dict[str, Any], recorded: str | None, regenerate: dict[str, Any] | None) -> str:
+    """One sentence: regenerate (in which mode), buy the comparison first, or keep what there is."""
+    modes = figs.get("modes") or {}
+    paired = figs.get("paired")
+    if paired and paired.get("prompts"):
+        d = paired["difference"]["validRate"]
+        n = paired["prompts"]
+        if d.get("value") is None or d.get("low") is None:
+            return ""
+        cost = _regen_cost(regenerate)
+        again = f" (regenerating the file's {regenerate['rows']:,} rows: {cost})" if cost and regenerate else ""
+        if d["low"] > 0:
+            return (f"What to do: send tools structured (tools.mode: structured): on the {_n(n, 'prompt')} answered "
+                    f"both ways its calls validate more often ({fmt_diff(d, 'rate')}){again}.")
+        if d["high"] < 0:
+            return (f"What to do: keep tools as text: on the {_n(n, 'prompt')} answered both ways structured calls "
+                    f"validate less often ({fmt_diff(d, 'rate')}).")
+        return (f"What to do: nothing yet: on the {_n(n, 'prompt')} answered both ways the modes' valid-call rates "
+                f"do not differ beyond chance ({fmt_diff(d, 'rate')}); more prompts (--rerun N, --samples N) "
+                "narrow it.")
+    if not recorded or len(modes) != 1:
+        return ""
+    mode, f = next(iter(modes.items()))
+    if not f["calls"] or f["invalidRate"]["value"] is None:
+        return ""
+    other = "structured" if mode == "text" else "text"
+    rows = regenerate.get("rows", 0) if regenerate else f["answers"]
+    if f["invalidRate"]["value"] <= INVALID_OK:
+        return (f"What to do: keep these answers: {fmt_rate(f['invalidRate'])} of their calls would not validate, "
+                f"within the {100 * INVALID_OK:.0f}% a run's gate allows; whether {other} tools would call more "
+                f"often than these {fmt_rate(f['callRate'])} is what `--rerun N` measures.")
+    n = min(RERUN_SUGGESTED, rows) if rows else RERUN_SUGGESTED
+    whole, part = _regen_cost(regenerate), _regen_cost(regenerate, n)
+    return (f"What to do: before regenerating all {rows:,} rows{f' ({whole})' if whole else ''}, buy the {other} "
+            f"side for {n} of them with `eyrie audit SPEC --from {recorded} --rerun {n}`"
+            f"{f' ({part})' if part else ''} and regenerate in {other} mode only if its calls validate more often; "
+            "meanwhile answers with invalid calls are dropped from training (tools.onInvalidCall: drop)."
+            + _unpriced(regenerate))
 
 
 def _lead(modes: dict[str, Any], recorded: str | None, bought: tuple[str, int, int] | None) -> str:
@@ -548,6 +643,11 @@ def _verdict(figs: dict[str, Any], recorded: str | None, bought: tuple[str, int,
         if t["neededCallRate"]["n"] or s["neededCallRate"]["n"]:
             out[-1] += (f" ({fmt_rate(t['neededCallRate'])} vs {fmt_rate(s['neededCallRate'])} where the dataset's "
                         "own answer calls one)")
+        paired = figs.get("paired")
+        if paired and paired["prompts"] and (paired["prompts"], paired["prompts"]) != (t["answers"], s["answers"]):
+            # the rates are over each mode's own answers; their difference only over the prompts in both
+            out[-1] += (f" (on the {_n(paired['prompts'], 'prompt')} answered both ways, structured minus text: "
+                        f"{fmt_diff(paired['difference']['callRate'], 'rate')})")
         out[-1] += f"; {_invalid_phrase(t, 'text')} ({_invalid_phrase(s, 'structured', short=True)})."
     else:
         mode, f = ("text", t) if t else ("structured", s)
@@ -567,8 +667,8 @@ def _verdict(figs: dict[str, Any], recorded: str | None, bought: tuple[str, int,
         out.append(_cost_phrase(proj))
     elif proj:
         f = t or s
-        out.append(f"These answers cost {fmt_usd(f['costPerAnswer'])} each; run with --rerun N to buy the "
-                   "comparison with the other mode." if recorded else "")
+        if recorded and f["costPerAnswer"].get("value") is not None:  # what to do says how to compare
+            out.append(f"These answers cost {fmt_usd(f['costPerAnswer'])} each.")
     unparsable = sum(m.get("unparsable", 0) for m in modes.values())
     if unparsable:
         out.append(f"{unparsable} prompt{'s' if unparsable > 1 else ''} declared functions that could not be parsed: "
