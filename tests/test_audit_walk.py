@@ -5,6 +5,7 @@ the shapes training data is kept in, and a paired difference said as such."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,3 +123,27 @@ def test_a_paired_difference_says_it_is_over_the_prompts_answered_both_ways():
         console.print(r)
     screen = " ".join(console.export_text().split())
     assert "structured - text on the 20 prompts answered both ways" in screen, screen
+
+
+def test_training_shapes_whose_last_turn_is_the_answer_are_read(tmp_path):
+    """OpenAI fine-tuning `messages` and ShareGPT/SpecForge `conversations` ending in the assistant's
+    turn: that turn is the answer, the turns before it the prompt; the same figures as the glaive rows."""
+    def figures(doc: dict) -> tuple:
+        t = doc["figures"]["modes"]["text"]
+        return (t["answers"], t["calls"], t["invalidReasons"], t["callRate"], doc["figures"]["byTool"],
+                doc["from"]["badRows"])
+
+    want = figures(audit(write(tmp_path, "glaive")))
+    assert want[0] == EXPECT["answers"]
+    for shape in ("openai", "sharegpt"):
+        out = tmp_path / shape
+        out.mkdir()
+        assert figures(audit(write(out, shape))) == want, shape
+    # SpecForge's own rows: `conversations` of role/content messages
+    rows = [json.loads(line) for line in write(tmp_path, "openai", "ft.jsonl").read_text().splitlines()[:-1]]
+    specforge = tmp_path / "specforge"
+    specforge.mkdir()
+    (specforge / "sf.jsonl").write_text("".join(json.dumps({"conversations": r["messages"]}) + "\n" for r in rows))
+    doc = audit(specforge / "sf.jsonl")
+    t = doc["figures"]["modes"]["text"]
+    assert (t["answers"], t["calls"], t["invalidReasons"]) == want[:3]

@@ -10,7 +10,10 @@ The answer, first of:
 - `response`: a chat.completion object (or an OpenAI batch line's `{"status_code", "body": {...}}`),
   or an assistant message (`content`, `reasoning`, `tool_calls`) with `usage` beside it;
 - `choices` at the top level: the row is a chat.completion itself;
-- `content` / `reasoning` / `tool_calls` at the top level, with `usage`, `provider`, `model`.
+- `content` / `reasoning` / `tool_calls` at the top level, with `usage`, `provider`, `model`;
+- else the conversation's last turn, when the assistant wrote it: training data's usual shape (OpenAI
+  fine-tuning `{"messages": [system, user, assistant]}`, ShareGPT `{"conversations": [..., {"from":
+  "gpt"}]}`, SpecForge's `conversations` of role/content messages); the turns before it are the prompt.
 A row whose request carried `tools` is a structured-mode answer; otherwise a text-mode one.
 
 Rows are numbered from 1, as an editor shows the file's lines. A row that cannot be read is a
@@ -24,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 from eyrie.jobs import sources
 from eyrie.jobs.api import ApiError
@@ -118,7 +123,40 @@ def _completion(raw: dict[str, Any]) -> dict[str, Any] | str:
         message = {k: raw[k] for k in _MESSAGE_KEYS if k in raw}
         return {"id": raw.get("id"), "choices": [{"message": message, "finish_reason": raw.get("finish_reason")}],
                 "usage": raw.get("usage"), "provider": raw.get("provider"), "model": raw.get("model")}
-    return "no answer: expected 'response', 'choices', or 'content'/'reasoning'/'tool_calls'"
+    return ("no answer: expected 'response', 'choices', 'content'/'reasoning'/'tool_calls', or a conversation "
+            "whose last turn is the assistant's")
+
+
+_ANSWER_SPEAKERS = frozenset({"assistant", "gpt", "chatgpt", "model", "function_call"})
+
+
+def _last_turn_answer(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A training row whose conversation ends with the assistant's turn, as a row whose `response` is
+    that turn and whose prompt is the turns before it (None: not such a row). SpecForge keeps
+    `conversations` as role/content messages: those are read as `messages`."""
+    key = "messages" if "messages" in raw else "conversations" if "conversations" in raw else None
+    if key is None or "request" in raw:
+        return None
+    turns = raw[key]
+    if isinstance(turns, str):  # a Parquet dump's JSON text
+        try:
+            turns = orjson.loads(turns)
+        except orjson.JSONDecodeError:
+            return None
+    if not isinstance(turns, list) or len(turns) < 2 or not isinstance(turns[-1], dict):
+        return None
+    last = turns[-1]
+    if last.get("role", last.get("from")) not in _ANSWER_SPEAKERS:
+        return None
+    text = last.get("content", last.get("value"))
+    message: dict[str, Any] = {"content": text}
+    for k in ("reasoning_content", "reasoning", "tool_calls"):
+        if last.get(k) is not None:
+            message[k] = last[k]
+    row = {k: v for k, v in raw.items() if k != key}
+    roles = key == "messages" or all(isinstance(t, dict) and "role" in t for t in turns)
+    row["messages" if roles else "conversations"] = turns[:-1]
+    return {**row, "response": message}
 
 
 def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
@@ -127,6 +165,8 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
         return RowProblem(line, str(raw))
     if not isinstance(raw, dict):
         return RowProblem(line, f"row is a JSON {sources.json_type_name(raw)}, not an object")
+    if not any(k in raw for k in ("response", "choices", *_MESSAGE_KEYS)):
+        raw = _last_turn_answer(raw) or raw
     got = _prompt(raw, name, line)
     if isinstance(got, str):
         return RowProblem(line, got)
