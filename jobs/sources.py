@@ -490,11 +490,11 @@ def _hermes_calls(m: dict[str, Any], where: str, first_id: str) -> dict[str, Any
     if any(c.problem == "is never closed" for c in found):
         raise _RowError(f"{where}: <tool_call> is never closed")
     calls = _openai_calls(found, first_id, lambda j: f"{where} <tool_call> {j}")
-    rest = _outside(content, found).strip()
+    rest = outside_calls(content, found).strip()
     return {**m, "content": rest or None, "tool_calls": calls}
 
 
-def _outside(text: str, found: list[textcalls.TextCall]) -> str:
+def outside_calls(text: str, found: list[textcalls.TextCall]) -> str:
     """`text` without the spans its calls were read from."""
     parts, pos = [], 0
     for c in found:
@@ -616,7 +616,7 @@ def _glaive_whole(chat: str) -> list[dict[str, Any]]:
             if len(found) == 1 and found[0].item is None and found[0].problem is not None:
                 raise _RowError(f"{what} {found[0].problem}")
             calls = _openai_calls(found, f"call_{n}", lambda j, what=what: f"{what}[{j}]")
-            if after := _outside(text, found)[found[0].start:].strip():
+            if after := outside_calls(text, found)[found[0].start:].strip():
                 raise _RowError(f"{what}: text after the call, {after[:40]!r}, would be lost")
             msgs.append({"role": "assistant", "content": text[:found[0].start].strip() or None, "tool_calls": calls})
         else:

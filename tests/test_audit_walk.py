@@ -23,6 +23,7 @@ from eyrie.jobs.contract import audit as stored
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.audit.from_recorded import FromOptions, run_audit_from
 from eyrie.jobs.generate.budget.pricing import Pricing
+from eyrie.jobs.reconstruct import kimi_facts as kimi
 from eyrie.jobs.store import open_store
 
 
@@ -147,3 +148,60 @@ def test_training_shapes_whose_last_turn_is_the_answer_are_read(tmp_path):
     doc = audit(specforge / "sf.jsonl")
     t = doc["figures"]["modes"]["text"]
     assert (t["answers"], t["calls"], t["invalidReasons"]) == want[:3]
+
+
+@pytest.mark.integration
+def test_rerun_sends_earlier_calls_structured_not_as_text(tmp_path):
+    """--rerun of multi-turn text rows in structured mode: the earlier assistant turn's call goes as
+    `tool_calls`, its result as a `tool` message answering it; never the native markers as text
+    beside `tools`, nor the result as a user turn."""
+    from fake_provider import FakeProvider
+
+    from eyrie.jobs.spec import load_spec
+
+    path = write(tmp_path, "openai")
+    (tmp_path / "unused.jsonl").write_text("")  # the spec's source: preflight checks it is there
+    with FakeProvider() as fake:
+        p = spec(tmp_path)
+        doc = yaml.safe_load(p.read_text())
+        doc["api"] = {"baseUrl": fake.base_url, "maxConcurrency": 4, "stream": False, "maxRetries": 0}
+        p.write_text(yaml.safe_dump(doc))
+        opts = FromOptions(rerun=EXPECT["answers"], output=str(tmp_path / "audit-out"))
+        got = run_audit_from(path, load_spec(p), RunContext("t"), fake.base_url, opts)
+        bodies = list(fake.bodies)
+    assert got["sent"] == len(bodies) == EXPECT["answers"]
+    multi = [b for b in bodies if any(m["role"] == "assistant" for m in b["messages"])]
+    assert len(multi) == 2
+    for b in bodies:
+        assert b.get("tools")
+        for m in b["messages"]:
+            assert kimi.CALL_BEGIN not in str(m.get("content")) and kimi.SECTION_BEGIN not in str(m.get("content"))
+            assert not str(m.get("content") or "").startswith("FUNCTION RESPONSE"), m
+    for b in multi:
+        roles = [m["role"] for m in b["messages"]]
+        assert roles[-4:] == ["user", "assistant", "tool", "user"], roles
+        asked, answered = b["messages"][-3], b["messages"][-2]
+        (c,) = asked["tool_calls"]
+        assert c["function"]["name"] == "get_weather" and json.loads(c["function"]["arguments"]) == {"city": "Rome"}
+        assert answered["tool_call_id"] == c["id"] and answered["content"] == '{"temperature": 21}'
+
+
+def test_a_history_that_cannot_be_sent_structured_is_said_so():
+    from audit_walk import call
+
+    from eyrie.jobs.generate.audit.recorded import structured_history
+    from eyrie.jobs.sources import Prompt
+
+    names = frozenset({"get_weather"})
+
+    def prompt(*turns: tuple[str, str]) -> Prompt:
+        return Prompt("f", 0, [{"role": "system", "content": "s"}, *({"role": r, "content": c} for r, c in turns)],
+                      None, "openai")
+
+    cut = prompt(("user", "a"), ("assistant", call("get_weather", '{"city": "R', closed=False)),
+                 ("user", "FUNCTION RESPONSE: {}"), ("user", "b"))
+    assert "never closed" in structured_history(cut, names)
+    unanswered = prompt(("user", "a"), ("assistant", call("get_weather", {"city": "Rome"})), ("user", "b"))
+    assert "never answered" in structured_history(unanswered, names)
+    plain = prompt(("user", "a"), ("assistant", "hello"), ("user", "b"))
+    assert structured_history(plain, names) is plain

@@ -349,6 +349,11 @@ def _audit_recorded(doc: dict[str, Any]) -> Table | None:
                                      f"unpriced {f['priced']['unpriced']:,})"),
         ("regenerating them", _regenerating(f.get("regenerate"))),
     ]
+    if f.get("notRerun"):
+        nr = f["notRerun"]
+        shown = "; ".join(f"row {r['row']}: {r['why']}" for r in nr["rows"][:3])
+        rows.append(("not bought structured", f"{nr['count']:,} picked rows whose earlier calls cannot be sent as "
+                                             f"tool_calls with tool results: {shown}"))
     return _kv("recorded answers (--from)", [(k, Text(str(v))) for k, v in rows])  # rows' text is not markup
 
 

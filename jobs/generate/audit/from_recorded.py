@@ -51,6 +51,7 @@ from eyrie.jobs.generate.audit.recorded import (
     iter_lines,
     parse_line,
     recorded_path,
+    structured_history,
 )
 from eyrie.jobs.generate.audit.run import (
     DEFAULT_SEED,
@@ -300,6 +301,22 @@ def analyse_recorded(path: str | Path, pricing: Pricing | None = None, *, rerun:
     return total
 
 
+def _as_structured(picked: list[Candidate]) -> tuple[list[Candidate], list[tuple[int, str]]]:
+    """The picked text prompts as structured requests carry them (earlier calls as `tool_calls`, their
+    results as `tool` messages: `recorded.structured_history`), and the rows that cannot be, with why:
+    those are not bought, so the comparison is never with a hybrid of both modes."""
+    ok: list[Candidate] = []
+    refused: list[tuple[int, str]] = []
+    for c in picked:
+        got = structured_history(c.prompt, c.declared)
+        if isinstance(got, str):
+            refused.append((c.line, got))
+        else:
+            c.prompt = got
+            ok.append(c)
+    return ok, refused
+
+
 def _most(models: Counter[str]) -> str | None:
     """The model most rows say answered them (the audit's header without a spec)."""
     return models.most_common(1)[0][0] if models else None
@@ -385,6 +402,8 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
     facts = list(tally.facts)
     sent, reused, spent, outcome, message = 0, 0, Decimal(0), Outcome.DONE, ""
     fp: dict[str, Any] | None = None
+    not_rerun: list[tuple[int, str]] = []  # (row, why) of picked prompts the other mode cannot be bought for
+    entry_not_rerun: dict[str, Any] | None = None
     changed: list[str] = []
     examples_doc: list[dict[str, Any]] = []
     lines = tally.lines
@@ -405,6 +424,8 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
             spec_dg.spec.target.model = opts.rerun_model
         recorded_mode = picked[0].mode
         bought_mode = {"text": "structured", "structured": "text"}[recorded_mode]
+        if bought_mode == "structured":
+            picked, not_rerun = _as_structured(picked)
         answers = AnswerSet(store, spec_dg.spec)
         fp, changed = answers.fingerprint.to_json(), answers.changed_since(stored.read_audit(store))
         todo: dict[str, list[tuple[str, sources.Prompt]]] = {m: [] for m in MODES}
@@ -431,6 +452,8 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
         lines = [*lines, *(answer_row(rec, {"row": by_id[sid].line, "sampleId": sid, "source": by_id[sid].prompt.source,
                                             "mode": bought_mode, "model": asked, "bought": True})
                            for sid, rec in bought.items())]
+    if not_rerun:
+        entry_not_rerun = {"count": len(not_rerun), "rows": [{"row": r, "why": why} for r, why in not_rerun[:5]]}
     judged = sum(1 for f in tally.facts if f.status != "unparsable")
     population = {"prompts": tally.rows, "declaredPrompts": judged}
     figures = stats.summarize(facts, population)
@@ -443,7 +466,7 @@ def run_audit_from(path: str | Path, dg: DatasetGeneration | None, ctx: RunConte
                  "problems": tally.problems, "modes": tally.modes, "models": dict(tally.models.most_common(20)),
                  "noTools": tally.no_tools, "unparsableRows": tally.unparsable_rows, "unparsable": tally.unparsable,
                  "declarationShapes": tally.shapes, "costUSD": usd(tally.cost), "priced": tally.priced,
-                 "regenerate": regeneration(tally.tokens, pricing)},
+                 "regenerate": regeneration(tally.tokens, pricing), "notRerun": entry_not_rerun},
         "figures": figures,
         "verdict": stats.verdict(figures, recorded=p.name, shapes=tally.shapes,
                                  bought=(bought_mode, sent, reused) if bought_mode else None,

@@ -36,6 +36,7 @@ from eyrie.jobs.api.errors import Retryable  # what parse_completion raises for 
 from eyrie.jobs.api.sse import parse_completion
 from eyrie.jobs.contract.records import Response
 from eyrie.jobs.errors import InputError
+from eyrie.jobs.tools import textcalls
 
 MAX_LINE_BYTES = 64 << 20  # one recorded row; longer ones are named, not read
 
@@ -200,6 +201,56 @@ def _model(raw: dict[str, Any], doc: dict[str, Any]) -> str | None:
         if isinstance(value, str) and value.strip():
             return value.strip()[:200]
     return None
+
+
+_WRAPPERS = tuple(m for ms in textcalls.NATIVE_MARKERS.values() for m in ms)
+_RESULT_PREFIX = "FUNCTION RESPONSE:"  # glaive's result turn, which text-mode datasets keep as a user turn
+
+
+def structured_history(prompt: sources.Prompt, declared: frozenset[str]) -> sources.Prompt | str:
+    """`prompt` as a structured request must carry it (pure): calls that earlier assistant turns wrote
+    as text (any format `textcalls` reads) become their `tool_calls`, and the turns answering them
+    (tool messages, or user turns holding glaive's `FUNCTION RESPONSE:` or Hermes' `<tool_response>`)
+    `tool` messages, checked as a whole conversation is (`sources.whole_conversation`: every call
+    answered). A string says why the prompt cannot be sent so: an earlier call that does not read,
+    a result that answers no call. A prompt without earlier calls comes back as it is."""
+    out: list[dict[str, Any]] = []
+    changed = False
+    after_call = False
+    for i, m in enumerate(prompt.messages):
+        content = m.get("content")
+        role = m.get("role")
+        if role == "assistant" and isinstance(content, str) and not m.get("tool_calls"):
+            found = textcalls.find_calls(content, declared)
+            if found:
+                bad = next((c for c in found if c.problem is not None or c.name is None), None)
+                if bad is not None:
+                    return f"message {i}: its earlier call cannot be sent structured ({bad.message()})"
+                calls = [{"id": c.id or f"call_{i}_{j}", "type": "function",
+                          "function": {"name": c.name, "arguments": c.arguments if isinstance(c.arguments, str)
+                                       else orjson.dumps(c.arguments).decode()}} for j, c in enumerate(found)]
+                rest = sources.outside_calls(content, found)
+                for marker in _WRAPPERS:  # a native section's begin and end, left around its calls
+                    rest = rest.replace(marker, "")
+                rest = rest.strip()
+                out.append({**m, "content": rest or None, "tool_calls": calls})
+                changed = after_call = True
+                continue
+        if role == "user" and after_call and isinstance(content, str) and (
+                content.lstrip().startswith(_RESULT_PREFIX) or "<tool_response>" in content):
+            text = content.lstrip()
+            text = text[len(_RESULT_PREFIX):].strip() if text.startswith(_RESULT_PREFIX) else text
+            out.append({"role": "tool", "content": text})
+            continue
+        after_call = after_call and role == "tool"
+        out.append(m)
+    if not changed:
+        return prompt
+    try:
+        messages = sources.whole_conversation(out)
+    except ValueError as e:
+        return f"its earlier calls cannot be sent structured: {e}"
+    return sources.Prompt(prompt.source, prompt.row, messages, prompt.tools, prompt.fmt)
 
 
 def recorded_path(path: str | Path) -> Path:
