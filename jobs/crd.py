@@ -37,6 +37,10 @@ PRINTER_COLUMNS = [
     {"name": "Spent", "type": "string", "jsonPath": ".status.spentUSD"},
     {"name": "Budget", "type": "string", "jsonPath": ".spec.budget.maxUSD"},
     {"name": "Done", "type": "integer", "jsonPath": ".status.samples.done"},
+    # the pilot's verdict: tokens accepted per step by the drafter of the run's own data, and of the best alternative
+    {"name": "Accepted", "type": "number", "jsonPath": ".status.pilot.runAccepted"},
+    {"name": "Alt", "type": "string", "jsonPath": ".status.pilot.bestOption", "priority": 1},
+    {"name": "AltAccepted", "type": "number", "jsonPath": ".status.pilot.bestAccepted"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -778,7 +778,29 @@ class FidelityStatus(Model):
     """Providers under extraction.fidelity.minTop1Agreement."""
 
 
-Phase = Literal["Pending", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
+Phase = Literal["Pending", "Pilot", "Canary", "Generating", "Extracting", "Succeeded", "Suspended", "Failed"]
+
+
+class PilotStatus(Model):
+    """The pilot (spec.pilot): what it spent and, once its verdict is in, the drafters' accepted length per step
+    (condition PilotPassed has the verdict's sentence)."""
+
+    spent_usd: str | None = Field(default=None, alias="spentUSD")
+    """What the pilot's answers cost (part of spentUSD, paid once)."""
+    answers: int = 0
+    """Pilot answers bought so far."""
+    planned: int = 0
+    """Pilot answers it will buy (each option's prompts)."""
+    passed: bool | None = None
+    """Whether the run's own option accepts no fewer tokens per step than the best alternative, within the margin."""
+    run_option: str | None = None
+    """The option the run generates with (e.g. text, structured, dataset)."""
+    run_accepted: float | None = None
+    """Tokens accepted per step by the drafter trained on the run's own option."""
+    best_option: str | None = None
+    """The best alternative the pilot measured."""
+    best_accepted: float | None = None
+    """Tokens accepted per step by the drafter trained on the best alternative."""
 
 
 class DatasetGenerationStatus(Model):
@@ -795,6 +817,8 @@ class DatasetGenerationStatus(Model):
     fidelity: FidelityStatus | None = None
     providers: list[EndpointVerdict] | None = None
     """The provider probe's verdict per endpoint, passing ones first, cheapest first."""
+    pilot: PilotStatus | None = None
+    """The pilot's spend and verdict (spec.pilot)."""
     disruptions: DisruptionStatus | None = None
     """Present once the current attempt's job was disrupted and carried on."""
     retries: int | None = None

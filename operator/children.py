@@ -23,6 +23,7 @@ from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
 ATTEMPT_ANNOTATION = "eyrie.dev/attempt"
 STOP_ANNOTATION = "eyrie.dev/stop-requested-at"
+PILOT_KEY_ANNOTATION = "eyrie.dev/pilot-key"  # on the pilot Job: the settings its verdict is for
 SUSPENDED_ANNOTATION = "eyrie.dev/suspended"  # on the Job: eyrie set spec.suspend, so eyrie may clear it
 DATASET_LABEL = "eyrie.dev/dataset"  # the name, or its cut-and-hashed form when not a label value
 DATASET_ANNOTATION = "eyrie.dev/dataset-name"  # the full name, where the label is not
@@ -35,6 +36,7 @@ SPEC_KEY = "spec.yaml"
 SPEC_PATH = f"{SPEC_DIR}/{SPEC_KEY}"
 RAYJOB_API = ("ray.io", "v1", "rayjobs")
 GENERATION_ENTRYPOINT = f"eyrie run {SPEC_PATH} --until samples"
+PILOT_COMMAND = ("eyrie", "pilot", SPEC_PATH)
 # KubeRay: a RayJob name is a DNS-1035 label of at most 47 characters (it derives RayCluster, pod and
 # Service names from it; utils/constant.go MaxRayJobNameLength).
 RAYJOB_NAME_MAX = 47
@@ -95,6 +97,10 @@ def generation_name(name: str, attempt: str) -> str:
 
 def extraction_name(name: str) -> str:
     return fit(name, "-extract", JOB_NAME_MAX, DNS1123_LABEL)
+
+
+def pilot_name(name: str) -> str:
+    return fit(name, "-pilot", JOB_NAME_MAX, DNS1123_LABEL)
 
 
 def dataset_label(name: str) -> str:
@@ -275,24 +281,14 @@ def shm_size(spec: DatasetGenerationSpec) -> str:
     return f"{math.ceil((need + SHM_HEADROOM) / 2**20)}Mi"
 
 
-def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
-                   parent_labels: dict[str, str] | None = None) -> dict[str, Any]:
-    """An Indexed batch/v1 Job: one index per shard group, GPUs per pod, scheduled as the spec says."""
+def _gpu_pod(name: str, spec: DatasetGenerationSpec, container_name: str, command: list[str],
+             env: list[dict[str, Any]]) -> dict[str, Any]:
+    """The pod of a Job on `spec.extraction`'s image and resources (GPUs, memory, node selector, tolerations, the
+    shared memory SGLang spools into): the extraction pods' and the pilot's, which runs where extraction runs."""
     ext = spec.extraction
-    if not ext.image:
-        raise ChildSpecError("spec.extraction.image", "required when extraction.enabled is true")
-    count = extraction_count(spec)
     volume, mount = _spec_volume(name)
-    labels = _labels(name, "extraction", parent_labels)
-    container: dict[str, Any] = {
-        "name": "extract",
-        "image": ext.image,
-        # $(VAR) is expanded by the kubelet from the container env; the Job controller sets this one.
-        "command": ["eyrie", "extract", SPEC_PATH, "--index", "$(JOB_COMPLETION_INDEX)",
-                    "--count", str(count)],
-        "env": _env(spec, None),
-        "volumeMounts": [mount],
-    }
+    container: dict[str, Any] = {"name": container_name, "image": ext.image, "command": command, "env": env,
+                                 "volumeMounts": [mount]}
     limits: dict[str, Any] = {}
     if ext.gpus_per_pod > 0:
         limits["nvidia.com/gpu"] = ext.gpus_per_pod
@@ -310,6 +306,31 @@ def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
         pod_spec["nodeSelector"] = dict(ext.node_selector)
     if ext.tolerations:
         pod_spec["tolerations"] = [t.dump() for t in ext.tolerations]
+    return pod_spec
+
+
+def _fail_on_exit(container: str) -> dict[str, Any]:
+    """A Job's podFailurePolicy: a disruption (preemption, eviction, a drained node) is not counted at all; a
+    non-zero exit of `container` fails the Job at once (its errors repeat on a retry: a bad model path, a store
+    refusing writes, out of memory); other pod failures are retried within the Job's backoff limit."""
+    return {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        # onPodConditions: [] because Kubernetes <= 1.28's schema requires the key
+        {"action": "FailJob", "onPodConditions": [],
+         "onExitCodes": {"containerName": container, "operator": "NotIn", "values": [0]}},
+    ]}
+
+
+def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
+                   parent_labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """An Indexed batch/v1 Job: one index per shard group, GPUs per pod, scheduled as the spec says."""
+    ext = spec.extraction
+    if not ext.image:
+        raise ChildSpecError("spec.extraction.image", "required when extraction.enabled is true")
+    count = extraction_count(spec)
+    labels = _labels(name, "extraction", parent_labels)
+    # $(VAR) is expanded by the kubelet from the container env; the Job controller sets this one.
+    command = ["eyrie", "extract", SPEC_PATH, "--index", "$(JOB_COMPLETION_INDEX)", "--count", str(count)]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -319,14 +340,44 @@ def extraction_job(name: str, namespace: str, spec: DatasetGenerationSpec,
             "completions": count,
             "parallelism": ext.pods,
             "backoffLimitPerIndex": EXTRACT_RETRIES_PER_INDEX,
-            "podFailurePolicy": {"rules": [
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                # onPodConditions: [] because Kubernetes <= 1.28's schema requires the key
-                {"action": "FailJob", "onPodConditions": [],
-                 "onExitCodes": {"containerName": "extract", "operator": "NotIn", "values": [0]}},
-            ]},
+            "podFailurePolicy": _fail_on_exit("extract"),
             "suspend": bool(kueue_labels(parent_labels)),
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels},
+                         "spec": _gpu_pod(name, spec, "extract", command, _env(spec, None))},
+        },
+    }
+
+
+def pilot_job(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str, key: str,
+              parent_labels: dict[str, str] | None = None, uid: str = "",
+              accept_fingerprint: str | None = None) -> dict[str, Any]:
+    """The pilot (`eyrie pilot`): one pod where the run's extraction runs (its image, which has SpecForge's code; a
+    GPU pod when extraction asks for GPUs), buying the pilot's slice with the run's API key, extracting it, training
+    and evaluating the drafters, writing the verdict to the output. It carries the attempt it runs under and the key
+    of the settings its verdict is for (`PILOT_KEY_ANNOTATION`): a Job for other settings is deleted, not watched.
+    The failure policy is the extraction Job's: a non-zero exit fails it at once, a disruption is not counted, other
+    pod failures are retried `EXTRACT_RETRIES_PER_INDEX` times. `eyrie pilot` exits non-zero on a decided suspension
+    (10) and on its stops (budget, credits, a signal) too: what it wrote to the store says which, and the operator
+    reads that before the Job's end."""
+    if not spec.extraction.image:
+        raise ChildSpecError("spec.extraction.image", "required when extraction.enabled is true")
+    labels = _labels(name, "pilot", parent_labels)
+    command = [*PILOT_COMMAND, "--device", "cuda" if spec.extraction.gpus_per_pod > 0 else "cpu"]
+    pod = _gpu_pod(name, spec, "pilot", command, _env(spec, attempt, uid, accept_fingerprint))
+    # a deleted pilot (suspended, other settings) gets SIGTERM: its requests in flight finish and become durable
+    pod["terminationGracePeriodSeconds"] = drain_seconds(spec)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(pilot_name(name), name, namespace, "pilot", parent_labels,
+                              **{ATTEMPT_ANNOTATION: attempt, PILOT_KEY_ANNOTATION: key}),
+        "spec": {
+            "completions": 1,
+            "parallelism": 1,
+            "backoffLimit": EXTRACT_RETRIES_PER_INDEX,
+            "podFailurePolicy": _fail_on_exit("pilot"),
+            "suspend": bool(kueue_labels(parent_labels)),
+            "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
 

@@ -18,6 +18,7 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PROVIDERS_CHECKED = "ProvidersChecked"  # spec.api.providerProbe judged the target's endpoints
+PILOT_PASSED = "PilotPassed"  # spec.pilot: the verdict's sentence (reason PilotPassed, PilotFailed, PilotRunning...)
 PODS_HEALTHY = "PodsHealthy"  # written once a child's pod has shown a problem (image, Secret, memory, scheduling)
 
 ConditionStatus = Literal["True", "False", "Unknown"]

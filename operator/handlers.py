@@ -21,9 +21,10 @@ import kopf
 import orjson
 
 from eyrie.jobs.contract import layout
-from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION
+from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, pilot_key
 from eyrie.jobs.contract.fingerprint import read_doc as read_fingerprint
 from eyrie.jobs.contract.manifest import finalize_manifest
+from eyrie.jobs.contract.pilot import read_verdict
 from eyrie.jobs.contract.progress import Outcome, ProgressError, parse_progress
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
@@ -32,20 +33,31 @@ from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError
 from . import children, conditions, metrics
 from .config import OperatorConfig
 from .kube import Kind, Kube, KubeError
-from .observed import job_child, neighbour_attempts, pod_problems, rayjob_child, submission_child
+from .observed import (
+    job_child,
+    neighbour_attempts,
+    pilot_child,
+    pilot_judgement,
+    pod_problems,
+    rayjob_child,
+    submission_child,
+)
 from .passes import PassGate
 from .reconcile import (
     TERMINAL_PHASES,
     ApplyConfigMap,
     CreateExtraction,
     CreateGeneration,
+    CreatePilot,
     Decision,
     DeleteExtraction,
     DeleteGeneration,
+    DeletePilot,
     Event,
     FinalizeManifest,
     GenerationChild,
     Observation,
+    PilotJudgement,
     PodProblem,
     SetExtractionSuspend,
     StopGeneration,
@@ -136,6 +148,7 @@ class OutputState:
     fidelity: dict[str, Any] | None = None
     report_url: str | None = None
     fingerprint: dict[str, Any] | None = None
+    pilot: PilotJudgement | None = None
 
 
 def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
@@ -159,7 +172,8 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
         n = children.extraction_count(spec)
         summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
     report_url = store.url(layout.REPORT) if store.exists(layout.REPORT) else None
-    return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url, read_fingerprint(store))
+    pilot = pilot_judgement(read_verdict(store), spec) if spec.pilot is not None else None
+    return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url, read_fingerprint(store), pilot)
 
 
 async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
@@ -208,8 +222,15 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         if ext is not None and not ext.suspended and not (ext.completions and ext.succeeded >= ext.completions):
             problems += pod_problems(await kube.pods(ns, f"batch.kubernetes.io/job-name={ext.name}"), "extraction")
 
+    pilot_job = None
+    if spec.pilot is not None or status.get("pilot"):
+        doc = await kube.get(Kind.JOB, ns, children.pilot_name(name))
+        pilot_job = pilot_child(doc) if doc else None
+        if pilot_job is not None and pilot_job.active and not pilot_job.queued:
+            problems += pod_problems(await kube.pods(ns, f"batch.kubernetes.io/job-name={pilot_job.name}"), "pilot")
+
     # progress after the children: what it says is at least as fresh as their status
-    prog = error = manifest = fidelity = report = bound = None
+    prog = error = manifest = fidelity = report = bound = pilot = None
     summaries = nbytes = 0
     output_checked = not (spec.output.credentials_secret_ref and creds is None)
     if output_checked:
@@ -221,6 +242,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             prog = parse_progress(out.progress) if out.progress is not None else None
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
             fidelity, report, bound = out.fidelity, out.report_url, out.fingerprint
+            pilot = out.pilot
         except (StoreError, ProgressError, orjson.JSONDecodeError) as e:
             error = f"spec.output.uri: {e}"
     return Observation(
@@ -231,7 +253,8 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
         manifest_uri=manifest, report_uri=report, summaries_done=summaries, extraction_bytes=nbytes,
         fidelity=fidelity, fingerprint_doc=bound,
         accept_fingerprint=(meta.get("annotations") or {}).get(ACCEPT_ANNOTATION),
-        stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""), pod_problems=tuple(problems))
+        stop_grace=memo.config.stop_grace, uid=str(meta.get("uid") or ""), pod_problems=tuple(problems),
+        pilot_key=pilot_key(spec) if spec.pilot is not None else "", pilot_job=pilot_job, pilot=pilot)
 
 
 async def _rayjob_pod_problems(kube: Kube, ns: str, doc: dict[str, Any], child: GenerationChild,
@@ -319,6 +342,13 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
         elif isinstance(action, CreateExtraction):
             _own(action.body, body)
             await _create(kube, Kind.JOB, ns, action.body)
+        elif isinstance(action, CreatePilot):
+            _own(action.body, body)
+            if await _create(kube, Kind.JOB, ns, action.body):
+                logger.info(f"created pilot Job {action.body['metadata']['name']}")
+        elif isinstance(action, DeletePilot):
+            await kube.delete(Kind.JOB, ns, action.name)
+            logger.info(f"deleted pilot Job {action.name}")
         elif isinstance(action, SetExtractionSuspend):
             # marked, so that only a suspension eyrie made is one eyrie lifts (Kueue keeps its own)
             await kube.patch(Kind.JOB, ns, action.name, {

@@ -3,12 +3,25 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import Any
 
+from eyrie.jobs.contract.fingerprint import pilot_key
+from eyrie.jobs.contract.pilot import PilotVerdict
+from eyrie.jobs.spec import DatasetGenerationSpec
+
 from . import children
-from .reconcile import ChildState, ExtractionChild, GenerationChild, PodProblem, PodRole
+from .reconcile import (
+    ChildState,
+    ExtractionChild,
+    GenerationChild,
+    PilotChild,
+    PilotJudgement,
+    PodProblem,
+    PodRole,
+)
 
 # Ray's job states (JobSubmissionClient.get_job_status) -> a child's state
 RAY_STATES: dict[str, ChildState] = {"PENDING": "Pending", "RUNNING": "Running", "SUCCEEDED": "Succeeded",
@@ -72,6 +85,45 @@ def job_child(doc: dict[str, Any]) -> ExtractionChild:
         completions=int(spec.get("completions") or 0), failed=failed is not None,
         reason=(failed or {}).get("reason", ""), message=(failed or {}).get("message", ""),
         suspended_by_other=suspended and not kueue and not ours)
+
+
+def pilot_child(doc: dict[str, Any]) -> PilotChild:
+    """The pilot Job: the attempt and settings it runs for (its annotations), whether it still runs, how it
+    ended (the Job controller's Complete/Failed conditions), whether a queue holds it (suspended)."""
+    meta = doc.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    st = doc.get("status") or {}
+
+    def ended(type_: str) -> dict[str, Any] | None:
+        return next((c for c in st.get("conditions") or [] if c.get("type") == type_ and c.get("status") == "True"),
+                    None)
+
+    failed, complete = ended("Failed"), ended("Complete")
+    return PilotChild(
+        name=meta.get("name", ""), attempt=ann.get(children.ATTEMPT_ANNOTATION, "0"),
+        key=ann.get(children.PILOT_KEY_ANNOTATION, ""),
+        active=failed is None and complete is None and not meta.get("deletionTimestamp"),
+        succeeded=complete is not None, failed=failed is not None,
+        reason=(failed or {}).get("reason", ""), message=(failed or {}).get("message", ""),
+        queued=bool((doc.get("spec") or {}).get("suspend")))
+
+
+def pilot_judgement(verdict: PilotVerdict | None, spec: DatasetGenerationSpec) -> PilotJudgement | None:
+    """pilot.json as the operator decides on it: None unless it was decided for this spec's settings (its key is
+    `pilot_key(spec)`: the data plane's rule of when the pilot must run again); the run's own option and the best
+    alternative with their accepted lengths, and the spec patch that makes the alternative the run's own."""
+    if verdict is None or spec.pilot is None or verdict.key != pilot_key(spec):
+        return None
+    by = {o.option: o for o in verdict.options}
+    own, best = by.get(verdict.own), by.get(verdict.best_alternative)
+    patch: dict[str, Any] = {}
+    if best is not None and best.switch:
+        doc = json.loads(best.switch)
+        patch = doc.get("spec", doc) if isinstance(doc, dict) else {}
+    return PilotJudgement(
+        passed=verdict.passed, proceed=verdict.proceed, sentence=verdict.sentence, own=str(verdict.own),
+        own_accepted=own.accepted_length.value if own else float("nan"), best=str(verdict.best_alternative),
+        best_accepted=best.accepted_length.value if best else float("nan"), patch=patch)
 
 
 def neighbour_attempts(attempt: str, resuming: bool) -> list[str]:

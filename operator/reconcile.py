@@ -10,6 +10,7 @@ calls `reconcile`, carries out the actions and patches the status. The rules:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
@@ -25,6 +26,7 @@ from .conditions import (
     FAILED,
     OUTPUT_MATCHES_SPEC,
     OUTPUT_REACHABLE,
+    PILOT_PASSED,
     PODS_HEALTHY,
     PROVIDERS_CHECKED,
     QUEUED,
@@ -73,7 +75,37 @@ class ExtractionChild:
     suspended_by_other: bool = False  # suspended by Kueue (or another controller), not by eyrie
 
 
-PodRole = Literal["generation", "extraction"]
+@dataclass(frozen=True)
+class PilotChild:
+    """The pilot Job as observed: which attempt and which settings (`key`) it runs for, and how it stands."""
+
+    name: str
+    attempt: str
+    key: str
+    active: bool = True
+    succeeded: bool = False
+    failed: bool = False
+    reason: str = ""
+    message: str = ""
+    queued: bool = False  # suspended by Kueue (or another controller): it runs once admitted
+
+
+@dataclass(frozen=True)
+class PilotJudgement:
+    """The output's pilot verdict (pilot.json), standing for the current spec's settings and judged for its own mode,
+    policy and margin (contract/pilot.judge: the data plane's rule, one place)."""
+
+    passed: bool  # the run's own option accepts no fewer tokens per step than the best alternative, less the margin
+    proceed: bool  # generation goes on: passed, or policy report
+    sentence: str  # what was compared, what each option costs and accepts: the condition's message
+    own: str
+    own_accepted: float
+    best: str
+    best_accepted: float
+    patch: dict[str, Any]  # the spec merge patch that makes the best alternative the run's own
+
+
+PodRole = Literal["generation", "extraction", "pilot"]
 
 
 @dataclass(frozen=True)
@@ -117,6 +149,9 @@ class Observation:
     stop_grace: float = STOP_GRACE_SECONDS
     uid: str = ""  # metadata.uid: attempts are numbered per object, so outcomes carry it too
     pod_problems: tuple[PodProblem, ...] = ()  # of the current generation child's and the extraction Job's pods
+    pilot_key: str = ""  # the settings the current spec's pilot is for (with spec.pilot)
+    pilot_job: PilotChild | None = None
+    pilot: PilotJudgement | None = None  # the output's pilot verdict, when it stands for this spec
 
 
 # ------------------------------------------------------------------------------------------ actions
@@ -165,6 +200,16 @@ class DeleteExtraction:
 
 
 @dataclass(frozen=True)
+class CreatePilot:
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeletePilot:
+    name: str
+
+
+@dataclass(frozen=True)
 class SuspendSpec:
     """Set `spec.suspend: true` on the DatasetGeneration itself (budget or drift stop)."""
 
@@ -182,7 +227,8 @@ class FinalizeManifest:
 
 
 Action = (ApplyConfigMap | CreateGeneration | StopGeneration | DeleteGeneration | CreateExtraction
-          | SetExtractionSuspend | DeleteExtraction | SuspendSpec | Event | FinalizeManifest)
+          | SetExtractionSuspend | DeleteExtraction | CreatePilot | DeletePilot | SuspendSpec | Event
+          | FinalizeManifest)
 
 
 @dataclass
@@ -234,6 +280,10 @@ def _counts(obs: Observation) -> dict[str, Any]:
         out["disruptions"] = {"attempt": p.attempt, "restarts": p.restarts, "workersLost": p.workers_lost}
     elif "disruptions" in st:
         out["disruptions"] = st["disruptions"]
+    if obs.spec.pilot is not None:
+        pilot = _pilot_status(obs, st.get("pilot"))
+        if pilot:
+            out["pilot"] = pilot
     if (fid := status_fidelity(obs.fidelity)) is not None:
         out["fidelity"] = fid
     if obs.spec.extraction.enabled:
@@ -334,15 +384,29 @@ def reconcile(obs: Observation) -> Decision:
         # re-suspends at once.
         return _suspend(p, current, attempt, stop, was_suspended)
     if was_suspended:
+        refused = _pilot_refusal(p)
+        if refused is not None:  # unsuspended with settings the pilot's verdict still fails: suspended again
+            _pilot_condition(p, refused, event=False)
+            return _suspend(p, current, attempt, _pilot_stop(p, refused), False)
         resumed = _resume(p, current, attempt)
         if resumed is None:
             return Decision(p.actions, p.status("Suspended", attempt))
         attempt, current, prog = resumed, [], None
     else:
         _not_suspended(p)
+    child = current[0] if current else None
+    piloting = prog is None or prog.stage == Stage.PILOT  # nothing generated beyond the pilot in this attempt
+    if obs.spec.pilot is None and obs.pilot_job is not None and obs.pilot_job.active and child is None:
+        # spec.pilot removed while its Job ran: it goes before the generation job starts (never both paying)
+        p.actions.append(DeletePilot(obs.pilot_job.name))
+        return Decision(p.actions, p.status("Pending", attempt))
+    if child is None and piloting and obs.spec.pilot is not None:
+        held = _pilot(p, attempt, prog, can_start)
+        if held is not None:
+            return held
     if prog is not None and prog.outcome == Outcome.FAILED:
         return _fail(p, attempt, "GenerationFailed", prog.message)
-    return _generation(p, attempt, current[0] if current else None, prog, can_start)
+    return _generation(p, attempt, child, prog, can_start)
 
 
 def _disruptions(p: _Pass, prog: Progress | None) -> None:
@@ -443,7 +507,7 @@ RECREATE = ("recreate the DatasetGeneration with the same spec.output.uri: what 
 def pod_advice(problem: PodProblem) -> str:
     """What a pod's problem is and what to do about it, naming the spec field to change."""
     where = f"pod {problem.pod}" + (f" container {problem.container}" if problem.container else "")
-    image_field = "spec.extraction.image" if problem.role == "extraction" else "spec.generation.ray.image"
+    image_field = "spec.extraction.image" if problem.role != "generation" else "spec.generation.ray.image"
     if problem.reason == "ImageNotPresent":
         return (f"{where}: image {problem.image} is not on its node and is never pulled (imagePullPolicy Never): "
                 f"load it onto the node, or set {image_field} to an image the nodes have and {RECREATE}")
@@ -454,7 +518,7 @@ def pod_advice(problem: PodProblem) -> str:
     if problem.reason in ("SecretNotFound", "ContainerConfigError"):
         return f"{where}: {problem.detail}: create it in the DatasetGeneration's namespace; the kubelet retries"
     if problem.reason == "OOMKilled":
-        if problem.role == "extraction":
+        if problem.role != "generation":
             field = "spec.extraction.memory (or lower spec.extraction.maxTokensPerBatch)"
         elif problem.container == "ray-worker":
             field = "spec.generation.ray.memoryPerWorker"
@@ -463,7 +527,7 @@ def pod_advice(problem: PodProblem) -> str:
         return (f"{where} was killed out of memory at its limit of {problem.memory or 'its node'}: "
                 f"raise {field}")
     fields = ("spec.extraction.gpusPerPod, spec.extraction.memory, spec.extraction.nodeSelector"
-              if problem.role == "extraction" else
+              if problem.role != "generation" else
               "spec.generation.ray.workers, cpusPerWorker, memoryPerWorker")
     return f"{where} cannot be scheduled ({problem.detail}): add node capacity, or ask for less ({fields})"
 
@@ -517,8 +581,8 @@ class _Stop:
 
 
 def _stop_reason(obs: Observation, prog: Progress | None) -> _Stop | None:
-    """Why the run must stop, if it must: spend at the budget (any attempt's spend counts), or the
-    job's own stop outcome (budget, drift, credits)."""
+    """Why the run must stop, if it must: spend at the budget (any attempt's spend counts, the pilot's too), or
+    the job's own stop outcome (budget, drift, credits; the pilot's job writes them too)."""
     spent = obs.progress.spent if obs.progress else Decimal(str(obs.status.get("spentUSD") or "0"))
     budget = obs.spec.budget.max_usd
     if spent >= budget:
@@ -547,6 +611,10 @@ def _suspend(p: _Pass, current: list[GenerationChild], attempt: str, stop: _Stop
         p.suspended_reason = reason
     for child in current:
         _stop(p, child)
+    job = p.obs.pilot_job
+    if job is not None and job.active:
+        # its answers are durable before their slots are freed: a resumed pilot asks only for what it lacks
+        p.actions.append(DeletePilot(job.name))
     p.cond(QUEUED, False, "NotQueued")
     return Decision(p.actions, p.status("Suspended", attempt), p.suspended_reason)
 
@@ -613,6 +681,133 @@ def _generation(p: _Pass, attempt: str, child: GenerationChild | None, prog: Pro
                  and prog.samples.done < gate.canary_samples)
     phase = "Canary" if in_canary else "Generating" if prog is not None else "Pending"
     return Decision(p.actions, p.status(phase, attempt))
+
+
+# ------------------------------------------------------------------------------------------- pilot
+
+PILOT_FAILED = "PilotFailed"
+
+
+def _pilot(p: _Pass, attempt: str, prog: Progress | None, can_start: bool) -> Decision | None:
+    """Before the generation child of an attempt: the pilot (spec.pilot). None once its verdict stands for this spec
+    and lets generation go (policy report, or require and passed); else the Decision that holds the run: the pilot
+    Job created, waited for or failed, or the run suspended on a verdict that fails under `require`."""
+    obs = p.obs
+    verdict, job = obs.pilot, obs.pilot_job
+    if job is not None and (job.attempt != attempt or job.key != obs.pilot_key) and (job.active or verdict is None):
+        # another attempt's or other settings' Job: stopped, and gone before anything of this attempt starts
+        # (never two pilots paying, nor a pilot beside the generation job); an ended one stays while a verdict stands
+        if job.active or job.succeeded or job.failed:
+            p.actions.append(DeletePilot(job.name))
+        p.cond(PILOT_PASSED, False, "PilotRunning", f"waiting for the earlier pilot Job {job.name} to go")
+        return Decision(p.actions, p.status("Pilot", attempt))
+    if verdict is not None:
+        _pilot_condition(p, verdict, event=verdict.proceed)  # else the suspension's event says it, and how to resume
+        if job is not None and job.active:
+            # its last writes (progress.json, the answers it hands the run) land before anything else happens
+            return Decision(p.actions, p.status("Pilot", attempt))
+        if verdict.proceed:
+            return None
+        return _suspend(p, [], attempt, _pilot_stop(p, verdict), False)
+    if prog is not None and prog.outcome == Outcome.FAILED:
+        return _pilot_failed(p, attempt, job, prog.message)
+    if job is None:
+        accepted = _output_binding(p, running=False)  # the pilot pays too: the generation job's rules
+        if not can_start or accepted is False:
+            return Decision(p.actions, p.status("Pending", attempt))
+        body = children.pilot_job(obs.name, obs.namespace, obs.spec, attempt, obs.pilot_key, obs.labels, obs.uid,
+                                  accepted if isinstance(accepted, str) else None)
+        p.actions.append(CreatePilot(body))
+        p.cond(PILOT_PASSED, False, "PilotRunning", f"pilot Job {body['metadata']['name']} created")
+        return Decision(p.actions, p.status("Pilot", attempt))
+    if job.failed:
+        return _pilot_failed(p, attempt, job, "")
+    if job.succeeded:
+        # ended cleanly with no verdict for these settings (a stop it wrote, budget or credits, was acted on before)
+        message = (f"pilot Job {job.name} completed without a verdict for these settings in {obs.spec.output.uri} "
+                   f"(its outcome: {prog.outcome if prog else 'none'})")
+        p.cond(PILOT_PASSED, False, "PilotIncomplete", message)
+        return _fail(p, attempt, "PilotIncomplete", message)
+    if job.queued:
+        p.cond(QUEUED, True, "WaitingForAdmission", _waiting(obs, f"Job {job.name}"))
+    else:
+        p.cond(QUEUED, False, "Admitted")
+    p.cond(PILOT_PASSED, False, "PilotRunning", _pilot_running(job, prog))
+    return Decision(p.actions, p.status("Pilot", attempt))
+
+
+def _pilot_running(job: PilotChild, prog: Progress | None) -> str:
+    pilot = prog.pilot if prog is not None else None
+    if pilot is None or not pilot.planned:
+        return f"pilot Job {job.name} running; generation starts once its verdict is in"
+    return (f"pilot Job {job.name} ({pilot.step}): {pilot.answers} of {pilot.planned} answers in, "
+            f"{dollars(pilot.spent)} spent on the pilot; generation starts once its verdict is in")
+
+
+def _pilot_failed(p: _Pass, attempt: str, job: PilotChild | None, said: str) -> Decision:
+    """The pilot failed (its outcome Failed, its Job failed: a non-zero exit at once, other pod failures past its
+    retries): the run fails with the reason, as a failed extraction does; what the pilot bought stays in the output,
+    so recreating the run with the same output does not pay for it again."""
+    obs = p.obs
+    oom = next((x for x in obs.pod_problems if x.role == "pilot" and x.reason == "OOMKilled"), None)
+    name = job.name if job is not None else children.pilot_name(obs.name)
+    why = pod_advice(oom) if oom else said or (job.message if job is not None else "") or f"Job {name} failed"
+    reason = "OOMKilled" if oom else "PilotJobFailed"
+    message = f"pilot: {why}; what the pilot bought is kept in {obs.spec.output.uri}: {RECREATE}"
+    p.cond(PILOT_PASSED, False, reason, message)
+    return _fail(p, attempt, reason, message)
+
+
+def _pilot_refusal(p: _Pass) -> PilotJudgement | None:
+    """A run unsuspended with settings whose standing verdict still does not let it go on: that verdict (the run
+    stays suspended; nothing is started)."""
+    verdict = p.obs.pilot
+    if p.obs.spec.suspend or verdict is None or verdict.proceed:
+        return None
+    return verdict
+
+
+def _pilot_condition(p: _Pass, verdict: PilotJudgement, event: bool) -> None:
+    """PilotPassed with the verdict's sentence, and (`event`) its event the first time it says so."""
+    reason = "PilotPassed" if verdict.passed else PILOT_FAILED
+    prev = conditions.find(p.prev, PILOT_PASSED) or {}
+    if event and (prev.get("reason"), prev.get("message")) != (reason, verdict.sentence):
+        p.actions.append(Event("Normal" if verdict.passed else "Warning", reason, verdict.sentence))
+    p.cond(PILOT_PASSED, verdict.passed, reason, verdict.sentence)
+
+
+def resume_command(name: str, namespace: str, patch: dict[str, Any]) -> str:
+    """The `kubectl patch` line that unsuspends the run with `patch` merged into its spec."""
+    body = json.dumps({"spec": {**patch, "suspend": False}}, separators=(",", ":"), sort_keys=True)
+    return f"kubectl patch dsg {name} -n {namespace} --type merge -p '{body}'"
+
+
+def _pilot_stop(p: _Pass, verdict: PilotJudgement) -> _Stop:
+    """Suspended on the pilot's verdict (policy require): the sentence, and the two ways on."""
+    obs = p.obs
+    other = resume_command(obs.name, obs.namespace, verdict.patch)
+    anyway = resume_command(obs.name, obs.namespace, {"pilot": {"policy": "report"}})
+    message = (f"{verdict.sentence} Suspended before generating beyond the pilot (spec.pilot.policy: require). "
+               f"Resume with {verdict.best} (the pilot's answers are not paid again): {other} ; or go on with "
+               f"{verdict.own} as it is: {anyway}")
+    return _Stop(PILOT_FAILED, message, False)
+
+
+def _pilot_status(obs: Observation, prev: dict[str, Any] | None) -> dict[str, Any]:
+    """status.pilot: the pilot's spend and answers (progress.json's `pilot`, kept by the stages after it), and its
+    verdict's options and accepted lengths once it stands (the `kubectl get dsg` columns Accepted and AltAccepted)."""
+    out = dict(prev or {})
+    pilot = obs.progress.pilot if obs.progress is not None else None
+    if pilot is not None:
+        out.update({"spentUSD": brief(pilot.spent), "answers": pilot.answers, "planned": pilot.planned})
+    v = obs.pilot
+    if v is not None:
+        out.update({"passed": v.passed, "runOption": v.own, "runAccepted": round(v.own_accepted, 3),
+                    "bestOption": v.best, "bestAccepted": round(v.best_accepted, 3)})
+    elif obs.progress is not None or not obs.progress_error:
+        for key in ("passed", "runOption", "runAccepted", "bestOption", "bestAccepted"):
+            out.pop(key, None)  # no verdict stands for these settings (yet)
+    return out
 
 
 # How many times a run's generation is retried as a new attempt after its RayJob failed with the job still running

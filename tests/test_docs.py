@@ -133,7 +133,7 @@ def test_every_condition_reason_the_operator_writes_is_explained():
 def test_every_condition_type_is_in_the_table():
     types = {v for k, v in vars(conditions).items() if k.isupper() and isinstance(v, str)}
     assert types == {"SecretsReady", "OutputReachable", "OutputMatchesSpec", "Queued", "Suspended", "Succeeded",
-                     "Failed", "ProvidersChecked", "PodsHealthy"}
+                     "Failed", "ProvidersChecked", "PodsHealthy", "PilotPassed"}
     rows = {line.split("|")[1].strip() for line in OPERATING.splitlines() if line.startswith("| `")}
     assert {t for t in types if f"`{t}`" in rows} == types
 

@@ -124,7 +124,8 @@ def test_crd_schema_is_structural_with_rules_and_columns():
     spec = schema["properties"]["spec"]
     assert spec["properties"]["budget"]["x-kubernetes-validations"][0]["rule"] == "double(self.maxUSD) > 0.0"
     assert spec["properties"]["output"]["x-kubernetes-validations"][0]["rule"] == "self.uri == oldSelf.uri"
-    assert [c["name"] for c in v["additionalPrinterColumns"]] == ["Phase", "Spent", "Budget", "Done", "Age"]
+    assert [c["name"] for c in v["additionalPrinterColumns"]] == ["Phase", "Spent", "Budget", "Done", "Accepted", "Alt",
+                                                                  "AltAccepted", "Age"]
     assert v["subresources"] == {"status": {}}
     assert crd["spec"]["names"]["shortNames"] == ["dsg"] and crd["spec"]["names"]["categories"] == ["all"]
 

@@ -145,6 +145,12 @@ def test_manifests_validate_against_the_kubernetes_schemas() -> None:
     kubernetes_validate.validate(children.extraction_job("dg", "ns", spec(extraction__enabled=True,
                                                                           extraction__engine="sglang")),
                                  "1.33", strict=True)
+    pilot = spec(extraction__enabled=True, pilot={"prompts": 20})
+    for name in ("dg", "x" * 253):
+        kubernetes_validate.validate(children.pilot_job(name, "ns", pilot, "1", "0123456789abcdef", None, "uid"),
+                                     "1.33", strict=True)
+    kubernetes_validate.validate(children.pilot_job("dg", "ns", pilot, "1", "k", {"kueue.x-k8s.io/queue-name": "q"}),
+                                 "1.33", strict=True)
     rj = children.rayjob("dg", "ns", sp, "1")["spec"]["rayClusterSpec"]
     for tpl in (rj["headGroupSpec"]["template"], rj["workerGroupSpecs"][0]["template"]):
         kubernetes_validate.validate(_pod_template(tpl), "1.33", strict=True)
@@ -176,6 +182,9 @@ def test_child_names_fit_every_limit(name: str) -> None:
     for attempt in ("1", "12", "999"):
         rj = children.generation_name(name, attempt)
         assert len(rj) <= 47 and DNS1035_LABEL.fullmatch(rj), rj
+    pilot = children.pilot_name(name)
+    assert len(pilot) <= 63 and DNS1123_LABEL.fullmatch(pilot)
+    assert pilot not in (children.extraction_name(name), children.configmap_name(name))
     job = children.extraction_name(name)
     assert len(job) <= 63 and DNS1123_LABEL.fullmatch(job)
     for index in (0, 99_999):  # the Indexed Job's pod hostnames

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from eyrie.jobs.contract.fingerprint import pilot_key
 from eyrie.jobs.contract.layout import summary_key
-from eyrie.operator.observed import job_child, neighbour_attempts, pod_problems, rayjob_child
+from eyrie.jobs.contract.pilot import PilotVerdict
+from eyrie.jobs.spec import parse_spec
+from eyrie.operator.observed import (
+    job_child,
+    neighbour_attempts,
+    pilot_child,
+    pilot_judgement,
+    pod_problems,
+    rayjob_child,
+)
 
 
 def rayjob(status: dict[str, Any], suspend: bool = False, stop: str | None = None) -> dict[str, Any]:
@@ -157,3 +168,53 @@ def test_a_failing_pull_reads_the_same_at_err_image_pull_and_at_back_off() -> No
     back_off = f'Back-off pulling image "ghcr.io/x/extractor:1": ErrImagePull: {error}'
     backoff = pod_problems([pod("p", [waiting("ImagePullBackOff", back_off)])], "extraction")
     assert pulled == backoff and pulled[0].detail == error
+
+
+def test_pilot_job_states_and_what_it_runs_for() -> None:
+    def doc(conds: list[dict[str, Any]], **meta: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "dg-pilot", "annotations": {"eyrie.dev/attempt": "2",
+                                                                 "eyrie.dev/pilot-key": "k"}, **meta},
+                "spec": {"suspend": False}, "status": {"conditions": conds}}
+
+    running = pilot_child(doc([]))
+    assert (running.name, running.attempt, running.key, running.active) == ("dg-pilot", "2", "k", True)
+    done = pilot_child(doc([{"type": "Complete", "status": "True"}]))
+    assert (done.active, done.succeeded, done.failed) == (False, True, False)
+    failed = pilot_child(doc([{"type": "FailureTarget", "status": "True"},
+                              {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                               "message": "exit code 10"}]))
+    assert (failed.active, failed.failed, failed.reason, failed.message) == (False, True, "PodFailurePolicy",
+                                                                            "exit code 10")
+    going = pilot_child(doc([], deletionTimestamp="2026-01-01T00:00:00Z"))
+    assert (going.active, going.succeeded, going.failed) == (False, False, False)
+
+
+def _verdict(key: str, own: str = "text", best: str = "structured", passed: bool = False) -> PilotVerdict:
+    def opt(option: str, value: float) -> dict[str, Any]:
+        return {"option": option, "own": option == own, "acceptedLength": {"value": value, "low": value - 0.3,
+                                                                            "high": value + 0.3},
+                "switch": json.dumps({"spec": {"tools": {"mode": option}}})}
+    return PilotVerdict.model_validate({
+        "key": key, "policy": "require", "margin": 0.0, "passed": passed, "proceed": passed,
+        "sentence": "the run's own data accepts fewer tokens per step", "own": own, "bestAlternative": best,
+        "options": [opt(own, 3.1), opt(best, 5.9)], "prompts": 20, "heldout": 4, "spentUSD": "0.1",
+        "evaluation": "evaluation.json"})
+
+
+def test_a_pilot_verdict_counts_only_for_the_settings_it_was_decided_for() -> None:
+    sp = parse_spec({"sources": [{"name": "s", "uri": "s3://p/s.jsonl", "format": "glaive"}],
+                     "target": {"model": "m", "tokenizer": "t"}, "budget": {"maxUSD": "1", "pricing": {
+                         "inputPerMillion": "1", "outputPerMillion": "1"}},
+                     "api": {"baseUrl": "https://x/v1"}, "tools": {"mode": "text"},
+                     "extraction": {"enabled": True, "image": "x"}, "pilot": {"policy": "require", "prompts": 20},
+                     "output": {"uri": "s3://o/r"}}).spec
+    judged = pilot_judgement(_verdict(pilot_key(sp)), sp)
+    assert judged is not None
+    assert (judged.passed, judged.proceed, judged.own, judged.own_accepted, judged.best, judged.best_accepted) == (
+        False, False, "text", 3.1, "structured", 5.9)
+    assert judged.patch == {"tools": {"mode": "structured"}}  # the spec part of the best option's switch
+    assert judged.sentence == "the run's own data accepts fewer tokens per step"
+    assert pilot_judgement(_verdict("another-key"), sp) is None  # decided for other settings: the pilot runs again
+    assert pilot_judgement(None, sp) is None
+    other = sp.model_copy(update={"tools": sp.tools.model_copy(update={"mode": "structured"})})
+    assert pilot_judgement(_verdict(pilot_key(sp)), other) is None  # the data plane's key: the mode is in it

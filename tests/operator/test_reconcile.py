@@ -15,6 +15,7 @@ from eyrie.operator import children, conditions
 from eyrie.operator.reconcile import (
     CreateExtraction,
     CreateGeneration,
+    Decision,
     Event,
     ExtractionChild,
     GenerationChild,
@@ -742,6 +743,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_reconcile_table(case: Case) -> None:
+    check(case)
+
+
+def check(case: Case) -> Decision:
+    """One row of a table: the actions, phase, attempt and conditions it says."""
     d = reconcile(case.observation)
     assert names(d.actions) == case.actions
     assert d.status["phase"] == case.phase
@@ -752,6 +758,7 @@ def test_reconcile_table(case: Case) -> None:
     for c in d.status["conditions"]:
         if c["lastTransitionTime"] == NOW:
             assert c["observedGeneration"] == 3
+    return d
 
 
 def test_status_figures_come_from_progress() -> None:
