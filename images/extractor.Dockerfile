@@ -18,8 +18,8 @@ FROM ${PYTHON_IMAGE} AS requirements
 WORKDIR /src
 COPY pyproject.toml images/requirements.py ./
 RUN mkdir /requirements \
-    && python requirements.py jobs > /requirements/cpu.txt \
-    && python requirements.py jobs sglang > /requirements/gpu.txt
+    && python requirements.py specforge > /requirements/cpu.txt \
+    && python requirements.py specforge sglang > /requirements/gpu.txt
 
 # --- the repository's wheel, for both variants (the COPYs below fail if its version is not EYRIE_VERSION)
 FROM ${PYTHON_IMAGE} AS wheel
@@ -34,27 +34,35 @@ RUN python -P -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 FROM ${PYTHON_IMAGE} AS cpu
 ARG EYRIE_VERSION=0.1.0
 ARG TORCH_VERSION=2.13.0
+# SpecForge's code trains and measures the pilot's drafters (`eyrie pilot`, `eyrie evaluate`): installed --no-deps (its
+# own pins, another torch and SGLang, are never installed), as the `specforge` extra says; jobs/evaluate/plan.py's
+# SPECFORGE_VERSION. Its loss module imports triton at the top, which torch's CPU build does not bring: on a CPU the
+# drafter runs SpecForge's torch formula of the loss, so triton is only imported, never run
+ARG SPECFORGE_VERSION=0.2.0
+ARG TRITON_VERSION=3.7.1
 # torch's CPU build; empty: pip's default index, whose Linux torch is the CUDA build (several GB more)
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 LABEL org.opencontainers.image.title="eyrie-extractor" \
       org.opencontainers.image.version="${EYRIE_VERSION}" \
-      org.opencontainers.image.description="eyrie[jobs] with torch ${TORCH_VERSION}: hidden-state extraction on CPU (transformers backend)"
+      org.opencontainers.image.description="eyrie[specforge] with torch ${TORCH_VERSION}: hidden-state extraction on CPU (transformers backend), the pilot's drafters"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/home/eyrie \
     HF_HOME=/home/eyrie/.cache/huggingface
 # torch first, in a layer of its own: the biggest, rebuilt only when TORCH_VERSION or TORCH_INDEX_URL changes
 RUN python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
-# the jobs extra's other dependencies, in a layer of their own (the constraint keeps that torch)
+# the specforge extra's other dependencies (the jobs extra's and SpecForge's data code's), in a layer of their own (the
+# constraint keeps that torch), then SpecForge itself and triton, without their dependencies
 COPY --from=requirements /requirements/cpu.txt /tmp/requirements.txt
 RUN echo "torch==${TORCH_VERSION}" > /tmp/torch-constraint.txt \
     && python -m pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --requirement /tmp/requirements.txt \
+    && python -m pip install --no-cache-dir --no-deps "specforge==${SPECFORGE_VERSION}" "triton==${TRITON_VERSION}" \
     && rm /tmp/requirements.txt /tmp/torch-constraint.txt \
     && groupadd --gid 10001 eyrie \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eyrie --shell /usr/sbin/nologin eyrie
 # then the wheel: --no-index, so the build fails if the layers below lack any of its requirements
 COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-RUN python -m pip install --no-cache-dir --no-index "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs]" \
+RUN python -m pip install --no-cache-dir --no-index "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[specforge]" \
     && rm -rf /tmp/wheels \
     && python -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v"
 USER 10001:10001
@@ -66,6 +74,7 @@ CMD ["eyrie", "extract", "--help"]
 FROM ${SGLANG_IMAGE}
 ARG EYRIE_VERSION=0.1.0
 ARG SGLANG_VERSION=0.5.23
+ARG SPECFORGE_VERSION=0.2.0
 LABEL org.opencontainers.image.title="eyrie-extractor" \
       org.opencontainers.image.version="${EYRIE_VERSION}" \
       org.opencontainers.image.description="SGLang ${SGLANG_VERSION} with eyrie[sglang]: hidden-state extraction"
@@ -82,12 +91,13 @@ RUN python3 -c "import sys; assert sys.version_info >= (3, 11), 'eyrie needs Pyt
     && python3 -c "import importlib.metadata as m, sys; v = m.version('sglang'); sys.exit(None if v == '${SGLANG_VERSION}' else f'the base image has SGLang {v}; eyrie[sglang] pins ${SGLANG_VERSION}')" \
     && python3 -c "import importlib.metadata as m; print('\n'.join(f'{p}=={m.version(p)}' for p in ('torch', 'sglang')))" > /tmp/image-constraints.txt \
     && python3 -m pip install --no-cache-dir --constraint /tmp/image-constraints.txt --requirement /tmp/requirements.txt \
+    && python3 -m pip install --no-cache-dir --no-deps "specforge==${SPECFORGE_VERSION}" \
     && rm /tmp/requirements.txt /tmp/image-constraints.txt \
     && groupadd --gid 10001 eyrie \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/eyrie --shell /usr/sbin/nologin eyrie
 # then the wheel: --no-index, so the build fails if the layer below lacks any of its requirements
 COPY --from=wheel /dist/eyrie-${EYRIE_VERSION}-py3-none-any.whl /tmp/wheels/
-RUN python3 -m pip install --no-cache-dir --no-index "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[jobs,sglang]" \
+RUN python3 -m pip install --no-cache-dir --no-index "/tmp/wheels/eyrie-${EYRIE_VERSION}-py3-none-any.whl[specforge,sglang]" \
     && rm -rf /tmp/wheels \
     && python3 -c "import importlib.metadata as m; v = m.version('eyrie'); assert v == '${EYRIE_VERSION}', v"
 USER 10001:10001

@@ -27,6 +27,8 @@ from dockerfile_parse import DockerfileParser
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from eyrie.jobs.evaluate.plan import SPECFORGE_VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -182,7 +184,7 @@ def test_both_extractor_variants_install_the_same_wheel_with_the_same_entry_poin
     installs = wheel_installs("extractor")
     assert set(installs) == {"cpu", ""}, "a CPU variant (--target cpu) and the GPU default"
     extras = {k: re.search(rf"/tmp/wheels/{re.escape(WHEEL)}\[([a-z,]+)\]", v).group(1) for k, v in installs.items()}
-    assert extras == {"cpu": "jobs", "": "jobs,sglang"}
+    assert extras == {"cpu": "specforge", "": "specforge,sglang"}
 
     def entry(stage: list[dict[str, Any]]) -> dict[str, str]:
         keep = ("USER", "WORKDIR", "ENTRYPOINT", "CMD")
@@ -206,13 +208,27 @@ def test_ray_worker_builds_from_the_official_ray_image_or_a_plain_python_one():
     assert [s["value"] for s in stage if s["instruction"] == "USER"][-1] == "1000:100"
 
 
+def test_both_extractor_variants_carry_the_specforge_that_trains_the_pilots_drafters():
+    """The pilot's Job runs on the extraction image: SpecForge's code (--no-deps, the version eyrie's drafters are
+    written against) in both variants, and on the CPU triton, which its loss module imports (torch's CPU build
+    does not bring it; the CUDA one does)."""
+    cpu, gpu = stages(parse("extractor"))["cpu"], final_stage(parse("extractor"))
+    for stage in (cpu, gpu):
+        args = dict(s["value"].split("=", 1) for s in stage if s["instruction"] == "ARG" and "=" in s["value"])
+        assert args["SPECFORGE_VERSION"] == SPECFORGE_VERSION
+        runs = [s["value"] for s in stage if s["instruction"] == "RUN"]
+        assert any('--no-deps "specforge==${SPECFORGE_VERSION}"' in r for r in runs)
+    cpu_runs = " ".join(s["value"] for s in cpu if s["instruction"] == "RUN")
+    assert '"triton==${TRITON_VERSION}"' in cpu_runs
+
+
 def test_extractor_installs_the_sglang_extra_without_replacing_the_images_stack():
     runs = [s["value"] for s in final_stage(parse("extractor")) if s["instruction"] == "RUN"]
     [deps, wheel] = [r for r in runs if "pip install" in r]
     assert "--requirement /tmp/requirements.txt" in deps
     assert "--constraint /tmp/image-constraints.txt" in deps
     assert "('torch', 'sglang')" in deps
-    assert "-py3-none-any.whl[jobs,sglang]" in wheel and "--no-index" in wheel
+    assert "-py3-none-any.whl[specforge,sglang]" in wheel and "--no-index" in wheel
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_VALUES))
@@ -240,8 +256,8 @@ def test_build_context_ignore_lets_through_exactly_what_the_wheel_stage_copies(n
 # --- layer caching: the dependencies' layer is reused across source edits
 
 # each runtime stage -> the extras its wheel install names (and its dependency list must cover)
-RUNTIME_EXTRAS = {("operator", ""): ["operator"], ("ray-worker", ""): ["generate"], ("extractor", "cpu"): ["jobs"],
-                  ("extractor", ""): ["jobs", "sglang"]}
+RUNTIME_EXTRAS = {("operator", ""): ["operator"], ("ray-worker", ""): ["generate"],
+                  ("extractor", "cpu"): ["specforge"], ("extractor", ""): ["specforge", "sglang"]}
 
 
 def requirements_stage(name: str) -> list[dict[str, Any]]:
