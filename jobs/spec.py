@@ -648,6 +648,7 @@ class DatasetGenerationSpec(Model):
             raise ValueError(f"sources: duplicate source names {dupes}")
         if self.budget.pricing is None and self.api.base_url != SIMULATED:
             raise ValueError("budget.pricing: required for a real API (reservations need prices)")
+        self._check_one_answer_fits()
         if self.api.base_url == SIMULATED and self.generation.ray.mode != "Local":
             raise ValueError(
                 f"api.baseUrl: simulated cannot run with generation.ray.mode {self.generation.ray.mode}: the "
@@ -676,6 +677,30 @@ class DatasetGenerationSpec(Model):
         if self.pilot is not None:
             self._check_pilot(self.pilot)
         return self
+
+    def reserved_output_tokens(self) -> int:
+        """The output tokens a request reserves: `maxTokens`, plus the reasoning cap on top of it."""
+        s = self.api.sampling
+        return s.max_tokens + (s.reasoning.max_tokens if s.reasoning and s.reasoning.max_tokens else 0)
+
+    def _check_one_answer_fits(self) -> None:
+        """A budget that cannot pay the output alone of one answer's worst case can never send a request:
+        refused here, before anything runs. What the prompt's tokens add is known only per prompt: the
+        run checks that before its first wait (the coordinator's first lease)."""
+        if (self.budget.pricing is None and self.api.base_url != SIMULATED) or (
+                self.generation.answers == "dataset" and self.pilot is None):
+            return  # refused for its missing prices; or nothing is bought
+        price = self.effective_pricing().output_per_million
+        tokens = self.reserved_output_tokens()
+        output = price * tokens / Decimal(1_000_000)
+        if output > self.budget.max_usd:
+            fits = int(self.budget.max_usd * Decimal(1_000_000) / price) if price else tokens
+            raise ValueError(
+                f"budget.maxUSD: ${self.budget.max_usd} cannot pay for one answer: each request reserves "
+                f"{tokens:,} output tokens (api.sampling.maxTokens"
+                f"{' + reasoning.maxTokens' if tokens != self.api.sampling.max_tokens else ''}) x "
+                f"${price} per million = ${output.normalize():f} before its prompt; lower api.sampling.maxTokens "
+                f"({fits:,} would take the whole budget, leaving nothing for the prompt) or raise budget.maxUSD")
 
     def _check_pilot(self, pilot: PilotSpec) -> None:
         """What a pilot needs that its own fields cannot say (ValueError "field: why", as `_cross_field`)."""

@@ -311,3 +311,23 @@ def test_the_datasets_own_answers_are_taken_sent_nowhere_paid_nothing_and_rebuil
     first = next(s for s in samples if s["sample_id"] == recs[0]["sample_id"])
     trained = [t for t, m in zip(first["input_ids"], first["loss_mask"], strict=True) if m]
     assert "The moon." in tok.decode(trained) and "Tides rise and fall." in tok.decode(trained)
+
+
+def test_a_budget_that_fits_no_first_request_stops_before_the_workers_start(tmp_path):
+    """maxTokens x the output price fits maxUSD (validation lets it through) but no shard's first
+    request, its prompt's tokens added, does: the run stops before any worker starts (no Ray, no
+    wait), nothing sent, and the message names maxTokens and maxUSD as the levers."""
+    prompts = write_prompts(tmp_path / "p.jsonl", 6, tools_every=0)
+    out = f"file://{tmp_path}/out"
+    output_only = Decimal(256) * Decimal(PRICING["outputPerMillion"]) / 1_000_000  # 0.00064
+    max_usd = output_only + Decimal("0.000001")
+    assert largest_reservation(prompts, 256) > max_usd
+    with SimulatorProcess(SimulatorConfig(latency_ms=5)) as sim:
+        spec = make_spec(tmp_path, prompts, out, base_url=sim.base_url, max_usd=str(max_usd), mode="Local")
+        r = run_cli(spec)  # local Ray, the default: refused before it starts
+        assert sim.stats()["requests"] == 0
+    assert r.returncode == 3, r.stderr
+    prog = progress(out)
+    assert prog["outcome"] == "BudgetExhausted" and Decimal(prog["spentUSD"]) == 0
+    assert "before the first request" in prog["message"] and "api.sampling.maxTokens" in prog["message"]
+    assert "budget.maxUSD" in prog["message"]

@@ -50,7 +50,7 @@ def test_every_wrong_field_is_named_at_once():
     assert p["spec.extra"] == "unknown field"
 
 
-@pytest.mark.parametrize("value,ok", [("0.01", True), (5, True), ("0", False), ("abc", False),
+@pytest.mark.parametrize("value,ok", [("0.02", True), (5, True), ("0", False), ("abc", False),
                                       ("NaN", False), (True, False)])
 def test_money(value, ok):
     doc = {**MINIMAL, "budget": {"maxUSD": value}}
@@ -154,3 +154,24 @@ def test_cli_validate_and_crd(tmp_path):
     assert r.returncode == 0, r.stderr
     r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "crd"], capture_output=True, text=True)
     assert r.returncode == 0 and yaml.safe_load(r.stdout.split("\n", 1)[1])["kind"] == "CustomResourceDefinition"
+
+
+@pytest.mark.parametrize("sampling,pricing,max_usd,ok", [
+    ({"maxTokens": 4096}, None, "0.01", False),  # the simulator's $2.50/M: one answer may cost $0.01024
+    ({"maxTokens": 4096}, None, "0.0103", True),
+    ({"maxTokens": 1000, "reasoning": {"maxTokens": 3000}}, {"inputPerMillion": "0.6", "outputPerMillion": "2.5"},
+     "0.009", False),  # reasoning tokens are reserved on top of maxTokens
+    ({"maxTokens": 32768}, {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}, "0.05", False),
+    ({"maxTokens": 32768}, {"inputPerMillion": "0.6", "outputPerMillion": "2.5"}, "0.09", True),
+])
+def test_a_budget_that_cannot_pay_one_answer_is_refused_at_validation(sampling, pricing, max_usd, ok):
+    """maxTokens x the output price alone over maxUSD: no request can ever be sent, so the spec is
+    refused before anything runs, naming the levers (maxTokens, maxUSD)."""
+    doc = {**MINIMAL, "api": {"baseUrl": "simulated", "sampling": sampling},
+           "budget": {"maxUSD": max_usd, **({"pricing": pricing} if pricing else {})}}
+    if ok:
+        parse_spec(doc)
+        return
+    p = problems(doc)
+    why = p["spec.budget.maxUSD"]
+    assert "api.sampling.maxTokens" in why and "lower" in why and "raise budget.maxUSD" in why, why

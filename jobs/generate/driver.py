@@ -24,7 +24,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import records, timeseries
 from eyrie.jobs.contract.fingerprint import Binding, bind_output, write_doc
 from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
-from eyrie.jobs.contract.money import usd
+from eyrie.jobs.contract.money import dollars, usd
 from eyrie.jobs.contract.progress import Outcome, Progress, SampleCounts, Stage, load_progress, now_iso, write_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.extract.projection import stored_bytes_per_token
@@ -159,6 +159,8 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                                               stored_bytes_per_token(spec))}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
+        if stop is None and (short := first_requests_unaffordable(spec, plan, spec.budget.max_usd - ckpt.spent)):
+            stop = (Outcome.BUDGET_EXHAUSTED, short)
         start = Resume.at_start(prev, ctx.attempt, ctx.run_id, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress(),
@@ -181,6 +183,58 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         final = monitor.write(snapshot)
         monitor.on_progress(final)
     return GenerationResult(final.outcome, final.message, final)
+
+
+FIRST_ROWS = 8  # rows of a shard read for its first request (rows before it may never be sent)
+
+
+def first_requests_unaffordable(spec: DatasetGenerationSpec, plan: ShardPlan, left: Decimal) -> str | None:
+    """Why no shard's first request fits the budget left (None: one does, or nothing tells). Each is
+    reserved as the sender reserves it (its prompt's tokens estimated the same way, plus every output
+    token it may write), so when none fits, each worker's first reservation would be refused: the run
+    is stopped before any worker starts (Ray, the provider's pacing) instead of after. Validation
+    refuses the budget that cannot pay the output alone (`spec._check_one_answer_fits`)."""
+    if spec.generation.turns != "last" or spec.generation.answers == "dataset" or spec.tools.mode == "audit":
+        return None
+    from eyrie.jobs.generate.budget.pricing import Pricing, worst_case
+    from eyrie.jobs.generate.sending.requests import estimate_prompt_tokens, max_output_tokens, prepare_row
+    from eyrie.jobs.sources import iter_source
+
+    count = None
+    if spec.target.tokenizer:  # the sender counts with it; loaded (and cached) by preflight
+        from eyrie.jobs.reconstruct.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(spec.target, spec.output.endpoint)
+        count = lambda text: len(tok.encode(text))  # noqa: E731
+    prices = spec.effective_pricing()
+    pricing = Pricing(prices.input_per_million, prices.output_per_million)
+    out_tokens = max_output_tokens(spec)
+    by_name = {s.name: s for s in spec.sources}
+    cheapest: tuple[Decimal, int] | None = None
+    for spans in plan.shards.values():
+        span = spans[0]
+        rows = iter_source(by_name[span.source], spec.output.endpoint, start=span.start,
+                           stop=min(span.stop, span.start + FIRST_ROWS), index=plan.indexes.get(span.source))
+        for prompt in rows:
+            prepared = prepare_row(prompt, spec.tools.mode)
+            if isinstance(prepared, tuple):
+                continue
+            est = estimate_prompt_tokens(prepared.messages, prepared.tools or prepared.declared_tools, count)
+            cost = worst_case(pricing, est, out_tokens)
+            if cost <= left:
+                return None
+            cheapest = min(cheapest or (cost, est), (cost, est))
+            break
+        else:
+            return None  # no sendable row among the first: nothing certain
+    if cheapest is None:
+        return None
+    cost, est = cheapest
+    return (f"budget exhausted before the first request: {dollars(left)} left of budget.maxUSD "
+            f"{dollars(spec.budget.max_usd)}, and the cheapest shard's first request reserves {dollars(cost)} ({est:,} "
+            "prompt tokens and "
+            f"{out_tokens:,} output tokens, api.sampling.maxTokens, at the spec's prices); lower "
+            "api.sampling.maxTokens or raise budget.maxUSD")
 
 
 def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: int, hard: bool,

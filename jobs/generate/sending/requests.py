@@ -51,9 +51,7 @@ def build_body(spec: DatasetGenerationSpec, messages: list[dict], tool_list: lis
 
 
 def max_output_tokens(spec: DatasetGenerationSpec) -> int:
-    s = spec.api.sampling
-    extra = s.reasoning.max_tokens if s.reasoning and s.reasoning.max_tokens else 0
-    return s.max_tokens + extra
+    return spec.reserved_output_tokens()
 
 
 def prepare_row(prompt: Prompt | BadRow, mode: str, *, whole: bool = False) -> declarations.Prepared | tuple[str, str]:
