@@ -223,3 +223,22 @@ def test_outputs_of_different_targets_are_refused(tmp_path):
     for other in (b, c):
         with pytest.raises(DifferentTargets, match="cannot be compared"):
             check_same_target(a, [other])
+
+
+@pytest.mark.integration
+def test_without_specforge_evaluate_says_what_to_install_in_one_line(tmp_path):
+    """After an install without SpecForge's code: one line naming the command and the install line,
+    exit 2, no traceback (and nothing read or written first)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['specforge'] = None\n"  # as if it were not installed
+            "from eyrie.jobs.cli import main\n"
+            f"main(['evaluate', {str(tmp_path / 'out')!r}])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("eyrie evaluate: ") and "pip install --no-deps specforge==0.2.0" in lines[0]
+    assert "eyrie[specforge]" in lines[0]
+    assert not (tmp_path / "out").exists()

@@ -748,3 +748,25 @@ def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp
     page = store.get(layout.REPORT).decode()
     assert "engine / dtype" in page and "fidelity: the answers scored by " in page
     assert "stage done" in page
+
+
+@pytest.mark.integration
+def test_the_offline_export_trains_into_a_folder_outside_itself(tmp_path, tiny, backend, capsys):
+    """The run config and the printed training command name an `output_dir` outside the export
+    folder: SpecForge's checkpoints never land in it, so `export --overwrite` can replace it later."""
+    import yaml
+
+    from eyrie.jobs.extract.cli import export_main
+    from eyrie.jobs.extract.specforge import RUN_CONFIG
+
+    out, _store, _rows, _summary = _run(tmp_path, tiny, backend=backend)
+    sf = tmp_path / "sf"
+    assert export_main(["specforge", out, str(sf)]) == 0
+    printed = capsys.readouterr().out
+    cfg = yaml.safe_load((sf / RUN_CONFIG).read_text())
+    train_dir = (sf / cfg["output_dir"]).resolve()  # relative to the folder, where specforge train runs
+    assert sf.resolve() not in train_dir.parents and train_dir != sf.resolve()
+    assert f"output_dir={cfg['output_dir']}" in printed or cfg["output_dir"] in printed, printed
+    train_dir.mkdir()
+    (train_dir / "checkpoint").write_text("x")  # what a training run leaves
+    assert export_main(["specforge", out, str(sf), "--overwrite"]) == 0  # the export folder is still only ours

@@ -78,7 +78,9 @@ def evaluate_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.output in args.against:
         raise InputError("--against names OUTPUT itself: give other outputs")
-    from eyrie.jobs.evaluate.drafter import TrainSettings
+    from eyrie.jobs.evaluate.drafter import TrainSettings, require_specforge
+
+    require_specforge()  # before anything is read: one line, the install
     from eyrie.jobs.evaluate.run import Request, run_evaluation
 
     defaults = TrainSettings()

@@ -73,6 +73,35 @@ class TrainSettings:
                                               "warmup_ratio", "max_grad_norm", "max_length", "seed", "dtype")}
 
 
+# What `eyrie evaluate` imports of SpecForge (its model, step, data and evaluator code): a missing module
+# among them is named before anything is read or trained
+SPECFORGE_MODULES = ("specforge.core.loss", "specforge.algorithms.eagle3.model", "specforge.algorithms.eagle3.data",
+                     "specforge.data.preprocessing", "specforge.data.utils", "specforge.modeling.auto",
+                     "specforge.modeling.draft.llama3_eagle", "specforge.modeling.target.target_head",
+                     "specforge.training.strategies.base", "specforge.eval.evaluator")
+# SpecForge's own code beside eyrie: what its code imports (the extra), then it without its pins (--no-deps)
+SPECFORGE_INSTALL = f"pip install 'eyrie[specforge]' && pip install --no-deps specforge=={SPECFORGE_VERSION}"
+
+
+class SpecForgeMissing(EvaluationError):
+    """SpecForge's code (or what it imports) is not installed: the message is the install line."""
+
+
+def require_specforge() -> None:
+    """Raise SpecForgeMissing (one line: what is missing, the install line) unless every module of
+    SpecForge's that training a drafter uses imports; an entry point names its command before it."""
+    import importlib
+
+    for name in SPECFORGE_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            missing = getattr(e, "name", None) or name
+            raise SpecForgeMissing(f"drafters are trained with SpecForge's own code, and {missing!r} cannot be "
+                                   f"imported: install it with `{SPECFORGE_INSTALL}` (its torch and sglang pins "
+                                   "are not eyrie's: --no-deps)") from None
+
+
 class TorchLogSoftmaxLoss:
     """SpecForge's `LogSoftmaxLoss` interface over its torch reference formula (`core.loss._compute_loss`:
     the kernel's loss, -sum(mask * p * log_softmax(logits)) averaged over every position)."""

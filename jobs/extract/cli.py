@@ -98,7 +98,8 @@ def export_main(argv: list[str]) -> int:
     if r.draft_config:
         print(f"wrote {DRAFT_CONFIG} (an EAGLE-3 draft of the target's shape) and {RUN_CONFIG} (target "
               f"{r.target_model_path}); train in SpecForge's own environment ({TRAIN_INSTALL}), from the folder: "
-              f"cd {shlex.quote(args.dir)} && ~/specforge-env/bin/specforge train -c {RUN_CONFIG}")
+              f"cd {shlex.quote(args.dir)} && ~/specforge-env/bin/specforge train -c {RUN_CONFIG} "
+              f"output_dir={shlex.quote(r.output_dir or '')}  (checkpoints beside the export, never in it)")
     else:
         print(f"no {DRAFT_CONFIG}: the target's config could not be read ({r.draft_error}); pass --model, or let "
               f"SpecForge derive the draft from model.target_model_path in {RUN_CONFIG}")

@@ -97,6 +97,7 @@ class ExportResult:
     draft_config: str | None = None  # draft-config.json when the target's config could be read
     draft_error: str | None = None  # else why not
     target_model_path: str | None = None  # as the run config names it (portable_target)
+    output_dir: str | None = None  # where training writes, relative to the folder (train_output_dir)
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
@@ -284,6 +285,13 @@ def portable_target(model: str, out: Path) -> str:
     return model
 
 
+def train_output_dir(out: Path) -> str:
+    """Where SpecForge writes checkpoints, relative to the export folder (where it is run from): a
+    sibling `<folder>-train`, so a later `export --overwrite` finds the folder holding only the export
+    (SpecForge's default `./output` would be inside it)."""
+    return f"../{out.resolve().name}-train"
+
+
 def _training_files(out: Path, index: dict[str, Any], result: ExportResult, opts: ExportOptions) -> None:
     """draft-config.json (when the target's config can be read) and specforge-offline.yaml."""
     import yaml
@@ -304,8 +312,10 @@ def _training_files(out: Path, index: dict[str, Any], result: ExportResult, opts
     run = {"model": {"target_model_path": target,
                      **({"draft_model_config": DRAFT_CONFIG} if result.draft_config else {})},
            "data": {"hidden_states_path": ".", "max_length": opts.max_length or result.longest},
-           "training": {"strategy": "eagle3"}}
+           "training": {"strategy": "eagle3"},
+           "output_dir": train_output_dir(out)}
+    result.output_dir = run["output_dir"]
     head = (f"SpecForge {SPECFORGE_VERSION} run config for offline EAGLE-3 training on this export: specforge train -c "
-            f"{RUN_CONFIG}\n(add training.* settings, output_dir; the vocab mapping is counted from the features' "
-            f"loss tokens).\n{RUN_FROM_HERE}\n")
+            f"{RUN_CONFIG}\n(add training.* settings; the vocab mapping is counted from the features' loss tokens; "
+            f"checkpoints go to output_dir, beside this folder, never into it).\n{RUN_FROM_HERE}\n")
     (out / RUN_CONFIG).write_text("".join(f"# {x}\n" for x in head.splitlines()) + yaml.safe_dump(run, sort_keys=False))
