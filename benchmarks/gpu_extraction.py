@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
+from eyrie.jobs.contract.layers import resolve_layers, spool_bytes
 from eyrie.jobs.extract import sglang_backend as sb
-from eyrie.jobs.extract.layers import resolve_layers, spool_bytes
 
 COSINE_MIN = 0.999
 CHUNKED_COSINE_MIN = 0.9999

@@ -28,7 +28,7 @@ neighbours); the CLI runs in the user's environment. Target (issue 27): the veri
 the rate of reading the samples alone. `--workers N` adds the export with N parser processes in this
 process (wall time only: their CPU is in the workers).
 
-Also printed: the hidden-state bytes per token the docs quote (`extract.layers.hidden_bytes_per_token`).
+Also printed: the hidden-state bytes per token the docs quote (`contract.layers.hidden_bytes_per_token`).
 
     python benchmarks/specforge_online.py [--samples 50000] [--distinct 500] [--breakdown 1000] [--workers 0]
 """
@@ -188,7 +188,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from eyrie.jobs.context import usable_cores
-    from eyrie.jobs.extract.layers import hidden_bytes_per_token
+    from eyrie.jobs.contract.layers import hidden_bytes_per_token
     from eyrie.jobs.extract.specforge_online import (
         Checker,
         OnlineOptions,

@@ -24,11 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from eyrie.jobs import shipped as registry  # the shipped files (names, MANIFEST.json)
 from eyrie.jobs.extract import tiny
 
 
 def train(name: str, folder: Path) -> Path:
-    return tiny.build(folder, seed=tiny.TRAINED[name])
+    return tiny.build(folder, seed=registry.TRAINED[name])
 
 
 def held_out_nll(folder: Path, n: int = 300) -> float:
@@ -56,7 +57,7 @@ def compare(shipped: Path, rebuilt: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     files = sorted(p.name for p in shipped.iterdir() if p.is_file())
-    a, b = load_file(shipped / tiny.WEIGHTS), load_file(rebuilt / tiny.WEIGHTS)
+    a, b = load_file(shipped / registry.WEIGHTS), load_file(rebuilt / registry.WEIGHTS)
     worst = {"tensor": None, "maxAbsDiff": 0.0, "relative": 0.0}
     equal = 0
     for k in sorted(a):
@@ -68,7 +69,7 @@ def compare(shipped: Path, rebuilt: Path) -> dict[str, Any]:
         if rel > worst["relative"]:
             worst = {"tensor": k, "maxAbsDiff": diff, "relative": rel}
     same = [f for f in files
-            if (rebuilt / f).is_file() and tiny.file_sha256(shipped / f) == tiny.file_sha256(rebuilt / f)]
+            if (rebuilt / f).is_file() and registry.file_sha256(shipped / f) == registry.file_sha256(rebuilt / f)]
     return {"identicalFiles": same, "differentFiles": [f for f in files if f not in same],
             "weights": {"sameNamesAndShapes": set(a) == set(b), "tensors": len(a), "equalTensors": equal,
                         "worst": worst},
@@ -81,41 +82,42 @@ def rebuild_all() -> dict[str, Any]:
 
     models: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tiny-models-") as tmp:
-        for name in tiny.TRAINED:
+        for name in registry.TRAINED:
             folder = name.removeprefix("builtin:")
             built = train(name, Path(tmp) / folder)
-            dest = tiny.SHIPPED / folder
+            dest = registry.SHIPPED / folder
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(built, dest)
             for f in dest.iterdir():
                 f.chmod(0o644)  # safetensors writes 0600; package data is read by everyone
-            models[name] = {"folder": folder, "seed": tiny.TRAINED[name],
-                            "files": {f.name: tiny.file_sha256(f) for f in sorted(dest.iterdir())}}
-        base = tiny.SHIPPED / models[tiny.NAMES[0]]["folder"]
-        for name, kind in tiny.DERIVED.items():
+            models[name] = {"folder": folder, "seed": registry.TRAINED[name],
+                            "files": {f.name: registry.file_sha256(f) for f in sorted(dest.iterdir())}}
+        base = registry.SHIPPED / models[registry.NAMES[0]]["folder"]
+        for name, kind in registry.DERIVED.items():
             derived = tiny.derive(base, Path(tmp) / kind, kind)
-            models[name] = {"from": tiny.NAMES[0], "quantize": kind,
-                            "weightsSha256": tiny.weights_sha256(load_file(derived / tiny.WEIGHTS))}
-    doc = {"version": tiny.VERSION,
+            models[name] = {"from": registry.NAMES[0], "quantize": kind,
+                            "weightsSha256": tiny.weights_sha256(load_file(derived / registry.WEIGHTS))}
+    doc = {"version": registry.VERSION,
            "madeBy": "python hack/tiny_models.py: jobs/extract/tiny.py's build(folder, seed) for each trained "
                      "model; quantize(tiny-chat, kind) for each derived one",
            "platform": tiny.build_platform(), "models": models}
-    (tiny.SHIPPED / "MANIFEST.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (registry.SHIPPED / "MANIFEST.json").write_text(json.dumps(doc, indent=2) + "\n")
     return doc
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hack/tiny_models.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="rebuild into a temporary folder and compare; write nothing")
-    p.add_argument("--only", choices=tuple(tiny.TRAINED), help="with --check: this model only")
+    p.add_argument("--only", choices=tuple(registry.TRAINED), help="with --check: this model only")
     a = p.parse_args(argv)
     if not a.check:
         doc = rebuild_all()
         print(json.dumps({k: v.get("files", v.get("weightsSha256")) for k, v in doc["models"].items()}, indent=2))
         return 0
-    report: dict[str, Any] = {"platform": tiny.build_platform(), "shippedOn": tiny.manifest()["platform"], "models": {}}
+    report: dict[str, Any] = {"platform": tiny.build_platform(), "shippedOn": registry.manifest()["platform"],
+                              "models": {}}
     with tempfile.TemporaryDirectory(prefix="tiny-models-") as tmp:
-        for name in [a.only] if a.only else tiny.TRAINED:
+        for name in [a.only] if a.only else registry.TRAINED:
             rebuilt = train(name, Path(tmp) / name.removeprefix("builtin:"))
             report["models"][name] = compare(tiny.model_folder(name), rebuilt)
     print(json.dumps(report, indent=2))

@@ -52,6 +52,7 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
     `on_audit` the audit's table (tools.mode audit). An output whose answers were bought under another
     fingerprint is refused before anything is sent, the audit included (`accept_changed`: the fields
     whose change the user accepts)."""
+    from eyrie.jobs.extract.projection import stored_bytes_per_token
     from eyrie.jobs.generate.driver import run_generation
 
     spec = dg.spec
@@ -74,7 +75,7 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
             except AuditError as e:
                 notify(f"audit skipped: {e}")
         result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress, notify=notify,
-                                binding=binding)
+                                binding=binding, bytes_per_token=stored_bytes_per_token(spec))
 
     def mark(stage: Stage, outcome: Outcome, message: str = "") -> None:
         write_progress(store, result.snapshot.model_copy(update={"stage": stage, "outcome": outcome,

@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import orjson
 
-from eyrie.jobs.contract.layout import sample_id
+from eyrie.jobs.contract.prompt import BadRow, Prompt
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.jsonvalues import json_depth, json_type_name
 from eyrie.jobs.spec import SourceSpec
@@ -43,42 +43,6 @@ PARQUET_BATCH_ROWS = 1024
 
 class SourceError(EyrieError, RuntimeError):
     """A source that cannot be read at all (missing, unreadable, unsupported); names source and URI."""
-
-
-@dataclass
-class Prompt:
-    """One request's worth of conversation: `messages` end with the user turn to answer, or (read
-    whole, `generation.turns: all`) hold the whole normalized conversation.
-
-    `tools` are the OpenAI tools the row gives structurally (None when it gives none); tools declared
-    as text in the system message stay there until `eyrie.jobs.tools.prepare_prompt` moves them.
-    """
-
-    source: str
-    row: int
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    fmt: str
-    # read only when asked (`generation.answers: dataset`): the row's own answer to `messages`, in OpenAI
-    # message form (content, reasoning_content, tool_calls), or None when the row has none
-    answer: dict[str, Any] | None = None
-
-    def sample_id(self) -> str:
-        """The one sample identity (DESIGN §3): source, row and content (messages and row tools)."""
-        return sample_id(self.source, self.row, {"messages": self.messages, "tools": self.tools})
-
-
-@dataclass
-class BadRow:
-    """A row that yields no prompt; `reason` says what is wrong in terms a user can fix."""
-
-    source: str
-    row: int
-    reason: str
-
-    def sample_id(self) -> str:
-        """Source and row only: the id must not change with the wording of `reason`."""
-        return sample_id(self.source, self.row, {"badRow": True})
 
 
 class _RowError(ValueError):

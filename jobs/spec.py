@@ -28,10 +28,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_snake
 
-from eyrie.jobs.contract import pilot as pilot_contract
-from eyrie.jobs.contract.model import Model
-from eyrie.jobs.contract.progress import EndpointVerdict, SampleCounts, TokenCounts
 from eyrie.jobs.errors import InputError
+from eyrie.jobs.model import Model
+from eyrie.jobs.status import EndpointVerdict, SampleCounts, TokenCounts
 
 GROUP = "eyrie.dev"
 VERSION = "v1alpha1"
@@ -544,12 +543,24 @@ class ExtractionSpec(Model):
         return v
 
 
+# The pilot's defaults (contract/pilot.py and `eyrie evaluate` read them from here: the spec sits below the contract)
+MIN_TRAIN = 5  # samples a drafter needs at least besides the held-out set (`eyrie evaluate`'s floor too)
+STEPS = 300  # each pilot drafter's training steps by default (`eyrie evaluate`'s default)
+TOKENS_PER_STEP = 256  # loss tokens per step by default (`eyrie evaluate`'s default)
+MAX_MARGIN = 7.0  # a drafter of 7 draft positions accepts at most 7 tokens per step more than another
+
+
+def default_heldout(samples: int) -> int:
+    """`eyrie evaluate`'s held-out size for an output of `samples`: a fifth, at least 1, at most 500."""
+    return max(1, min(500, samples // 5))
+
+
 class PilotTraining(Model):
     """The budget of each pilot drafter (the same for every option, as `eyrie evaluate` gives its drafters)."""
 
-    steps: int = Field(default=pilot_contract.STEPS, ge=1, le=100_000)
+    steps: int = Field(default=STEPS, ge=1, le=100_000)
     """Training steps per drafter (`eyrie evaluate --steps`)."""
-    tokens_per_step: int = Field(default=pilot_contract.TOKENS_PER_STEP, ge=1, le=1_000_000)
+    tokens_per_step: int = Field(default=TOKENS_PER_STEP, ge=1, le=1_000_000)
     """Loss tokens per step, exact (`eyrie evaluate --tokens-per-step`)."""
 
 
@@ -579,7 +590,7 @@ class PilotSpec(Model):
     """report: record the verdict and go on; require: suspend the run with the verdict (outcome PilotFailed)
     unless the drafter of the run's own data accepts no fewer tokens per step than the best alternative's,
     less `margin`."""
-    margin: float = Field(default=0.0, ge=0, lt=pilot_contract.MAX_MARGIN)
+    margin: float = Field(default=0.0, ge=0, lt=MAX_MARGIN)
     """Accepted tokens per step the run's own drafter may fall short of the best alternative's and still pass
     (0 <= margin < 7: a drafter accepts at most 7 draft tokens per step more than another)."""
 
@@ -721,10 +732,10 @@ class DatasetGenerationSpec(Model):
                              "pilot.prompts")
         if held >= n:
             raise ValueError(f"pilot.heldout: {held:,} held out of {n:,} pilot prompts leaves none to train on")
-        if n - held < pilot_contract.MIN_TRAIN:
+        if n - held < MIN_TRAIN:
             raise ValueError(f"pilot.prompts: {n:,} prompts with {held:,} held out leave {n - held:,} to train each "
-                             f"drafter on; at least {pilot_contract.MIN_TRAIN} are needed: raise pilot.prompts to "
-                             f"{held + pilot_contract.MIN_TRAIN:,}" + (" or lower pilot.heldout" if held > 1 else ""))
+                             f"drafter on; at least {MIN_TRAIN} are needed: raise pilot.prompts to "
+                             f"{held + MIN_TRAIN:,}" + (" or lower pilot.heldout" if held > 1 else ""))
 
     def pilot_prompts(self) -> int:
         """The pilot's prompts: pilot.prompts, else tools.gate.canarySamples."""
@@ -734,7 +745,7 @@ class DatasetGenerationSpec(Model):
     def pilot_heldout(self) -> int:
         """The pilot's held-out prompts: pilot.heldout, else `eyrie evaluate`'s default for that many."""
         assert self.pilot is not None
-        return self.pilot.heldout or pilot_contract.default_heldout(self.pilot_prompts())
+        return self.pilot.heldout or default_heldout(self.pilot_prompts())
 
     def effective_pricing(self) -> PricingSpec:
         """The prices reservations use: `budget.pricing`, or the simulator's own price list when the

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from eyrie.jobs.contract.layers import num_aux_layers, spool_bytes
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.extract.layers import num_aux_layers, spool_bytes
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
 ATTEMPT_ANNOTATION = "eyrie.dev/attempt"

@@ -1,6 +1,7 @@
-"""The layout's promises (docs/architecture.md): no import cycles, the data plane never depends on the
-control plane, the operator never on the CLI, generation never on the simulator, an operator
-install that needs neither torch nor transformers, and a generation job (the Ray worker image's) that needs no torch."""
+"""The layout's promises (docs/architecture.md): the layer order (no import runs upward, inside a function or under
+TYPE_CHECKING included), no import cycles, the data plane never depends on the control plane, the operator never on
+the CLI, generation never on the simulator, an operator install that needs neither torch nor transformers, and a
+generation job (the Ray worker image's) that needs no torch."""
 
 from __future__ import annotations
 
@@ -113,6 +114,91 @@ def test_a_typing_only_import_is_an_edge(tmp_path):
     path = tmp_path / "m.py"
     path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from eyrie.jobs.b import B\n")
     assert _imports("eyrie.jobs.m", path, {"eyrie.jobs.m", "eyrie.jobs.b"}) == {"eyrie.jobs.b"}
+
+
+# The layer order (docs/architecture.md, "Layers"), lowest first, as kopf's import contract states its own: a module
+# imports only from its own package or from a lower layer, at module level, inside a function or under TYPE_CHECKING
+# alike (an import made lazy for start-up cost or an optional dependency still points the same way). The packages
+# of one layer are independent of each other. Every module of eyrie is in exactly one layer: a new top-level module
+# or package is placed here, in the same change.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("eyrie.jobs.errors",),  # the one root of eyrie's exceptions
+    ("eyrie.jobs.jsonvalues", "eyrie.jobs.intervals", "eyrie.jobs.cache", "eyrie.jobs.context", "eyrie.jobs.model"),
+    ("eyrie.jobs.store", "eyrie.jobs.status"),
+    ("eyrie.jobs.spec",),
+    ("eyrie.jobs.contract",),  # store keys, records, progress.json, the manifest, prompts, layer conventions
+    ("eyrie.jobs.shipped",),  # the builtin models' shipped files (the tokenizer loader reads them)
+    ("eyrie.jobs.api",),  # the HTTP client
+    ("eyrie.jobs.reconstruct",),  # chat formats, tokenizers, template variants: stage 2, and the canary's
+    ("eyrie.jobs.tools",),
+    ("eyrie.jobs.sources",),
+    ("eyrie.jobs.generate",),  # stage 1
+    ("eyrie.jobs.extract",),  # stage 3
+    ("eyrie.jobs.evaluate",),
+    ("eyrie.jobs.report",),
+    ("eyrie.jobs.simulator",),  # a provider for demos and tests: only pipeline and the CLI start it
+    ("eyrie.jobs.pipeline",),
+    ("eyrie.jobs.crd",),  # the CRD generated from the spec model (`eyrie crd`, hack/derived.py)
+    ("eyrie.jobs.cli",),
+    ("eyrie.operator",),
+)
+ROOTS = ("eyrie.jobs",)  # the packages' own __init__ (empty): below everything
+
+
+def layer_of(mod: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> tuple[int, str] | None:
+    """(layer index, the package it is in) for a module, by its longest listed prefix; None when unplaced."""
+    best = None
+    for i, names in enumerate(layers):
+        for name in names:
+            if (mod == name or mod.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (i, name)
+    return best
+
+
+def layering_violations(g: dict[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Every import that runs upward or sideways (between two packages of one layer), and every unplaced module."""
+    out = []
+    for mod in sorted(g):
+        if mod in ROOTS:
+            continue
+        here = layer_of(mod, layers)
+        if here is None:
+            out.append(f"{mod} is in no layer")
+            continue
+        for dep in sorted(g[mod]):
+            there = layer_of(dep, layers)
+            if dep in ROOTS or there is None or there[1] == here[1]:
+                continue
+            if there[0] > here[0]:
+                out.append(f"{mod} imports {dep}: up from {here[1]} to {there[1]}")
+            elif there[0] == here[0]:
+                out.append(f"{mod} imports {dep}: sideways within one layer ({here[1]}, {there[1]})")
+    return out
+
+
+def test_no_import_runs_against_the_layer_order():
+    assert layering_violations(graph()) == []
+
+
+def test_an_upward_import_would_be_found(tmp_path):
+    layers = (("eyrie.jobs.store",), ("eyrie.jobs.generate", "eyrie.jobs.extract"), ("eyrie.jobs.cli",))
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from eyrie.jobs.cli import main  # lazy: still an edge\n")
+    mods = {"eyrie.jobs.generate.m", "eyrie.jobs.cli", "eyrie.jobs.store", "eyrie.jobs.extract.x"}
+    assert _imports("eyrie.jobs.generate.m", path, mods) == {"eyrie.jobs.cli"}
+    g = {"eyrie.jobs.generate.m": {"eyrie.jobs.cli", "eyrie.jobs.store", "eyrie.jobs.extract.x"},
+         "eyrie.jobs.cli": {"eyrie.jobs.generate.m"}, "eyrie.jobs.store": set(), "eyrie.jobs.extract.x": set(),
+         "eyrie.jobs.newthing": set()}
+    assert layering_violations(g, layers) == [
+        "eyrie.jobs.generate.m imports eyrie.jobs.cli: up from eyrie.jobs.generate to eyrie.jobs.cli",
+        "eyrie.jobs.generate.m imports eyrie.jobs.extract.x: sideways within one layer (eyrie.jobs.generate, "
+        "eyrie.jobs.extract)",
+        "eyrie.jobs.newthing is in no layer"]
+
+
+def test_every_layer_names_a_module_that_exists():
+    mods = set(_modules())
+    assert [n for names in LAYERS for n in names if n not in mods] == []
 
 
 def _private(name: str) -> bool:

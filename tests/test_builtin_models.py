@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from eyrie.jobs import shipped
 from eyrie.jobs.extract import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,25 +29,25 @@ NLL_SPREAD = 0.05
 @pytest.fixture
 def shipped_copy(tmp_path, monkeypatch):
     """The shipped models copied to a folder the test may damage, in place of the installed ones."""
-    copy = shutil.copytree(tiny.SHIPPED, tmp_path / "builtin")
-    monkeypatch.setattr(tiny, "SHIPPED", copy)
+    copy = shutil.copytree(shipped.SHIPPED, tmp_path / "builtin")
+    monkeypatch.setattr(shipped, "SHIPPED", copy)
     monkeypatch.setenv("EYRIE_CACHE_DIR", str(tmp_path / "cache"))
-    tiny.clear_checks()
+    shipped.clear_checks()
     yield copy
-    tiny.clear_checks()
+    shipped.clear_checks()
 
 
 def test_every_shipped_file_has_the_hash_the_manifest_records():
-    doc = json.loads((tiny.SHIPPED / "MANIFEST.json").read_text())
-    assert doc["version"] == tiny.VERSION and set(doc["models"]) == set(tiny.NAMES)
-    for name in tiny.TRAINED:
+    doc = json.loads((shipped.SHIPPED / "MANIFEST.json").read_text())
+    assert doc["version"] == shipped.VERSION and set(doc["models"]) == set(shipped.NAMES)
+    for name in shipped.TRAINED:
         entry = doc["models"][name]
-        folder = tiny.SHIPPED / entry["folder"]
+        folder = shipped.SHIPPED / entry["folder"]
         assert sorted(p.name for p in folder.iterdir()) == sorted(entry["files"])
         for file, digest in entry["files"].items():
             assert hashlib.sha256((folder / file).read_bytes()).hexdigest() == digest, (name, file)
         assert tiny.model_folder(name) == folder
-    size = sum(p.stat().st_size for p in tiny.SHIPPED.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in shipped.SHIPPED.rglob("*") if p.is_file())
     assert size < 3_000_000  # two models of ~0.9 MB; the impostors are derived, not shipped
 
 
@@ -55,9 +56,9 @@ def test_the_wheel_takes_every_shipped_file():
     import tomllib
 
     globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    package = tiny.SHIPPED.parent
+    package = shipped.SHIPPED.parent
     taken = {p for g in globs["eyrie.jobs.extract"] for p in package.glob(g) if p.is_file()}
-    assert taken == {p for p in tiny.SHIPPED.rglob("*") if p.is_file()}
+    assert taken == {p for p in shipped.SHIPPED.rglob("*") if p.is_file()}
 
 
 def test_the_impostors_are_derived_exactly_from_the_shipped_weights(shipped_copy, tmp_path):
@@ -66,48 +67,49 @@ def test_the_impostors_are_derived_exactly_from_the_shipped_weights(shipped_copy
     from safetensors.torch import load_file
 
     base = tiny.model_folder("builtin:tiny-chat")
-    for name in tiny.DERIVED:
+    for name in shipped.DERIVED:
         folder = tiny.model_folder(name)
         assert folder.parent == tmp_path / "cache" / "models"
-        assert tiny.weights_sha256(load_file(folder / tiny.WEIGHTS)) == tiny.manifest()["models"][name]["weightsSha256"]
+        want = shipped.manifest()["models"][name]["weightsSha256"]
+        assert tiny.weights_sha256(load_file(folder / shipped.WEIGHTS)) == want
         for f in base.iterdir():  # config, tokenizer and template: tiny-chat's, byte for byte
-            if f.name != tiny.WEIGHTS:
+            if f.name != shipped.WEIGHTS:
                 assert (folder / f.name).read_bytes() == f.read_bytes(), (name, f.name)
-    assert tiny.tokenizer_folder("builtin:tiny-chat-int8") == base
+    assert shipped.tokenizer_folder("builtin:tiny-chat-int8") == base
 
 
 def test_a_file_that_does_not_match_is_an_error_not_a_rebuild(shipped_copy):
-    weights = shipped_copy / "tiny-chat-seed1" / tiny.WEIGHTS
+    weights = shipped_copy / "tiny-chat-seed1" / shipped.WEIGHTS
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # one bit of one weight
     weights.write_bytes(bytes(data))
-    with pytest.raises(tiny.BuiltinModelError, match=r"builtin:tiny-chat-seed1: .*tiny-chat-seed1/model\.safetensors "
-                                                     r"has sha256 [0-9a-f]{64}, MANIFEST\.json says [0-9a-f]{64}: "
-                                                     r"reinstall eyrie"):
+    with pytest.raises(shipped.BuiltinModelError, match=r"builtin:tiny-chat-seed1: .*tiny-chat-seed1/model\."
+                                                     r"safetensors has sha256 [0-9a-f]{64}, MANIFEST\.json says "
+                                                     r"[0-9a-f]{64}: reinstall eyrie"):
         tiny.model_folder("builtin:tiny-chat-seed1")
     assert weights.read_bytes() == bytes(data)  # left as it was found: nothing rebuilt it
     (shipped_copy / "tiny-chat" / "tokenizer.json").unlink()
-    with pytest.raises(tiny.BuiltinModelError, match=r"tokenizer\.json has sha256 missing"):
-        tiny.tokenizer_folder("builtin:tiny-chat-fp8")
+    with pytest.raises(shipped.BuiltinModelError, match=r"tokenizer\.json has sha256 missing"):
+        shipped.tokenizer_folder("builtin:tiny-chat-fp8")
 
 
 def test_a_derived_model_that_does_not_match_is_an_error(shipped_copy):
     from safetensors.torch import load_file, save_file
 
     folder = tiny.model_folder("builtin:tiny-chat-int8")
-    tensors = load_file(folder / tiny.WEIGHTS)
+    tensors = load_file(folder / shipped.WEIGHTS)
     tensors["model.norm.weight"][0] += 1e-3
-    save_file(tensors, folder / tiny.WEIGHTS, metadata={"format": "pt"})
-    tiny.clear_checks()  # another process, finding the damaged cache
-    with pytest.raises(tiny.BuiltinModelError, match=r"builtin:tiny-chat-int8: the weights in .*have digest "
+    save_file(tensors, folder / shipped.WEIGHTS, metadata={"format": "pt"})
+    shipped.clear_checks()  # another process, finding the damaged cache
+    with pytest.raises(shipped.BuiltinModelError, match=r"builtin:tiny-chat-int8: the weights in .*have digest "
                                                      r"[0-9a-f]{64}, MANIFEST\.json says [0-9a-f]{64}: delete "):
         tiny.model_folder("builtin:tiny-chat-int8")
 
 
 def test_another_recipe_version_than_the_shipped_one_says_how_to_rebuild(shipped_copy, monkeypatch):
-    monkeypatch.setattr(tiny, "VERSION", tiny.VERSION + 1)
-    with pytest.raises(tiny.BuiltinModelError, match=rf"recipe version {tiny.VERSION - 1}, jobs/extract/tiny\.py's "
-                                                     rf"VERSION is {tiny.VERSION}: rebuild them with python "
+    monkeypatch.setattr(shipped, "VERSION", shipped.VERSION + 1)
+    with pytest.raises(shipped.BuiltinModelError, match=rf"recipe version {shipped.VERSION - 1}, jobs/shipped\.py's "
+                                                     rf"VERSION is {shipped.VERSION}: rebuild them with python "
                                                      r"hack/tiny_models\.py"):
         tiny.model_folder("builtin:tiny-chat")
 

@@ -20,10 +20,10 @@ from extract_helpers import assert_float32_rounding, make_spec, put_samples, ran
 from specforge_helpers import need_specforge
 
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.layers import LayerError, model_facts, resolve_layers
 from eyrie.jobs.extract import HiddenReader, SampleNotFound, ShardError, read_sample
 from eyrie.jobs.extract.codec import E4M3_MAX, Layout
 from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model
-from eyrie.jobs.extract.layers import LayerError, model_facts, resolve_layers
 from eyrie.jobs.extract.run import (
     ExtractionError,
     VocabMismatch,
@@ -609,7 +609,7 @@ def test_specforge_export_counts_and_truncates_long_samples(tmp_path, tiny, back
 
 
 def test_specforge_draft_config_layers_are_converted_to_hf_indices():
-    from eyrie.jobs.extract.layers import specforge_layer_ids
+    from eyrie.jobs.contract.layers import specforge_layer_ids
 
     # SpecForge's shipped GPT-OSS-20B draft config (24 layers) pins [1, 11, 21]: HF [2, 12, 22];
     # `auto` would capture 21 for the high layer, a layer SpecForge does not serve
@@ -631,7 +631,7 @@ def test_specforge_draft_config_layers_are_converted_to_hf_indices():
 
 @pytest.mark.integration
 def test_extraction_captures_the_layers_a_specforge_draft_config_serves(tmp_path):
-    from eyrie.jobs.extract.layers import read_specforge_config
+    from eyrie.jobs.contract.layers import read_specforge_config
     from eyrie.jobs.spec import SpecError, load_spec
 
     deeper = build_tiny_model(tmp_path / "tiny8", VOCAB, HIDDEN, layers=8, context=CONTEXT)
@@ -665,7 +665,7 @@ def test_extraction_captures_the_layers_a_specforge_draft_config_serves(tmp_path
 
 @pytest.mark.integration
 def test_cli_extract_and_export(tmp_path, tiny, capsys):
-    from eyrie.jobs.extract.cli import export_main, extract_main
+    from eyrie.jobs.cli.extract import export_main, extract_main
     from eyrie.jobs.extract.specforge import ExportError
 
     out = f"file://{tmp_path}/out"
@@ -722,9 +722,10 @@ def test_the_last_extraction_pod_writes_the_manifest_and_rewrites_the_report(tmp
     once its summary is written, checks for the others', and the one that finds them all moves
     progress to stage done, merges the manifest and rewrites the page with the extraction and
     fidelity sections (the operator links that page from status.outputReport)."""
-    from eyrie.jobs.contract.progress import Outcome, Progress, SampleCounts, Stage, write_progress
-    from eyrie.jobs.extract.cli import extract_main
+    from eyrie.jobs.cli.extract import extract_main
+    from eyrie.jobs.contract.progress import Outcome, Progress, Stage, write_progress
     from eyrie.jobs.report import publish
+    from eyrie.jobs.status import SampleCounts
 
     out = f"file://{tmp_path}/out"
     store = open_store(out)

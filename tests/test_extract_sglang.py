@@ -24,9 +24,9 @@ import safetensors.torch
 import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError
+from eyrie.jobs.contract.layers import spool_bytes
 from eyrie.jobs.extract import sglang_backend as sb
 from eyrie.jobs.extract.hf_backend import build_tiny_model
-from eyrie.jobs.extract.layers import spool_bytes
 
 # ------------------------------------------------------------------ stand-ins for SGLang's objects
 

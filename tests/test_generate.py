@@ -305,7 +305,7 @@ def test_the_datasets_own_answers_are_taken_sent_nowhere_paid_nothing_and_rebuil
     assert sorted(s["sample_id"] for s in samples) == sorted(recs[i]["sample_id"] for i in (0, 1))
     from transformers import AutoTokenizer
 
-    from eyrie.jobs.extract.tiny import tokenizer_folder
+    from eyrie.jobs.shipped import tokenizer_folder
 
     tok = AutoTokenizer.from_pretrained(tokenizer_folder("builtin:tiny-chat"))
     first = next(s for s in samples if s["sample_id"] == recs[0]["sample_id"])

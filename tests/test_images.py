@@ -339,7 +339,7 @@ def test_the_wheel_stage_builds_the_wheel_the_images_install(tmp_path):
     assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == [WHEEL]
     names = set(zipfile.ZipFile(tmp_path / "dist" / WHEEL).namelist())
     # what the images run: `eyrie operator`, `eyrie run`, `eyrie extract`
-    assert {"eyrie/operator/main.py", "eyrie/jobs/cli/__init__.py", "eyrie/jobs/extract/cli.py"} <= names
+    assert {"eyrie/operator/main.py", "eyrie/jobs/cli/__init__.py", "eyrie/jobs/cli/extract.py"} <= names
     entry = zipfile.ZipFile(tmp_path / "dist" / WHEEL).read(f"eyrie-{VERSION}.dist-info/entry_points.txt").decode()
     assert "eyrie = eyrie.jobs.cli:main" in entry
     # images/requirements.py lists from pyproject.toml what this wheel's metadata requires for each image's extras

@@ -16,12 +16,13 @@ from eyrie.jobs import spec as spec_module
 from eyrie.jobs.cli.run import LiveProgress, Shown
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
-from eyrie.jobs.contract.progress import Progress, SampleCounts, load_progress, parse_progress
+from eyrie.jobs.contract.progress import Progress, load_progress, parse_progress
 from eyrie.jobs.generate.budget.coordinator import Counts, RequestResult
 from eyrie.jobs.generate.driver import run_generation
 from eyrie.jobs.report.data import collect
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 from eyrie.jobs.spec import DatasetGenerationStatus, load_spec
+from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.store import open_output
 
 

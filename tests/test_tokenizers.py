@@ -188,16 +188,16 @@ def test_builtin_model_tokenizers_name_the_setting(monkeypatch):
     with pytest.raises(TokenizerError, match=r"target\.tokenizer 'builtin:tiny-llama': no such builtin model's "
                                              r"tokenizer; known: builtin:tiny-chat, "):
         load_tokenizer(target("builtin:tiny-llama"))
-    from eyrie.jobs.extract import tiny
+    from eyrie.jobs import shipped
 
-    monkeypatch.setattr(tiny, "SHIPPED", tiny.SHIPPED.with_name("nowhere"))
-    tiny.clear_checks()
+    monkeypatch.setattr(shipped, "SHIPPED", shipped.SHIPPED.with_name("nowhere"))
+    shipped.clear_checks()
     try:  # a broken install says what to do
         with pytest.raises(TokenizerError, match=r"'builtin:tiny-chat-seed1': the builtin models' manifest "
                                                  r".*nowhere.* cannot be read .*: reinstall eyrie"):
             load_tokenizer(target("builtin:tiny-chat-seed1"))
     finally:
-        tiny.clear_checks()
+        shipped.clear_checks()
 
 
 @pytest.mark.integration  # a Python process without torch

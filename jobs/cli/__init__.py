@@ -47,8 +47,8 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "providers": _lazy("eyrie.jobs.cli.providers", "providers_main"),
     "report": _lazy("eyrie.jobs.cli.report", "report_main"),
     "evaluate": _lazy("eyrie.jobs.cli.evaluate", "evaluate_main"),
-    "extract": _lazy("eyrie.jobs.extract.cli", "extract_main"),
-    "export": _lazy("eyrie.jobs.extract.cli", "export_main"),
+    "extract": _lazy("eyrie.jobs.cli.extract", "extract_main"),
+    "export": _lazy("eyrie.jobs.cli.extract", "export_main"),
     "operator": _lazy("eyrie.operator.main", "operator_main"),
 }
 

@@ -1,5 +1,7 @@
 """The pilot's verdict (`spec.pilot`, `eyrie pilot`): what the data plane writes to `pilot.json` and the
-operator, the report and the CLI read. Torch-free and spec-free (the spec imports its constants).
+operator, the report and the CLI read. Torch-free. Its
+defaults (MIN_TRAIN, STEPS, TOKENS_PER_STEP, MAX_MARGIN, default_heldout) are the spec's (`jobs/spec.py`: the
+spec sits below the contract).
 
 The pilot trains one small drafter per option on a slice of the run (the run's own tools mode, the other
 mode, the sources' own answers) and measures each on the target's own structured answers held out. The
@@ -16,20 +18,11 @@ import orjson
 from pydantic import Field
 
 from eyrie.jobs.contract.layout import PILOT
-from eyrie.jobs.contract.model import Model
+from eyrie.jobs.model import Model
 from eyrie.jobs.store import NotFound, Store
 
 FORMAT = "eyrie-pilot/1"
-MIN_TRAIN = 5  # samples a drafter needs at least besides the held-out set (`eyrie evaluate`'s floor too)
-STEPS = 300  # each pilot drafter's training steps by default (`eyrie evaluate`'s default)
-TOKENS_PER_STEP = 256  # loss tokens per step by default (`eyrie evaluate`'s default)
-MAX_MARGIN = 7.0  # a drafter of 7 draft positions accepts at most 7 tokens per step more than another
 EXIT_FAILED = 10  # `eyrie pilot`'s exit code when the verdict suspends the run (policy require, own data worse)
-
-
-def default_heldout(samples: int) -> int:
-    """`eyrie evaluate`'s held-out size for an output of `samples`: a fifth, at least 1, at most 500."""
-    return max(1, min(500, samples // 5))
 
 
 class Option(StrEnum):

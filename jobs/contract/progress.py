@@ -17,9 +17,10 @@ import orjson
 from pydantic import ConfigDict, Field, PlainSerializer, ValidationError, field_validator
 
 from eyrie.jobs.contract.layout import PROGRESS
-from eyrie.jobs.contract.model import Model
 from eyrie.jobs.contract.money import usd
 from eyrie.jobs.errors import EyrieError
+from eyrie.jobs.model import Model
+from eyrie.jobs.status import EndpointVerdict, SampleCounts, TokenCounts
 from eyrie.jobs.store import NotFound, Store
 
 STOP_GRACE_SECONDS = 120.0  # after a graceful stop request, a still-running job is ended anyway
@@ -59,54 +60,6 @@ def now_iso() -> str:
 
 USD = Annotated[Decimal, PlainSerializer(usd, return_type=str, when_used="json")]  # full precision, as text
 Count = Annotated[int, Field(ge=0, strict=True)]
-
-
-# The one definition of the sample counts: the coordinator's tally, progress.json, the operator's status, the
-# CLI and the report all hold this.
-class SampleCounts(Model):
-    """Prompts by what became of them."""
-
-    total: int = 0
-    """Prompts (conversations with generation.turns: all) in the sources."""
-    done: int = 0
-    """Answered and kept."""
-    rejected: int = 0
-    """Never sent: a row that does not parse or whose tools do not (unpaid); listed in samples/bad_rows.jsonl."""
-    discarded: int = 0
-    """Answered and paid, then excluded by tools.onInvalidCall: drop (their cost: progress.json discardedUSD)."""
-    failed: int = 0
-    """Sent, and failed after retries (by error type in progress.json failures)."""
-
-    @property
-    def finished(self) -> int:
-        """Prompts with a record: every outcome."""
-        return self.done + self.rejected + self.discarded + self.failed
-
-    @property
-    def missing(self) -> int:
-        """Prompts of `total` without a record (a run that ended with some: workers lost)."""
-        return max(0, self.total - self.finished)
-
-
-class TokenCounts(Model):
-    input: int = 0
-    output: int = 0
-
-
-class EndpointVerdict(Model):
-    """One endpoint as the provider probe judged it (spec.api.providerProbe)."""
-
-    model_config = ConfigDict(extra="ignore")
-    tag: str = Field(strict=True)
-    """The endpoint tag (OpenRouter provider slug)."""
-    name: str | None = None
-    """The provider's name."""
-    passed: bool = Field(strict=True)
-    """Whether generation is routed to it."""
-    reason: str = ""
-    """The measures it failed, with their values and limits; empty when it passed."""
-    cost_per_answer_usd: str | None = Field(default=None, alias="costPerAnswerUSD")
-    """Mean cost of its probe answers."""
 
 
 class ProvidersProgress(Model):

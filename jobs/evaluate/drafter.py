@@ -43,9 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from eyrie.jobs.contract.pilot import STEPS, TOKENS_PER_STEP
 from eyrie.jobs.evaluate.data import Corpus
 from eyrie.jobs.evaluate.plan import SPECFORGE_VERSION, EvaluationError, Take
+from eyrie.jobs.spec import STEPS, TOKENS_PER_STEP
 
 __all__ = ["SPECFORGE_VERSION", "Counts", "Drafter", "TrainSettings", "evaluate", "shuffled", "train"]
 

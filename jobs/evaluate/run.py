@@ -22,8 +22,6 @@ import numpy as np
 import orjson
 
 from eyrie.jobs.contract import layout
-from eyrie.jobs.contract import pilot as pilot_contract
-from eyrie.jobs.contract.pilot import default_heldout
 from eyrie.jobs.evaluate import figures
 from eyrie.jobs.evaluate.data import Corpus, check_same_target, open_corpus
 from eyrie.jobs.evaluate.plan import (
@@ -36,10 +34,10 @@ from eyrie.jobs.evaluate.plan import (
     steps_plan,
     training_set,
 )
+from eyrie.jobs.spec import MIN_TRAIN, default_heldout  # samples a drafter needs besides the held-out set
 
 FORMAT = "eyrie-evaluation/1"
 CODE_VERSION = 1  # bump when what an evaluation computes changes: a stored one is then recomputed
-MIN_TRAIN = pilot_contract.MIN_TRAIN  # samples the reference drafter needs at least besides the held-out set
 CONTROL = "control: shuffled tokens"
 MAX_CURVE = 1000  # loss-curve points kept per drafter (evenly spaced when there are more steps)
 

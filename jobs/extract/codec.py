@@ -11,7 +11,7 @@ from typing import Literal
 
 import torch
 
-from eyrie.jobs.extract.layers import hidden_bytes_per_token
+from eyrie.jobs.contract.layers import hidden_bytes_per_token
 
 StorageDtype = Literal["bfloat16", "float16", "float32", "float8"]
 

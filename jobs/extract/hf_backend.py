@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from eyrie.jobs.contract.layers import LayerError, ModelFacts, model_facts
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.fidelity import Forward, lm_scores
-from eyrie.jobs.extract.layers import LayerError, ModelFacts, model_facts
 
 
 class ModelLoadError(EyrieError, RuntimeError):

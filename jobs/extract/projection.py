@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eyrie.jobs.extract.layers import hidden_bytes_per_token, model_facts, num_aux_layers
+from eyrie.jobs.contract.layers import hidden_bytes_per_token, model_facts, num_aux_layers
 
 
 def stored_bytes_per_token(spec: Any) -> int | None:

@@ -26,6 +26,7 @@ import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError, ExtractionSummary, ShardResult, summarize
 from eyrie.jobs.contract.fidelity import dump_groups
+from eyrie.jobs.contract.layers import LayerChoice, ModelFacts, read_specforge_config, resolve_layers
 from eyrie.jobs.contract.layout import (
     SAMPLES,
     fidelity_key,
@@ -46,7 +47,6 @@ from eyrie.jobs.extract.fidelity import (
     score_start,
     tally_rows,
 )
-from eyrie.jobs.extract.layers import LayerChoice, ModelFacts, read_specforge_config, resolve_layers
 from eyrie.jobs.extract.shards import (
     PartSample,
     ShardError,

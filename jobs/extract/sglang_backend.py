@@ -59,8 +59,8 @@ import safetensors.torch
 import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError
+from eyrie.jobs.contract.layers import ModelFacts, model_facts, spool_bytes
 from eyrie.jobs.extract.fidelity import Forward, TokenScores
-from eyrie.jobs.extract.layers import ModelFacts, model_facts, spool_bytes
 
 SGLANG_VERSION = "0.5.23"
 CAPTURE_ENV = "EYRIE_SGLANG_CAPTURE"

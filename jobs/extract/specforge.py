@@ -41,9 +41,9 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from eyrie.jobs.contract.layers import SPECFORGE_AUX_LAYERS
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.extract.codec import decode
-from eyrie.jobs.extract.layers import SPECFORGE_AUX_LAYERS
 from eyrie.jobs.extract.run import is_builtin_folder
 from eyrie.jobs.extract.shards import ShardError, layout_of, list_indexes, load_index, parse_header
 from eyrie.jobs.store import NotFound, Store

@@ -55,7 +55,7 @@ import yaml
 
 from eyrie.jobs.context import usable_cores
 from eyrie.jobs.contract import layout
-from eyrie.jobs.extract.layers import resolve_layers
+from eyrie.jobs.contract.layers import resolve_layers
 from eyrie.jobs.extract.run import SampleRow, builtin_model, list_sample_shards, read_samples
 from eyrie.jobs.extract.specforge import (
     DRAFT_CONFIG,

@@ -52,7 +52,6 @@ builders never see half a model), and their weights checked against the manifest
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import json
 import math
@@ -67,13 +66,18 @@ from pathlib import Path
 from typing import Any
 
 from eyrie.jobs.contract.extraction import ExtractionError
+from eyrie.jobs.shipped import (  # the shipped files' registry, below the stages (tokenizer loading reads it too)
+    DERIVED,
+    NAMES,
+    TRAINED,
+    VERSION,
+    WEIGHTS,
+    BuiltinModelError,
+    check_once,
+    check_shipped,
+    manifest,
+)
 
-VERSION = 2  # bump when the recipe changes; `python hack/tiny_models.py` then rebuilds the shipped models
-SHIPPED = Path(__file__).with_name("builtin")  # package data: the trained models and MANIFEST.json
-TRAINED = {"builtin:tiny-chat": 0, "builtin:tiny-chat-seed1": 1}  # name -> seed of `build`
-DERIVED = {"builtin:tiny-chat-int8": "int8", "builtin:tiny-chat-fp8": "fp8"}  # name -> `quantize` of tiny-chat
-NAMES = (*TRAINED, *DERIVED)
-WEIGHTS = "model.safetensors"
 STEPS = 1600
 BATCH = 8
 MAX_LEN = 384  # tokens per training conversation (longer ones are cut)
@@ -448,15 +452,6 @@ def _build_here(folder: Path, seed: int, steps: int) -> None:
     tok.save_pretrained(folder)
 
 
-class BuiltinModelError(ExtractionError):
-    """A shipped model's file (or a derived one's weights) is not what MANIFEST.json says: never
-    rebuilt silently, since a rebuilt model is another model (see the module's docstring)."""
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def weights_sha256(tensors: dict[str, Any]) -> str:
     """A digest of named tensors (names, dtypes, shapes, bytes) that does not depend on how a file
     lays them out: the check of a derived model's weights, whatever wrote its file."""
@@ -470,63 +465,18 @@ def weights_sha256(tensors: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-_REBUILD = "python hack/tiny_models.py (it retrains them and rewrites builtin/ and MANIFEST.json)"
-
-
-@functools.lru_cache(maxsize=1)
-def manifest() -> dict[str, Any]:
-    """builtin/MANIFEST.json: the recipe VERSION, the platform the models were trained on, and per
-    model the sha256 of each shipped file (trained) or the digest of its weights (derived)."""
-    path = SHIPPED / "MANIFEST.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BuiltinModelError(f"the builtin models' manifest {path} cannot be read ({e}): reinstall eyrie") from e
-    if doc.get("version") != VERSION:
-        raise BuiltinModelError(f"the shipped builtin models are of recipe version {doc.get('version')}, "
-                                f"jobs/extract/tiny.py's VERSION is {VERSION}: rebuild them with {_REBUILD}")
-    return doc
-
-
-_CHECKED: set[str] = set()  # folders whose files matched the manifest in this process
-_CHECK_LOCK = threading.Lock()
-
-
-def _check_shipped(name: str) -> Path:
-    entry = manifest()["models"][name]
-    folder = SHIPPED / entry["folder"]
-    with _CHECK_LOCK:
-        if str(folder) in _CHECKED:
-            return folder
-        for file, want in entry["files"].items():
-            path = folder / file
-            got = file_sha256(path) if path.is_file() else "missing"
-            if got != want:
-                raise BuiltinModelError(f"{name}: {path} has sha256 {got}, MANIFEST.json says {want}: reinstall "
-                                        f"eyrie, or if the recipe changed, rebuild them with {_REBUILD}")
-        _CHECKED.add(str(folder))
-    return folder
-
-
-def clear_checks() -> None:
-    """Forget the manifest and which folders matched it (tests, or a long-lived process whose files changed)."""
-    manifest.cache_clear()
-    with _CHECK_LOCK:
-        _CHECKED.clear()
-
-
 def _check_derived(name: str, folder: Path) -> None:
     from safetensors.torch import load_file
 
     want = manifest()["models"][name]["weightsSha256"]
-    with _CHECK_LOCK:
-        if str(folder) in _CHECKED:
-            return
+
+    def check() -> None:
         got = weights_sha256(load_file(folder / WEIGHTS))
         if got != want:
             raise BuiltinModelError(f"{name}: the weights in {folder / WEIGHTS} have digest {got}, MANIFEST.json "
                                     f"says {want}: delete {folder} to derive it again from the shipped tiny-chat")
-        _CHECKED.add(str(folder))
+
+    check_once(folder, check)
 
 
 def derive(src: Path, folder: Path, kind: str) -> Path:
@@ -559,8 +509,8 @@ def model_folder(name: str) -> Path:
     if name not in NAMES:
         raise ExtractionError(f"unknown builtin chat model {name!r}; known: {', '.join(NAMES)}")
     if name in TRAINED:
-        return _check_shipped(name)
-    src = _check_shipped(NAMES[0])
+        return check_shipped(name)
+    src = check_shipped(NAMES[0])
     kind = DERIVED[name]
     # keyed by the shipped weights: a cache derived from other weights (an older eyrie's) is never taken
     base = manifest()["models"][NAMES[0]]["files"][WEIGHTS][:12]
@@ -577,18 +527,9 @@ def model_folder(name: str) -> Path:
                     tmp.replace(folder)
                 finally:
                     shutil.rmtree(tmp, ignore_errors=True)
-                with _CHECK_LOCK:
-                    _CHECKED.add(str(folder))
+                check_once(folder, lambda: None)  # derived and checked just now
     _check_derived(name, folder)
     return folder
-
-
-def tokenizer_folder(name: str) -> Path:
-    """Where a builtin model's tokenizer is, without torch: an impostor's files other than its
-    weights are tiny-chat's, byte for byte, so its tokenizer is read from the shipped tiny-chat."""
-    if name not in NAMES:
-        raise ExtractionError(f"unknown builtin chat model {name!r}; known: {', '.join(NAMES)}")
-    return _check_shipped(name if name in TRAINED else NAMES[0])
 
 
 # ------------------------------------------------------------------------------- decoding

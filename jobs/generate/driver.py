@@ -25,9 +25,8 @@ from eyrie.jobs.contract import records, timeseries
 from eyrie.jobs.contract.fingerprint import Binding, bind_output, write_doc
 from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
 from eyrie.jobs.contract.money import dollars, usd
-from eyrie.jobs.contract.progress import Outcome, Progress, SampleCounts, Stage, load_progress, now_iso, write_progress
+from eyrie.jobs.contract.progress import Outcome, Progress, Stage, load_progress, now_iso, write_progress
 from eyrie.jobs.contract.tally import bad_row
-from eyrie.jobs.extract.projection import stored_bytes_per_token
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
 from eyrie.jobs.generate.budget.forecast import forecaster
 from eyrie.jobs.generate.budget.reconcile import provider_key_usage
@@ -40,6 +39,7 @@ from eyrie.jobs.generate.sending.worker import ShardWorker, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
+from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.store import Store
 from eyrie.jobs.tools.gate import ToolGate
 
@@ -122,13 +122,14 @@ class _Run:
 def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
                    on_progress: Callable[[Progress], None] | None = None,
                    notify: Callable[[str], None] = lambda _m: None, accept_changed: Sequence[str] = (),
-                   binding: Binding | None = None) -> GenerationResult:
+                   binding: Binding | None = None, bytes_per_token: int | None = None) -> GenerationResult:
     """Generate until every prompt is persisted or the run stops; returns the final snapshot.
     `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`).
     With `api.providerProbe` the probe runs first (generate/probe/run.py) and generation is routed to
     the endpoints that pass. Refuses (FingerprintChanged, before anything is sent) an output whose
     answers were bought under another fingerprint, unless `accept_changed` names every field that
-    changed."""
+    changed. `bytes_per_token` is what extraction will store per token (`extract/projection.py`, handed in by
+    `pipeline`: generation sits below extraction), for the forecast's hidden-state bytes; None leaves them out."""
     spec = dg.spec
     if binding is None:
         binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
@@ -156,7 +157,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec),
                        "forecast": forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens,
-                                              stored_bytes_per_token(spec))}
+                                              bytes_per_token)}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
         if stop is None and (short := first_requests_unaffordable(spec, plan, spec.budget.max_usd - ckpt.spent)):

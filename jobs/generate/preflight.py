@@ -35,7 +35,7 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
             except ApiError as e:
                 raise PreflightError(f"api.baseUrl: {e}") from None
     if spec.extraction.enabled:
-        from eyrie.jobs.extract.layers import LayerError, read_specforge_config, specforge_layer_ids
+        from eyrie.jobs.contract.layers import LayerError, read_specforge_config, specforge_layer_ids
 
         try:  # a draft config that cannot be used must fail now, not after generation was paid
             config = read_specforge_config(spec.extraction.layers, spec.output.endpoint)

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eyrie.jobs.contract import layout, records
+from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
 from eyrie.jobs.contract.progress import read_progress
 from eyrie.jobs.reconstruct.base import ChatFormat
@@ -30,7 +31,6 @@ from eyrie.jobs.reconstruct.tokenizers import LoadedTokenizer, load_tokenizer
 from eyrie.jobs.reconstruct.variants import OTHER_PROVIDERS, Choice, chosen_variants
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import Store
-from eyrie.jobs.tools.gate import Tally
 
 SCHEMA = pa.schema([
     ("sample_id", pa.string()),
@@ -68,9 +68,9 @@ def _distribution(values: list[int]) -> dict[str, Any]:
 @dataclass
 class AnswerGroup:
     """Tool semantics and token-count gaps of one provider's (or source's) answers, to set beside
-    their fidelity: the same rates the gate judges (`Tally`), over every answered record."""
+    their fidelity: the same rates the gate judges (`CallTally`), over every answered record."""
 
-    tally: Tally = field(default_factory=Tally)
+    tally: CallTally = field(default_factory=CallTally)
     prompt_gaps: list[int] = field(default_factory=list)
     completion_gaps: list[int] = field(default_factory=list)
 

@@ -457,7 +457,7 @@ def _load_cached(ref: str, trust_remote_code: bool, endpoint: str | None) -> Loa
     if ref.startswith("bundled:"):
         return _load_folder(ref, bundled_tokenizer_path(ref.removeprefix("bundled:")), trust_remote_code)
     if ref.startswith("builtin:"):  # a builtin demo model's own tokenizer, shipped with eyrie (no torch needed)
-        from eyrie.jobs.extract.tiny import NAMES, BuiltinModelError, tokenizer_folder
+        from eyrie.jobs.shipped import NAMES, BuiltinModelError, tokenizer_folder
 
         if ref not in NAMES:
             raise TokenizerError(f"target.tokenizer {ref!r}: no such builtin model's tokenizer; known: "

@@ -17,12 +17,14 @@ from typing import Any
 import orjson
 
 from eyrie.jobs.contract import audit, layout, records, timeseries
+from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
 from eyrie.jobs.contract.manifest import read_json
-from eyrie.jobs.contract.progress import SampleCounts, read_progress
+from eyrie.jobs.contract.progress import read_progress
 from eyrie.jobs.contract.tally import cost_of
+from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.store import Store
-from eyrie.jobs.tools.gate import OTHER_TOOLS, Tally
+from eyrie.jobs.tools.gate import OTHER_TOOLS
 
 MAX_KEYS = 100  # sources, providers or tool names shown one by one; the rest count as OTHER
 OTHER = "(other)"
@@ -90,8 +92,8 @@ class Answers:
 
     status: dict[str, int] = field(default_factory=dict)  # ok / failed / rejected
     policy: dict[str, int] = field(default_factory=dict)  # keep / drop / flag of the answered ones
-    by_source: dict[str, Tally] = field(default_factory=dict)
-    by_provider: dict[str, Tally] = field(default_factory=dict)
+    by_source: dict[str, CallTally] = field(default_factory=dict)
+    by_provider: dict[str, CallTally] = field(default_factory=dict)
     by_tool: dict[str, ToolCounts] = field(default_factory=dict)
     cost_by_provider: dict[str, Money] = field(default_factory=dict)
     discarded_usd: Decimal = Decimal(0)  # paid answers the tool policy dropped (`policy: drop`)
@@ -100,9 +102,9 @@ class Answers:
     completion_tokens: Reservoir = field(default_factory=Reservoir)
 
     @property
-    def total(self) -> Tally:
+    def total(self) -> CallTally:
         """Every answer's tool figures together (the sources' tallies summed)."""
-        out = Tally()
+        out = CallTally()
         for t in self.by_source.values():
             for k in ("answers", "declared", "called", "calls", "invalid", "leaked"):
                 setattr(out, k, getattr(out, k) + getattr(t, k))
@@ -137,8 +139,8 @@ class Answers:
         calls = checks.get("calls") or []
         entry = (bool(checks.get("declared")), bool(checks.get("called")), len(calls),
                  int(checks.get("invalidCalls", 0)), bool(checks.get("leaked")))
-        _bounded(self.by_source, str(r.get("source", "")), Tally).add(*entry)
-        _bounded(self.by_provider, provider, Tally).add(*entry)
+        _bounded(self.by_source, str(r.get("source", "")), CallTally).add(*entry)
+        _bounded(self.by_provider, provider, CallTally).add(*entry)
         declared = {t.get("function", {}).get("name") for t in (r.get("request") or {}).get("tools") or []
                     if isinstance(t, dict)}
         called = set()

@@ -37,11 +37,11 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 from rich.console import Console, Group
 
+from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.terminal import audit_renderables, print_report
 from eyrie.jobs.report.text import dollars
 from eyrie.jobs.report.verdict import scoring_model, verdict
-from eyrie.jobs.tools.gate import Tally
 
 TEMPLATE = "plotly_white"
 HEIGHT = 340
@@ -196,7 +196,7 @@ def throughput_figure(d: ReportData) -> go.Figure | None:
 RATE_AXIS = {"title": "rate", "tickformat": ".0%", "range": [0, 1.02]}  # a rate's whole range, never auto-scaled
 
 
-def _rates_figure(title: str, groups: dict[str, Tally]) -> go.Figure | None:
+def _rates_figure(title: str, groups: dict[str, CallTally]) -> go.Figure | None:
     if not groups:
         return None
     names = sorted(groups)

@@ -17,13 +17,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.contract.progress import SampleCounts
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd, reasons_phrase
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
 from eyrie.jobs.report.verdict import scoring_model, verdict, written_agreement
-from eyrie.jobs.tools.gate import Tally
+from eyrie.jobs.status import SampleCounts
 
 pct = rate  # every rate the report prints, in one format
 
@@ -140,7 +140,7 @@ def samples_table(d: ReportData) -> Table:
     return t
 
 
-def _tally_row(t: Tally) -> list[str]:
+def _tally_row(t: CallTally) -> list[str]:
     return [str(t.answers), str(t.declared), pct(t.call_rate if t.declared else None), str(t.calls),
             pct(t.invalid_rate if t.calls else None), pct(t.leak_rate if t.answers else None)]
 

@@ -24,9 +24,9 @@ import orjson
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from eyrie.jobs.contract.prompt import Prompt
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.jsonvalues import canonical_json, json_depth, json_pointer, json_type_name
-from eyrie.jobs.sources import Prompt
 
 Mode = Literal["structured", "text"]
 Policy = Literal["keep", "drop", "flag"]

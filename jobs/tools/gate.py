@@ -12,44 +12,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.spec import GateSpec
 from eyrie.jobs.tools.checks import ResponseCheck
 
 MAX_PER_TOOL_NAMES = 1000  # a model inventing names must not grow the metrics without bound
 OTHER_TOOLS = "(other)"
-
-
-@dataclass
-class Tally:
-    """Counts over a set of answers; rates are 0.0 when their denominator is empty."""
-
-    answers: int = 0
-    declared: int = 0  # answers to prompts that declared tools
-    called: int = 0  # of those, answers with at least one tool call
-    calls: int = 0  # tool calls in all answers
-    invalid: int = 0  # invalid tool calls
-    leaked: int = 0  # answers with leaked tool-call markers
-
-    def add(self, declared: bool, called: bool, calls: int, invalid: int, leaked: bool,
-            sign: int = 1) -> None:
-        self.answers += sign
-        self.declared += sign * declared
-        self.called += sign * (declared and called)
-        self.calls += sign * calls
-        self.invalid += sign * invalid
-        self.leaked += sign * leaked
-
-    @property
-    def call_rate(self) -> float:
-        return self.called / self.declared if self.declared else 0.0
-
-    @property
-    def invalid_rate(self) -> float:
-        return self.invalid / self.calls if self.calls else 0.0
-
-    @property
-    def leak_rate(self) -> float:
-        return self.leaked / self.answers if self.answers else 0.0
 
 
 @dataclass(frozen=True)
@@ -82,8 +50,8 @@ class ToolGate:
         self.spec = gate
         self.size = gate.canary_samples
         self.min_declared = min(self.size, 20) if min_declared is None else min_declared
-        self.total = Tally()
-        self.window = Tally()
+        self.total = CallTally()
+        self.window = CallTally()
         self._recent: deque[tuple[bool, bool, int, int, bool]] = deque()
         self.per_tool: dict[str, dict[str, int]] = {}
         self.stopped: DriftStop | None = None

@@ -89,7 +89,7 @@ def test_extraction_memory_is_each_pods_request_and_limit() -> None:
 
 def test_sglang_extraction_mounts_a_memory_dev_shm_that_holds_one_batch() -> None:
     """Containers get 64 MiB of /dev/shm; SGLang spools a whole batch there before eyrie reads it."""
-    from eyrie.jobs.extract.layers import spool_bytes
+    from eyrie.jobs.contract.layers import spool_bytes
 
     body = children.extraction_job("dg", "ns", spec(extraction__enabled=True, extraction__engine="sglang",
                                                     extraction__layers=[3, 20, 40, 60]))

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, fingerprint
-from eyrie.jobs.contract.progress import ProgressError, SampleCounts, parse_progress
+from eyrie.jobs.contract.progress import ProgressError, parse_progress
 from eyrie.jobs.spec import DatasetGenerationStatus, parse_spec
+from eyrie.jobs.status import SampleCounts
 from eyrie.operator import children, conditions
 from eyrie.operator.reconcile import (
     CreateExtraction,

@@ -16,10 +16,11 @@ from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.contract.progress import Outcome, SampleCounts
+from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.generate.budget.forecast import Forecaster
 from eyrie.jobs.generate.budget.lease import Grant, LeaseBook, Renewal, Report
 from eyrie.jobs.generate.budget.pricing import usd
+from eyrie.jobs.status import SampleCounts
 
 
 @dataclass

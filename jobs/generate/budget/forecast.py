@@ -8,7 +8,7 @@ percentile costs O(1) memory.
 
 Beside the dollars, the bytes the hidden states of the whole dataset will take when stored: tokens
 per answer so far (prompt + completion, what a sample holds) x the answers of the whole run x the
-bytes per token the spec's extraction stores (`extract.layers.stored_bytes_per_token`), so "14 TB"
+bytes per token the spec's extraction stores (`contract.layers.stored_bytes_per_token`), so "14 TB"
 shows at the canary, before any extraction starts (the alternative: `eyrie export specforge-online`).
 """
 

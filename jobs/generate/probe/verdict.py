@@ -9,7 +9,7 @@ endpoint this module counts what the records say and judges it against `ProbeThr
   K2-Vendor-Verifier measure: F1 of "answered with tool calls" over the prompts both answered, the
   reference's answers taken as the truth), **schema accuracy** (calls whose arguments validate
   against the declared schema: `tools.checks`, the same check every answer gets, counted in the
-  gate's `Tally`) and the leak rate;
+  `CallTally`) and the leak rate;
 - the template variant its `usage.prompt_tokens` fit (decided by `reconstruct.variants`, passed in);
 - reasoning as returned (full, summarised, encrypted, none), and the parameters the requests send
   that the listing says the endpoint does not support;
@@ -30,12 +30,12 @@ from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.api.endpoints import Endpoint
+from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.records import Record
 from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.reconstruct.reconstructor import opaque_reasoning
 from eyrie.jobs.spec import ProbeThresholds, ProviderSpec
 from eyrie.jobs.tools.checks import ResponseCheck
-from eyrie.jobs.tools.gate import Tally
 
 # Request fields the listing's `supported_parameters` speaks of (its documented Parameter enum);
 # the others a body carries (model, messages, stream, usage, provider) are not endpoint features.
@@ -114,7 +114,7 @@ class Measures:
     errors: Counter[str] = field(default_factory=Counter)
     finish: Counter[str] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
-    tools: dict[str, Any] = field(default_factory=dict)  # the answers' gate.Tally (tool_figures)
+    tools: dict[str, Any] = field(default_factory=dict)  # the answers' CallTally (tool_figures)
     called: dict[str, bool] = field(default_factory=dict)  # sample id -> answered with a tool call
     trigger_f1: float | None = None
     compared: int = 0
@@ -176,7 +176,7 @@ class Measures:
         }
 
 
-def tool_figures(t: Tally) -> dict[str, Any]:
+def tool_figures(t: CallTally) -> dict[str, Any]:
     """The tool side of one endpoint's answers (rates None where their denominator is empty)."""
     return {"answers": t.answers, "declaredPrompts": t.declared, "callRate": _rate(t.called, t.declared),
             "calls": t.calls, "invalidCalls": t.invalid, "leaks": t.leaked, "leakRate": _rate(t.leaked, t.answers)}
@@ -185,7 +185,7 @@ def tool_figures(t: Tally) -> dict[str, Any]:
 def measure(endpoint: Endpoint, recs: Iterable[Record]) -> Measures:
     """Count one endpoint's probe records (no judgment yet)."""
     m = Measures(endpoint)
-    tally = Tally()
+    tally = CallTally()
     unsupported: set[str] = set()
     for r in recs:
         m.sent += 1

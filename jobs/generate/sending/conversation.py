@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import orjson
 
-from eyrie.jobs.contract.progress import SampleCounts
+from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.tools.textcalls import find_calls
 
 Message = dict[str, Any]
