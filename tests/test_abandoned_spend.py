@@ -155,3 +155,34 @@ def test_ctrl_c_twice_the_provider_says_what_the_abandoned_requests_cost_and_tha
     assert (f"{a['reconciled']} requests abandoned in flight cost {dollars(Decimal(a['reconciledUSD']))} (what the "
             "provider billed for them") in said
     assert "the provider's key usage rose $" in said  # GET /key: shown beside the booking, never booked from
+
+
+def test_after_ctrl_c_twice_progress_report_and_why_say_what_is_true_now(tmp_path):
+    """The process has exited: progress.json holds no request in flight and nothing reserved; `eyrie
+    report` shows the confirmed/abandoned spend line the run printed; once the provider has said what
+    the abandoned requests cost, the "why" no longer says their worst case is booked until it does."""
+    prompts = write_rows(tmp_path / "p.jsonl", simple_rows(60))
+    out = f"file://{tmp_path}/out"
+    store = open_store(out)
+    with slow_provider(latency_s=2.5, generations=True) as (provider, url):
+        spec = write_spec(tmp_path, spec_doc(prompts, out, url, concurrency=CONCURRENCY, max_usd=str(MAX_USD)))
+        rc, stderr = _stopped_mid_run(spec, store, provider, _ctrl_c_twice)
+    assert rc == 6, stderr[-3000:]
+    prog = progress(store)
+    assert prog.get("inFlight", 0) == 0 and Decimal(str(prog.get("reservedUSD") or 0)) == 0, prog
+    said = " ".join(stderr.split())
+    line = re.search(r"confirmed spend \$[0-9.]+ \(the stored answers\)[^\n]*", stderr)
+    assert line, stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "report", out], env=ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    shown = " ".join((r.stdout + r.stderr).replace("│", " ").split())  # a table cell's lines, joined
+    assert " ".join(line.group(0).split())[:120] in shown, shown
+    a = prog["abandoned"]
+    why = re.search(r"^why: (.*)$", stderr, re.M)
+    if a["unreconciled"] == 0:  # the provider said what every abandoned request cost
+        assert a["reconciled"] > 0
+        assert "until the provider says" not in prog["message"] and "until the provider says" not in said
+        assert why and "provider" in why.group(1), stderr[-2000:]
+    else:
+        assert "until the provider says" in prog["message"]

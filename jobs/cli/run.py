@@ -229,24 +229,15 @@ def summary_lines(prog: progress.Progress, uri: str) -> list[str]:
 
 
 def abandoned_lines(prog: progress.Progress) -> list[str]:
-    """After a stop that abandoned requests in flight (Ctrl-C twice, kill -9, a lost worker): the
-    spend confirmed by the records, what the abandoned ones may still add, and what the provider said
-    they cost. Shown while some are only bounded, and by the attempt that booked or reconciled them."""
+    """After a stop that abandoned requests in flight: `report.text.abandoned_spend`'s line. Shown while
+    some are only bounded, and by the attempt that booked or reconciled them."""
     a = prog.abandoned or {}
-    if not a.get("requests") or not (a.get("unreconciled") or a.get("thisAttempt")):
+    if not (a.get("unreconciled") or a.get("thisAttempt")):
         return []
-    parts = [f"confirmed spend {dollars(prog.paid or 0)} (the stored answers)"]
-    if a.get("reconciled"):
-        parts.append(f"{a['reconciled']} requests abandoned in flight cost {dollars(a.get('reconciledUSD', 0))} "
-                     "(what the provider billed for them, or their answers that were never stored)")
-    if a.get("unreconciled"):
-        parts.append(f"up to {dollars(a.get('upToUSD', 0))} more may be billed for {a['unreconciled']} requests "
-                     "abandoned in flight (booked at their worst case until the provider says what they cost; "
-                     "compare with its bill)")
-    if a.get("keyUsageRoseUSD") is not None:
-        parts.append(f"the provider's key usage rose {dollars(a['keyUsageRoseUSD'])} during this attempt (GET /key; "
-                     "any other use of the key counts too)")
-    return ["; ".join(parts)]
+    from eyrie.jobs.report.text import abandoned_spend
+
+    line = abandoned_spend(prog.paid, a)
+    return [line] if line else []
 
 
 def _report(store: Store, verbose: bool = False) -> None:

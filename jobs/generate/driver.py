@@ -29,6 +29,7 @@ from eyrie.jobs.contract.progress import Outcome, Progress, Stage, load_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
 from eyrie.jobs.generate.budget.forecast import forecaster
+from eyrie.jobs.generate.budget.inflight import AbandonedTotals
 from eyrie.jobs.generate.budget.reconcile import provider_key_usage
 from eyrie.jobs.generate.plan import ShardPlan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
@@ -255,11 +256,14 @@ def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: i
     snapshot["spentUSD"] = usd(final.spent)
     if final.abandoned.requests:
         snapshot["abandoned"] = {**final.abandoned.to_json(), "thisAttempt": news}
+    # the attempt has ended: what was in flight is stored or booked as abandoned, nothing is reserved
+    snapshot["inFlight"], snapshot["reservedUSD"] = 0, "0"
     if hard:
+        said = stopped_at_once(final.abandoned)
         if snapshot["outcome"] in (Outcome.RUNNING, Outcome.STOPPED):
-            snapshot["outcome"], snapshot["message"] = Outcome.STOPPED, STOPPED_AT_ONCE
+            snapshot["outcome"], snapshot["message"] = Outcome.STOPPED, said
         else:  # it was draining after another stop (budget, drift): that stays the outcome
-            snapshot["message"] = f"{snapshot.get('message')}; then {STOPPED_AT_ONCE}"
+            snapshot["message"] = f"{snapshot.get('message')}; then {said}"
     samples = final.counts.samples(total)
     snapshot["discardedUSD"] = usd(final.counts.discarded_usd)
     snapshot["failures"] = dict(final.counts.failures)
@@ -420,6 +424,15 @@ class _Monitor:
 STOPPED_BY_SIGNAL = "stopped by a signal; resume by running again"
 STOPPED_AT_ONCE = ("stopped at once by a second signal: the requests in flight were abandoned (they may have been "
                    "paid: their worst case is booked until the provider says what they cost); resume by running again")
+def stopped_at_once(abandoned: AbandonedTotals) -> str:
+    """What a second signal's stop says, once the stop is accounted: the worst case stays booked only
+    while the provider has not said what the abandoned requests cost."""
+    if abandoned.requests and not abandoned.open_requests:
+        return ("stopped at once by a second signal: the requests in flight were abandoned, and the provider said "
+                f"what they cost ({dollars(abandoned.reconciled_usd)}, booked); resume by running again")
+    return STOPPED_AT_ONCE
+
+
 ABANDON_WAIT_S = 5.0  # under Ray, how long workers get to write down what they abandon before they are killed
 
 

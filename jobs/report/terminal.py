@@ -21,7 +21,7 @@ from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd, reasons_phrase
 from eyrie.jobs.report.data import ReportData
-from eyrie.jobs.report.text import WIDTH, human_bytes, num, rate
+from eyrie.jobs.report.text import WIDTH, abandoned_spend, human_bytes, num, rate
 from eyrie.jobs.report.verdict import scoring_model, verdict, written_agreement
 from eyrie.jobs.status import SampleCounts
 
@@ -102,7 +102,8 @@ def run_table(d: ReportData) -> Table:
         ("output", d.uri), ("outcome", p.get("outcome")), ("stage", p.get("stage")), ("attempt", p.get("attempt")),
         ("spent", f"{dollars(spent)}{share}"),
         ("paid (records)", f"{dollars(p['paidUSD'])}; {dollars(unrecorded)} of the spend booked for requests "
-         "abandoned in flight at a stop or kill (their worst case until the provider says)" if unrecorded else None),
+         "abandoned in flight at a stop or kill" if unrecorded else None),
+        ("abandoned in flight", abandoned_spend(p.get("paidUSD"), p.get("abandoned"))),
         ("audit spend", dollars(d.audit_spent) if d.audit_spent else None),
         ("forecast", _forecast(p)),
         ("hidden states (projected)", _hidden(p)),
