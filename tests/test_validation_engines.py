@@ -20,7 +20,7 @@ from eyrie.jobs.jsonvalues import canonical_json, json_pointer
 from eyrie.jobs.tools import declarations, validation
 from eyrie.jobs.tools.declarations import _meta_valid
 from eyrie.jobs.tools.textcalls import find_calls
-from eyrie.jobs.tools.validation import ToolValidator, _Schema
+from eyrie.jobs.tools.validation import ToolValidator, _Schema, error_message
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-5, 5, allow_nan=False, width=32),
                     st.sampled_from(["", "a", "ab", "Paris", "٣", "abc\n", "1"]))
@@ -64,10 +64,11 @@ def _schemas() -> st.SearchStrategy[dict[str, Any]]:
 
 
 def python_errors(schema: dict[str, Any], value: Any, most: int = 10, cap: int = 300) -> list[dict[str, str]] | str:
-    """What eyrie recorded before jsonschema-rs: python-jsonschema's errors alone (or the exception
-    that makes the call's verdict "the declared schema could not be applied")."""
+    """What eyrie recorded before jsonschema-rs: python-jsonschema's errors alone, each message as eyrie words it
+    (`error_message`: a renamed argument named beside the missing one), or the exception
+    that makes the call's verdict "the declared schema could not be applied"."""
     try:
-        return [{"path": json_pointer(e.absolute_path), "message": e.message[:cap]}
+        return [{"path": json_pointer(e.absolute_path), "message": error_message(e)[:cap]}
                 for e in itertools.islice(Draft202012Validator(schema).iter_errors(value), most)]
     except (Unresolvable, RecursionError) as e:
         return type(e).__name__

@@ -80,19 +80,21 @@ class _Schema:
                     return []
             except _FAST_FAILS:  # a value it cannot convert (a non-string key, say): ask the other
                 pass
-        return [{"path": json_pointer(e.absolute_path), "message": _message(e)[:cap]}
+        return [{"path": json_pointer(e.absolute_path), "message": error_message(e)[:cap]}
                 for e in itertools.islice(self.slow.iter_errors(value), most)]
 
 
-def _message(e: Any) -> str:
+def error_message(e: Any) -> str:
     """jsonschema's message; for a missing required property, the arguments given in its place that
-    the schema does not declare (a renamed argument: `price` for `original_price`) named beside it."""
+    the schema does not declare (in `properties` or `required`; a renamed argument: `price` for
+    `original_price`) named beside it."""
     if e.validator != "required" or not isinstance(e.instance, dict) or not isinstance(e.schema, dict):
         return e.message
     if e.schema.get("additionalProperties") is False:  # jsonschema names the extra ones itself
         return e.message
-    declared = e.schema.get("properties")
-    extra = [k for k in e.instance if not isinstance(declared, dict) or k not in declared][:5]
+    props, required = e.schema.get("properties"), e.schema.get("required")
+    declared = {*(props if isinstance(props, dict) else ()), *(required if isinstance(required, list) else ())}
+    extra = [k for k in e.instance if k not in declared][:5]
     if not extra:
         return e.message
     return f"{e.message} (the call has {', '.join(map(repr, extra))}, which the schema does not declare)"
