@@ -521,8 +521,16 @@ class ExtractionSpec(Model):
                                     "a Kubernetes quantity, e.g. 64Gi; unset: the namespace's default.")
     pods: int = Field(default=1, ge=1, le=100_000)
     """Extraction pods running at once (an Indexed Job's bound with per-index retries)."""
-    max_tokens_per_batch: int = Field(default=16384, ge=1)
-    """Token budget of one forward batch."""
+    max_tokens_per_batch: int | None = Field(default=None, ge=1)
+    """Token budget of one forward batch (a longer sample runs alone). Unset: the transformers backend
+    sizes it from the model and the device's free memory (8192 on the CPU, 2048-32768 on a GPU), the
+    sglang backend uses 16384."""
+    attention: Literal["auto", "sdpa", "flex", "flash", "padded"] = "auto"
+    """transformers backend: how a batch of mixed lengths runs. `auto`, `sdpa`, `flex`, `flash` pack its
+    samples end to end in one row, each attending only to itself (no padding computed): `sdpa` once per
+    sample, `flex` flex attention with a document mask, `flash` FlashAttention's varlen kernel (CUDA,
+    the flash_attn package); `auto` is flash when installed, else sdpa. `padded` pads to the longest
+    sample with a mask (also what models with sliding windows or softcapping always get)."""
     shard_bytes: int = Field(default=1 << 30, ge=1 << 16, description="Target bytes per hidden shard.")
     device: str | None = Field(default=None, description="transformers backend: cpu, cuda (default: auto).")
     node_selector: dict[str, str] | None = None

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from eyrie.jobs.contract.layers import num_aux_layers, spool_bytes
+from eyrie.jobs.contract.layers import ENGINE_BATCH_TOKENS, num_aux_layers, spool_bytes
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 
@@ -276,7 +276,7 @@ def rayjob(name: str, namespace: str, spec: DatasetGenerationSpec, attempt: str,
 def shm_size(spec: DatasetGenerationSpec) -> str:
     """sizeLimit of the extraction pod's /dev/shm: one spooled batch at the widest hidden size, plus NCCL's."""
     ext = spec.extraction
-    need = spool_bytes(ext.max_tokens_per_batch, num_aux_layers(ext.layers), SHM_HIDDEN_BOUND,
+    need = spool_bytes(ext.max_tokens_per_batch or ENGINE_BATCH_TOKENS, num_aux_layers(ext.layers), SHM_HIDDEN_BOUND,
                        4 if ext.dtype == "float32" else 2)
     return f"{math.ceil((need + SHM_HEADROOM) / 2**20)}Mi"
 

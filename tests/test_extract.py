@@ -22,13 +22,13 @@ from specforge_helpers import need_specforge
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.layers import LayerError, model_facts, resolve_layers
 from eyrie.jobs.extract import HiddenReader, SampleNotFound, ShardError, read_sample
+from eyrie.jobs.extract.batching import plan_batches
 from eyrie.jobs.extract.codec import E4M3_MAX, Layout
 from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model
 from eyrie.jobs.extract.run import (
     ExtractionError,
     VocabMismatch,
     assign_shards,
-    batches_by_length,
     extract_shard,
     make_plan,
     run_extraction,
@@ -108,9 +108,9 @@ def test_model_facts_read_the_config(tiny, backend):
 # --------------------------------------------------------------------------------- pure logic
 
 
-def test_batches_by_length_respect_the_token_budget():
+def test_padded_batches_respect_the_token_budget():
     lengths = [5, 30, 7, 30, 12, 100]
-    batches = batches_by_length(lengths, 64)
+    batches = [list(b.positions) for b in plan_batches(lengths, 64, packed=False)]
     assert sorted(i for b in batches for i in b) == list(range(6))
     assert batches[0] == [5]  # longer than the budget: alone
     for b in batches[1:]:

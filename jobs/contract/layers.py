@@ -188,6 +188,11 @@ def hidden_bytes_per_token(aux_layers: int, hidden: int, dtype: str) -> int:
     return n + (aux_layers + 1) * SCALE_BYTES if dtype == "float8" else n
 
 
+ENGINE_BATCH_TOKENS = 16384
+"""Tokens per batch of the SGLang backend (and its /dev/shm spool) when `extraction.maxTokensPerBatch`
+is not set; the transformers backend sizes its own from the model and the device (`batching.py`)."""
+
+
 def spool_bytes(tokens: int, num_aux: int, hidden: int, elem_bytes: int) -> int:
     """Bytes the sglang backend spools for `tokens` positions: aux (num_aux x H) and last (H) each.
 

@@ -1,5 +1,10 @@
 """The transformers backend: the reference every other backend is compared with (CPU or CUDA).
 
+A batch runs in the cheapest shape its lengths allow (`batching.Shape`): one length is a [B, T]
+batch with no mask; mixed lengths are packed end to end into one [1, N] row when the model's
+attention can be packed (`varlen.py`: no padding computed, no mask built), else right-padded with a
+mask as before. Which samples share a batch is the caller's plan (`batching.plan_batches`).
+
 Only the needed layers are kept: a forward pre-hook on each chosen decoder layer takes the
 residual stream entering it (identical to `output_hidden_states[i]`), and the base model's
 `last_hidden_state` (after the final norm) is the last hidden state; the LM head runs only to
@@ -19,6 +24,8 @@ import torch
 
 from eyrie.jobs.contract.layers import LayerError, ModelFacts, model_facts
 from eyrie.jobs.errors import EyrieError
+from eyrie.jobs.extract import varlen
+from eyrie.jobs.extract.batching import Shape, activation_bytes_per_token, default_budget
 from eyrie.jobs.extract.fidelity import Forward, lm_scores
 
 
@@ -56,12 +63,18 @@ def no_progress_bars() -> Iterator[None]:
 
 
 class HFBackend:
-    """Loads an `AutoModelForCausalLM` and returns per-sample (aux [T, kH], last [T, H]) tensors."""
+    """Loads an `AutoModelForCausalLM` and returns per-sample (aux [T, kH], last [T, H]) tensors.
+
+    `attention` (`extraction.attention`): how a batch of mixed lengths runs: `auto`, `sdpa`, `flex`
+    or `flash` pack it (`varlen.choose_kernel`), `padded` pads it. A model whose attention cannot be
+    packed (`varlen.packable`) runs padded whatever is asked, and says why in `packing_refused`.
+    """
 
     name = "transformers"
 
     def __init__(self, model_path: str, *, device: str | None = None, storage_dtype: str = "bfloat16",
-                 trust_remote_code: bool = False, compute_dtype: torch.dtype | None = None):
+                 trust_remote_code: bool = False, compute_dtype: torch.dtype | None = None,
+                 attention: str = "auto"):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -70,8 +83,13 @@ class HFBackend:
             with no_progress_bars():
                 config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
                 self.facts: ModelFacts = model_facts(config)
+                self.kernel = varlen.choose_kernel(attention, self.device)
+                self.packing_refused = varlen.packable(config.get_text_config()) if self.kernel else None
+                if self.packing_refused:
+                    self.kernel = None
+                impl = {"attn_implementation": varlen.register()} if self.kernel else {}
                 model = AutoModelForCausalLM.from_pretrained(
-                    model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
+                    model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **impl)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"extraction.model {model_path!r} cannot be loaded: {e}") from None
         self.model = model.to(self.device).eval()
@@ -79,29 +97,69 @@ class HFBackend:
         self.layers = _layers_of(self.decoder)
         self.compute_dtype = dtype
 
+    @property
+    def packs(self) -> bool:
+        """Whether batches of mixed lengths run packed (else padded)."""
+        return self.kernel is not None
+
+    def default_max_tokens(self, aux_layers: int = 3, staged_batches: int = 2) -> int:
+        """Tokens per forward when `extraction.maxTokensPerBatch` is not set (`batching.default_budget`):
+        from the memory left on the device after the weights, over what a token holds in flight."""
+        free = torch.cuda.mem_get_info(torch.device(self.device))[0] if self.device.startswith("cuda") else None
+        text = self.model.config.get_text_config()
+        hidden = self.facts.hidden_size
+        per_token = activation_bytes_per_token(hidden, int(getattr(text, "intermediate_size", 4 * hidden)),
+                                               aux_layers, self.compute_dtype.itemsize, staged_batches)
+        return default_budget(self.device, free, per_token)
+
     def hidden_states(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int]
                       ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(aux, last) per sample, without scores."""
         return [(f.aux, f.last) for f in self.forward(batch, layer_ids)]
 
+    def shape_of(self, lengths: Sequence[int]) -> Shape:
+        """How a batch of these lengths runs here."""
+        if min(lengths) == max(lengths):
+            return Shape.UNIFORM
+        return Shape.PACKED if self.packs else Shape.PADDED
+
     @torch.inference_mode()
     def forward(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int],
                 score_from: Sequence[int | None] | None = None) -> list[Forward]:
-        """Right-padded forward of a batch; tensors stay on the model's device. `score_from[b]`: score
-        sample b's tokens from that position on with the LM head (None: not at all)."""
+        """Forward of a batch in its shape (`shape_of`); each sample's tensors are views on the model's
+        device, in batch order. `score_from[b]`: score sample b's tokens from that position on with the
+        LM head (None: not at all)."""
         if not batch:
             return []
         for i in layer_ids:
             if not 0 <= i < len(self.layers):
                 raise LayerError(f"layer id {i} is out of range for a model with {len(self.layers)} layers")
         lengths = [len(x) for x in batch]
-        width = max(lengths)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for b, x in enumerate(batch):
-            ids[b, : len(x)] = torch.as_tensor(np.asarray(x, dtype=np.int64))
-            mask[b, : len(x)] = 1
-        padded = min(lengths) != width
+        shape = self.shape_of(lengths)
+        if shape is Shape.PACKED:
+            ids = torch.from_numpy(np.concatenate([np.asarray(x, dtype=np.int64) for x in batch]))[None]
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).tolist()
+            rows = [(0, a, n) for a, n in zip(starts, lengths, strict=True)]
+        else:
+            width = max(lengths)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            for b, x in enumerate(batch):
+                ids[b, : len(x)] = torch.as_tensor(np.asarray(x, dtype=np.int64))
+            rows = [(b, 0, n) for b, n in enumerate(lengths)]
+        aux, last = self._run(ids, lengths, shape, layer_ids)
+        scores = list(score_from) if score_from is not None else [None] * len(batch)
+        head = self.model.get_output_embeddings()
+        softcap = getattr(self.model.config, "final_logit_softcapping", None)
+        out = []
+        for (b, a, n), s in zip(rows, scores, strict=True):
+            last_b = last[b, a:a + n]
+            out.append(Forward(aux[b, a:a + n], last_b,
+                               lm_scores(head, last_b, ids[b, a:a + n], s, softcap) if s is not None else None))
+        return out
+
+    def _run(self, ids: torch.Tensor, lengths: Sequence[int], shape: Shape, layer_ids: Sequence[int]
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder over `ids` in `shape`: (aux [B, N, kH], last [B, N, H]) on the device."""
         captured: dict[int, torch.Tensor] = {}
 
         def grab(i: int):
@@ -109,21 +167,25 @@ class HFBackend:
                 captured[i] = args[0] if args else kwargs["hidden_states"]
             return hook
 
+        kwargs: dict[str, Any] = {}
+        packing: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if shape is Shape.PACKED:
+            assert self.kernel is not None
+            kwargs["position_ids"] = varlen.position_ids(lengths, self.device)
+            packing = varlen.documents(lengths, self.kernel, self.device)
+        elif shape is Shape.PADDED:
+            mask = torch.zeros(ids.shape, dtype=torch.long)
+            for b, n in enumerate(lengths):
+                mask[b, :n] = 1
+            kwargs["attention_mask"] = mask.to(self.device)
         handles = [self.layers[i].register_forward_pre_hook(grab(i), with_kwargs=True) for i in layer_ids]
         try:
-            out = self.decoder(input_ids=ids.to(self.device),
-                               attention_mask=mask.to(self.device) if padded else None, use_cache=False)
+            with packing:
+                out = self.decoder(input_ids=ids.to(self.device), use_cache=False, **kwargs)
         finally:
             for h in handles:
                 h.remove()
-        last = out.last_hidden_state
-        aux = torch.cat([captured[i] for i in layer_ids], dim=-1)
-        starts = list(score_from) if score_from is not None else [None] * len(batch)
-        head = self.model.get_output_embeddings()
-        softcap = getattr(self.model.config, "final_logit_softcapping", None)
-        return [Forward(aux[b, :n], last[b, :n],
-                        lm_scores(head, last[b, :n], ids[b, :n], s, softcap) if s is not None else None)
-                for b, (n, s) in enumerate(zip(lengths, starts, strict=True))]
+        return torch.cat([captured[i] for i in layer_ids], dim=-1), out.last_hidden_state
 
     def close(self) -> None:
         self.model = None  # type: ignore[assignment]

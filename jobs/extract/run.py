@@ -15,18 +15,22 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from eyrie.jobs.contract.extraction import ExtractionError, ExtractionSummary, ShardResult, summarize
 from eyrie.jobs.contract.fidelity import dump_groups
-from eyrie.jobs.contract.layers import LayerChoice, ModelFacts, read_specforge_config, resolve_layers
+from eyrie.jobs.contract.layers import (
+    ENGINE_BATCH_TOKENS,
+    LayerChoice,
+    ModelFacts,
+    read_specforge_config,
+    resolve_layers,
+)
 from eyrie.jobs.contract.layout import (
     SAMPLES,
     fidelity_key,
@@ -36,6 +40,7 @@ from eyrie.jobs.contract.layout import (
     turn_sample_key,
 )
 from eyrie.jobs.extract import codec
+from eyrie.jobs.extract.batching import plan_batches
 from eyrie.jobs.extract.fidelity import (
     Forward,
     apply_floor,
@@ -48,18 +53,16 @@ from eyrie.jobs.extract.fidelity import (
     tally_rows,
 )
 from eyrie.jobs.extract.shards import (
-    PartSample,
     ShardError,
     encode_index,
-    encode_part,
     index_key,
     load_index,
-    parse_header,
     part_entries,
     part_key,
     plan_parts,
     read_header,
 )
+from eyrie.jobs.extract.staging import StatePipeline, Stats
 from eyrie.jobs.store import NotFound, Store
 
 log = logging.getLogger("eyrie.extract")
@@ -71,8 +74,13 @@ class VocabMismatch(ExtractionError):
 
 
 class Backend(Protocol):
+    """What the stage needs of a backend. `packs`: whether a batch of mixed lengths costs only its real
+    tokens (packed, or the engine's own scheduling), so the plan counts those against the budget;
+    otherwise a batch costs its padded width."""
+
     name: str
     facts: ModelFacts
+    packs: bool
 
     def forward(self, batch: Sequence[Sequence[int]], layer_ids: Sequence[int],
                 score_from: Sequence[int | None] | None = None) -> list[Forward]: ...
@@ -88,25 +96,6 @@ def assign_shards(shards: Sequence[int], index: int, count: int) -> list[int]:
     if count < 1 or not 0 <= index < count:
         raise ExtractionError(f"--index {index} --count {count}: need 0 <= index < count")
     return sorted(s for s in shards if s % count == index)
-
-
-def batches_by_length(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group sample positions by length so a padded batch stays within `max_tokens` (longest first).
-
-    A sample longer than the budget runs alone.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
-    cur: list[int] = []
-    for i in order:
-        width = lengths[cur[0]] if cur else lengths[i]
-        if cur and (len(cur) + 1) * width > max_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    if cur:
-        batches.append(cur)
-    return batches
 
 
 @dataclass
@@ -219,41 +208,13 @@ def _check_compatible(found: dict[str, Any], meta: dict[str, Any], what: str) ->
                 "files of this run (or write to another output) to extract with the new settings")
 
 
-class _Writer:
-    """Serializes and uploads parts on one background thread, at most one part in flight."""
-
-    def __init__(self, store: Store):
-        self.store = store
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyrie-hidden-writer")
-        self.pending: Future[tuple[str, int, dict[str, list[int]]]] | None = None
-
-    def submit(self, key: str, file_no: int, samples: list[PartSample], meta: dict[str, str],
-               layout: codec.Layout) -> None:
-        self.wait()
-
-        def work() -> tuple[str, int, dict[str, list[int]]]:
-            blob = encode_part(samples, meta)
-            header, start = parse_header(blob[: 8 + int.from_bytes(blob[:8], "little")], key)
-            entries = part_entries(header, start, file_no, layout, len(blob), key)
-            self.store.put(key, blob)
-            log.info("wrote %s (%d samples, %d bytes)", self.store.url(key), len(samples), len(blob))
-            return key, len(blob), entries
-
-        self.pending = self.pool.submit(work)
-
-    def wait(self) -> tuple[str, int, dict[str, list[int]]] | None:
-        if self.pending is None:
-            return None
-        done, self.pending = self.pending.result(), None
-        return done
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
 def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_bytes: int,
-                  max_tokens: int, on_part: Callable[[str], None] | None = None) -> ShardResult:
-    """Extract one input shard (resuming finished parts); returns its result once the index is written."""
+                  max_tokens: int, on_part: Callable[[str], None] | None = None,
+                  stats: Stats | None = None) -> ShardResult:
+    """Extract one input shard (resuming finished parts); returns its result once the index is written.
+
+    The forwards run on this thread; copies, encoding and writes overlap them (`staging.StatePipeline`,
+    its memory bounded as its module says). `stats`: where the time went, for benchmarks."""
     ikey = index_key(shard)
     if store.exists(ikey):
         doc = load_index(store, ikey)
@@ -272,18 +233,15 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
     layout = plan.layout
     parts = plan_parts([len(r.input_ids) for r in ok], layout.bytes_per_token, shard_bytes)
     part_meta = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in plan.meta.items()}
-    files: list[tuple[str, int]] = []
-    entries: dict[str, list[int]] = {}
+    written: dict[int, tuple[str, int, dict[str, list[int]]]] = {}  # file no -> key, bytes, index rows
     scored: list[dict[str, Any]] = []
-    writer = _Writer(store)
+    pipe = StatePipeline(store, layout, stats=stats)
 
-    def collect() -> None:
-        done = writer.wait()
-        if done:
-            files.append((done[0], done[1]))
-            entries.update(done[2])
+    def collect(done: list[tuple[str, int, int, dict[str, list[int]]]]) -> None:
+        for key, file_no, size, rows in done:
+            written[file_no] = (key, size, rows)
             if on_part:
-                on_part(done[0])
+                on_part(key)
 
     try:
         for file_no, members in enumerate(parts):
@@ -296,7 +254,6 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
                     log.info("%s has no fidelity scores; computing it again", store.url(key))
                     header = None
             if header is not None:
-                collect()
                 _check_compatible(header["__metadata__"], plan.meta, store.url(key))
                 if json.loads(header["__metadata__"]["sample_ids"]) != sids:
                     raise ShardError(
@@ -304,20 +261,21 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
                         f"{samples_key(shard)} change?); delete "
                         f"{layout.HIDDEN}/shard-{shard:05d}-* to extract the shard again")
                 size = store.size(key)
-                files.append((key, size))
-                entries.update(part_entries(header, start, file_no, layout, size, store.url(key)))
+                written[file_no] = (key, size, part_entries(header, start, file_no, layout, size, store.url(key)))
                 if plan.score:
                     scored += decode_rows(header["__metadata__"]["fidelity"])
                 log.info("kept %s from an earlier run", store.url(key))
                 continue
-            samples, rows = _compute_part([ok[i] for i in members], backend, plan, max_tokens, shard)
-            collect()
-            meta = {**part_meta, "fidelity": encode_rows(rows)} if plan.score else part_meta
-            writer.submit(key, file_no, samples, meta, layout)
+            pipe.start_part(key, file_no, len(members))
+            rows = _compute_part([ok[i] for i in members], backend, plan, max_tokens, shard, pipe)
+            pipe.finish_part({**part_meta, "fidelity": encode_rows(rows)} if plan.score else part_meta)
             scored += rows
-        collect()
+            collect(pipe.finished())
+        collect(pipe.close())
     finally:
-        writer.close()
+        pipe.shutdown()
+    files = [written[n][:2] for n in sorted(written)]
+    entries = {sid: row for n in sorted(written) for sid, row in written[n][2].items()}
     doc_meta = dict(plan.meta)
     if plan.score:
         skipped += _apply_fidelity(store, shard, scored, entries, plan)
@@ -342,31 +300,30 @@ def _apply_fidelity(store: Store, shard: int, rows: list[dict[str, Any]], entrie
     return skips
 
 
-def _compute_part(rows: list[SampleRow], backend: Backend, plan: Plan, max_tokens: int,
-                  shard: int) -> tuple[list[PartSample], list[dict[str, Any]]]:
-    """Hidden states of one part's samples and, when scoring, their fidelity rows (same order)."""
-    out: list[PartSample | None] = [None] * len(rows)
+def _compute_part(rows: list[SampleRow], backend: Backend, plan: Plan, max_tokens: int, shard: int,
+                  pipe: StatePipeline) -> list[dict[str, Any]]:
+    """Runs one part's samples, hands their states to `pipe` by position in the part, and returns their
+    fidelity rows when scoring (in the part's order, whatever the batches' order)."""
     scores: list[dict[str, Any] | None] = [None] * len(rows)
     ids = list(plan.layers.ids)
-    for batch in batches_by_length([len(r.input_ids) for r in rows], max_tokens):
-        starts = [score_start(rows[i].loss_mask) if plan.score else None for i in batch]
+    for batch in plan_batches([len(r.input_ids) for r in rows], max_tokens, backend.packs):
+        members = batch.positions
+        starts = [score_start(rows[i].loss_mask) if plan.score else None for i in members]
         try:
-            res = backend.forward([rows[i].input_ids for i in batch], ids, starts)
+            res = backend.forward([rows[i].input_ids for i in members], ids, starts)
         except Exception as e:
-            names = ", ".join(rows[i].sample_id for i in batch[:3]) + (" ..." if len(batch) > 3 else "")
+            names = ", ".join(rows[i].sample_id for i in members[:3]) + (" ..." if len(members) > 3 else "")
             raise ExtractionError(f"shard {shard}: forward of samples {names} failed: "
                                   f"{type(e).__name__}: {e}") from e
-        for i, f in zip(batch, res, strict=True):
+        for i, f in zip(members, res, strict=True):
             r = rows[i]
             if f.aux.shape[0] != len(r.input_ids):
                 raise ExtractionError(f"shard {shard}: sample {r.sample_id}: backend returned "
                                       f"{f.aux.shape[0]} positions for {len(r.input_ids)} tokens")
-            hidden = {k: v.cpu() for k, v in codec.encode(f.aux, f.last, plan.layout).items()}
-            out[i] = PartSample(r.sample_id, torch.from_numpy(r.input_ids.astype(np.int32)),
-                                torch.from_numpy(r.loss_mask.astype(np.int8)), hidden)
             if f.scores is not None:
                 scores[i] = fidelity_row(r.sample_id, r.source, r.provider, r.loss_mask, r.segments, f.scores)
-    return [s for s in out if s is not None], [s for s in scores if s is not None]
+        pipe.add(members, [(rows[i].sample_id, rows[i].input_ids, rows[i].loss_mask) for i in members], res)
+    return [s for s in scores if s is not None]
 
 
 def make_plan(spec: Any, backend: Backend) -> Plan:
@@ -451,18 +408,28 @@ def open_backend(spec: Any) -> Backend:
         from eyrie.jobs.extract.sglang_backend import SGLangBackend
 
         return SGLangBackend(model_path(spec), tp_size=max(1, ex.gpus_per_pod), storage_dtype=ex.dtype,
-                             trust_remote_code=ex.trust_remote_code, max_tokens_per_batch=ex.max_tokens_per_batch)
+                             trust_remote_code=ex.trust_remote_code,
+                             max_tokens_per_batch=ex.max_tokens_per_batch or ENGINE_BATCH_TOKENS)
     from eyrie.jobs.extract.hf_backend import HFBackend
 
     return HFBackend(model_path(spec), device=ex.device, storage_dtype=ex.dtype,
-                     trust_remote_code=ex.trust_remote_code)
+                     trust_remote_code=ex.trust_remote_code, attention=ex.attention)
+
+
+def token_budget(configured: int | None, backend: Backend, aux_layers: int) -> int:
+    """`extraction.maxTokensPerBatch`, or the backend's default from the model and the device's memory."""
+    if configured is not None:
+        return configured
+    default = getattr(backend, "default_max_tokens", None)
+    return default(aux_layers) if callable(default) else ENGINE_BATCH_TOKENS
 
 
 def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, backend: Backend | None = None,
-                   on_part: Callable[[str], None] | None = None) -> ExtractionSummary:
+                   on_part: Callable[[str], None] | None = None, stats: Stats | None = None) -> ExtractionSummary:
     """Extract this pod's share of the run's sample shards; write its summary object; return it.
 
-    `spec` is a DatasetGenerationSpec; `store` the run's output (`store.open_output(spec)`).
+    `spec` is a DatasetGenerationSpec; `store` the run's output (`store.open_output(spec)`); `stats`
+    collects where the time went (benchmarks).
     """
     mine = assign_shards(list_sample_shards(store), index, count)
     own = backend is None
@@ -476,9 +443,9 @@ def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, back
             model_config_sha256=be.facts.config_sha256, bytes_per_token=plan.layout.bytes_per_token,
             model_name=spec.extraction.model or spec.target.tokenizer)
         ex = spec.extraction
+        budget = token_budget(ex.max_tokens_per_batch, be, len(plan.layers.ids))
         for shard in mine:
-            summary.shards.append(extract_shard(store, shard, be, plan, ex.shard_bytes,
-                                                ex.max_tokens_per_batch, on_part))
+            summary.shards.append(extract_shard(store, shard, be, plan, ex.shard_bytes, budget, on_part, stats))
     finally:
         if own:
             be.close()
@@ -487,4 +454,4 @@ def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, back
 
 
 __all__ = ["ExtractionError", "ExtractionSummary", "ShardResult", "VocabMismatch", "assign_shards",
-           "batches_by_length", "run_extraction", "summarize"]
+           "run_extraction", "summarize", "token_budget"]

@@ -499,6 +499,7 @@ class SGLangBackend:
     """Starts the engine on the first batch (the layer ids must be known before CUDA init)."""
 
     name = "sglang"
+    packs = True  # the engine schedules a batch's samples itself: no padding is computed
 
     def __init__(self, model_path: str, *, tp_size: int = 1, storage_dtype: str = "bfloat16",
                  trust_remote_code: bool = False, engine_args: dict[str, Any] | None = None,
