@@ -26,6 +26,7 @@ import contextlib
 import enum
 import functools
 import importlib.util
+import itertools
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -99,7 +100,7 @@ class Documents:
 
     @property
     def max_length(self) -> int:
-        return max(b - a for a, b in zip(self.cu, self.cu[1:], strict=False))
+        return max(b - a for a, b in itertools.pairwise(self.cu))
 
 
 _DOCUMENTS: ContextVar[Documents | None] = ContextVar("eyrie_varlen_documents", default=None)
@@ -152,7 +153,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, sc
           ) -> torch.Tensor:
     gqa = q.shape[1] != k.shape[1]
     out = torch.empty(1, q.shape[2], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-    for a, b in zip(docs.cu, docs.cu[1:], strict=False):
+    for a, b in itertools.pairwise(docs.cu):
         o = torch.nn.functional.scaled_dot_product_attention(
             q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], is_causal=True, scale=scaling, enable_gqa=gqa)
         out[:, a:b] = o.transpose(1, 2)
@@ -167,7 +168,7 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, sc
     if docs.block_mask is None:
         sample = torch.repeat_interleave(
             torch.arange(len(docs.cu) - 1, device=q.device),
-            torch.tensor([b - a for a, b in zip(docs.cu, docs.cu[1:], strict=False)], device=q.device))
+            torch.tensor([b - a for a, b in itertools.pairwise(docs.cu)], device=q.device))
 
         def same_sample_causal(_b: Any, _h: Any, qi: Any, ki: Any) -> Any:
             return (sample[qi] == sample[ki]) & (qi >= ki)
