@@ -105,9 +105,14 @@ def _seqs(lengths, seed=0):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("attention", ["sdpa", "flex", "padded"])
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "padded", "packable-but-padded"])
 def test_each_shape_gives_each_sample_its_own_states(tiny, ref_model, attention):
-    be = HFBackend(str(tiny), device="cpu", storage_dtype="float32", attention=attention)
+    asked = "sdpa" if attention == "packable-but-padded" else attention
+    be = HFBackend(str(tiny), device="cpu", storage_dtype="float32", attention=asked)
+    if attention == "packable-but-padded":  # loaded to pack, told to pad: the padding mask must still be built
+        assert be.model.config._attn_implementation == varlen.IMPLEMENTATION
+        be.kernel = None
+        attention = "padded"
     assert be.packs == (attention != "padded")
     seqs = _seqs([5, 37, 100, 1, 64, 64])
     starts = [1, 2, None, None, 10, None]

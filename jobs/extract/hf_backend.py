@@ -82,16 +82,39 @@ class HFBackend:
         try:
             with no_progress_bars():
                 config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-                self.facts: ModelFacts = model_facts(config)
-                self.kernel = varlen.choose_kernel(attention, self.device)
-                self.packing_refused = varlen.packable(config.get_text_config()) if self.kernel else None
-                if self.packing_refused:
-                    self.kernel = None
-                impl = {"attn_implementation": varlen.register()} if self.kernel else {}
+                impl = self._choose_attention(config, attention)
                 model = AutoModelForCausalLM.from_pretrained(
                     model_path, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **impl)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"extraction.model {model_path!r} cannot be loaded: {e}") from None
+        self._adopt(model, dtype)
+
+    @classmethod
+    def random(cls, config: Any, *, device: str, dtype: torch.dtype, attention: str = "auto",
+               seed: int = 0) -> HFBackend:
+        """A backend over random weights built from `config` on `device` (benchmarks: an 8B model's shape
+        without 16 GB to load); the caller's random generators are left as they were."""
+        from transformers import AutoModelForCausalLM
+
+        self = cls.__new__(cls)
+        self.device = device
+        impl = self._choose_attention(config, attention)
+        with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
+            torch.manual_seed(seed)
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype, **impl)
+        self._adopt(model, dtype)
+        return self
+
+    def _choose_attention(self, config: Any, attention: str) -> dict[str, str]:
+        self.facts: ModelFacts = model_facts(config)
+        self.kernel = varlen.choose_kernel(attention, self.device)
+        self.packing_refused = varlen.packable(config.get_text_config()) if self.kernel else None
+        if self.packing_refused:
+            self.kernel = None
+        return {"attn_implementation": varlen.register()} if self.kernel else {}
+
+    def _adopt(self, model: Any, dtype: torch.dtype) -> None:
         self.model = model.to(self.device).eval()
         self.decoder = self.model.base_model
         self.layers = _layers_of(self.decoder)
@@ -99,7 +122,8 @@ class HFBackend:
 
     @property
     def packs(self) -> bool:
-        """Whether batches of mixed lengths run packed (else padded)."""
+        """Whether batches of mixed lengths run packed (else padded). A model loaded to pack can be told
+        to pad (`kernel = None`, what the benchmarks compare with): its attention masks as SDPA's."""
         return self.kernel is not None
 
     def default_max_tokens(self, aux_layers: int = 3, staged_batches: int = 2) -> int:

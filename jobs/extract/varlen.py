@@ -1,11 +1,10 @@
 """Attention over packed batches: several samples end to end in one row, each attending only to itself.
 
 Registered with transformers' `AttentionInterface` under `IMPLEMENTATION` (a model loaded with it
-runs every attention layer through `attention`). The samples' boundaries do not travel through the
-model's keyword arguments (their names and plumbing differ between transformers releases): the
-backend sets them for the duration of one forward with `documents(...)`, a context variable the
-attention reads. Without boundaries (a uniform [B, T] batch) it is transformers' own SDPA attention,
-causal, with no mask.
+runs every attention layer through `attention`; padded and uniform batches go on to SDPA as before).
+The samples' boundaries do not travel through the model's keyword arguments (their names and
+plumbing differ between transformers releases): the backend sets them for the duration of one
+forward with `documents(...)`, a context variable the attention reads.
 
 Three kernels for a packed row, chosen by `Kernel`:
 - `SDPA`: PyTorch's `scaled_dot_product_attention`, causal, once per sample (slices of the row).
@@ -201,8 +200,19 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: Documents, s
 
 @functools.cache
 def register() -> str:
-    """Make `IMPLEMENTATION` known to transformers (once per process; adds a name, changes no other)."""
+    """Make `IMPLEMENTATION` known to transformers (once per process; adds a name, changes no other).
+
+    Its mask is SDPA's (a padded batch gets its padding mask, a uniform one none), except during a
+    packed forward: there transformers would build an [N, N] mask from the restarting positions,
+    which the packed kernels never read."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    sdpa_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+
+    def mask(*args: Any, **kwargs: Any) -> Any:
+        return None if _DOCUMENTS.get() is not None else sdpa_mask(*args, **kwargs)
 
     AttentionInterface.register(IMPLEMENTATION, attention)
+    AttentionMaskInterface.register(IMPLEMENTATION, mask)
     return IMPLEMENTATION
