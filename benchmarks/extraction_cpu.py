@@ -26,8 +26,9 @@ import torch  # noqa: E402
 from conftest import start_minio, stop_pid  # noqa: E402
 from extract_helpers import make_spec, put_samples, random_rows  # noqa: E402
 
+from eyrie.jobs.extract.batching import plan_batches  # noqa: E402
 from eyrie.jobs.extract.hf_backend import HFBackend, build_tiny_model  # noqa: E402
-from eyrie.jobs.extract.run import batches_by_length, run_extraction  # noqa: E402
+from eyrie.jobs.extract.run import run_extraction  # noqa: E402
 from eyrie.jobs.store import S3Credentials, open_store  # noqa: E402
 
 VOCAB, HIDDEN, LAYERS, SHARDS, PER_SHARD = 32000, 512, 8, 2, 12
@@ -59,8 +60,8 @@ def main() -> None:
             t0 = time.perf_counter()
             for r in rows.values():
                 seqs = [ids for _sid, ids, _m in r]
-                for batch in batches_by_length([len(x) for x in seqs], BUDGET):
-                    backend.hidden_states([seqs[i] for i in batch], layer_ids)
+                for batch in plan_batches([len(x) for x in seqs], BUDGET, backend.packs):
+                    backend.hidden_states([seqs[i] for i in batch.positions], layer_ids)
             bare = min(bare, time.perf_counter() - t0)
 
             for which, sp in (("whole", spec), ("scored", scored_spec)):
