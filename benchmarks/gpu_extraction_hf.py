@@ -73,11 +73,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from eyrie.jobs.contract.layers import resolve_layers
 from eyrie.jobs.extract import codec
 from eyrie.jobs.extract.batching import plan_batches
 from eyrie.jobs.extract.fidelity import Forward
 from eyrie.jobs.extract.hf_backend import HFBackend
-from eyrie.jobs.extract.layers import resolve_layers
 from eyrie.jobs.extract.staging import StatePipeline, Stats
 from eyrie.jobs.store import FileStore, Store
 
@@ -374,7 +374,7 @@ def phase_table(ctx: dict[str, Any]) -> dict[str, Any]:
 
 
 def phase_whole(ctx: dict[str, Any]) -> dict[str, Any]:
-    from eyrie.jobs.extract.layers import LayerChoice
+    from eyrie.jobs.contract.layers import LayerChoice
     from eyrie.jobs.extract.run import Plan, SampleRow, extract_shard
 
     s: Scale = ctx["scale"]
