@@ -6,6 +6,8 @@ calls `reconcile`, carries out the actions and patches the status. The rules:
 - progress.json decides what happened; a child's status only says whether it still runs.
 - an outcome whose `attempt` is not the current attempt is never acted on (its spend still counts).
 - a suspended run resumes as a fresh attempt, and only once the previous attempt has stopped.
+- with spec.pilot, no generation child starts before the pilot's verdict stands for the spec (pilot.json's key) and
+  lets the run go on, and never beside a pilot Job that still runs.
 """
 
 from __future__ import annotations
