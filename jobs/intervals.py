@@ -43,6 +43,12 @@ class Estimate:
 EMPTY = Estimate(None, None, None, 0)
 
 
+def bracket(low: str, high: str) -> str:
+    """An interval as people read it, everywhere (the report, `eyrie audit`, `eyrie evaluate`): "[low, high]",
+    its ends already written (a minus sign never reads as a dash between them)."""
+    return f"[{low}, {high}]"
+
+
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 

@@ -174,8 +174,8 @@ def test_the_verdict_says_what_the_table_says():
     t, s, p = figs["modes"]["text"], figs["modes"]["structured"], figs["paired"]
     for e in (t["callRate"], s["callRate"], t["invalidRate"], s["invalidRate"], p["argumentAgreement"]):
         assert st.fmt_rate(e) in text, (st.fmt_rate(e), text)
-    assert "At your 5,000 prompts (4,000 declare tools) the structured run costs $4.00 [4.00 to 4.00] less" in text
-    assert "hermes 40% [17-69]" in text and "1 answer (10% [2-40]) only described a call in prose" in text
+    assert "At your 5,000 prompts (4,000 declare tools) the structured run costs $4.00 [4.00, 4.00] less" in text
+    assert "hermes 40% [17, 69]" in text and "1 answer (10% [2, 40]) only described a call in prose" in text
     doc = {"kind": "prompts", "samples": 10, "seed": 0, "model": "m", "figures": figs, "verdict": text,
            "sent": 20, "reused": 0, "spentUSD": "0.07"}
     console = Console(record=True, width=200)
@@ -185,9 +185,9 @@ def test_the_verdict_says_what_the_table_says():
     for e in (t["callRate"], s["callRate"], p["argumentAgreement"]):
         assert f"{st.fmt_rate(e)} n={e['n']}" in table
     assert st.fmt_rate(wilson(7, 9).to_dict()) in table  # the valid-call rate whose complement the verdict gives
-    numbers = set(re.findall(r"\d+% \[\d+-\d+\]", text))
-    assert numbers and numbers <= set(re.findall(r"\d+% \[\d+-\d+\]", table)), numbers - set(
-        re.findall(r"\d+% \[\d+-\d+\]", table))
+    numbers = set(re.findall(r"\d+% \[\d+, \d+\]", text))
+    assert numbers and numbers <= set(re.findall(r"\d+% \[\d+, \d+\]", table)), numbers - set(
+        re.findall(r"\d+% \[\d+, \d+\]", table))
 
 
 def test_a_difference_that_includes_zero_is_said_to_be_about_the_same():

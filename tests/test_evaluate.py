@@ -78,8 +78,8 @@ def test_a_paired_difference_separates_a_real_gap_and_not_noise():
                                     figures.acceptance(*worse).length, gap)
     assert text.startswith(f"a drafter trained on theirs accepts {abs(gap.value):.2f} [")
     assert " fewer tokens per step" in text
-    lo, hi = text.split("[", 1)[1].split("]", 1)[0].split("-")
-    assert float(lo) <= abs(gap.value) <= float(hi)  # "0.4 [0.2-0.6] fewer"
+    lo, hi = text.split("[", 1)[1].split("]", 1)[0].split(", ")
+    assert float(lo) <= abs(gap.value) <= float(hi)  # "0.4 [0.2, 0.6] fewer"
     assert "same within what 200 held-out samples can tell" in figures.verdict_sentence(
         "mine", "same", figures.acceptance(*ref).length, figures.acceptance(*same).length, noise)
 
@@ -242,3 +242,69 @@ def test_without_specforge_evaluate_says_what_to_install_in_one_line(tmp_path):
     assert lines[0].startswith("eyrie evaluate: ") and "pip install --no-deps specforge==0.2.0" in lines[0]
     assert "eyrie[specforge]" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_difference_too_small_to_separate_says_how_many_prompts_to_generate():
+    """"about N held-out samples would separate" turned into what to do: how many more prompts the
+    reference output needs (its held-out share and its samples per prompt), or a larger --heldout."""
+    from eyrie.jobs.evaluate.run import Trained, document
+
+    c1, d = _counts(20, [0.6, 0.5, 0.4], seed=1)
+    c2, _ = _counts(20, [0.58, 0.5, 0.4], seed=2)
+    trained = [Trained("ref", "reference", "file:///ref", {}, [1.0], c1, d, {}),
+               Trained("other", "against", "file:///other", {}, [1.0], c2, d, {})]
+    inputs = [{"uri": "file:///ref", "fingerprint": "a", "samples": 100, "prompts": 125},
+              {"uri": "file:///other", "fingerprint": "b", "samples": 100, "prompts": 125}]
+    doc = document("k", {}, inputs, {"samples": 20}, {"seed": 0}, False, "cpu", trained)
+    diff = doc["differences"][0]
+    need = diff["samplesToSeparate"]
+    assert need and need > 20 and not diff["separates"]
+    samples = -(-need * 100 // 20)  # the held-out share stays a fifth
+    prompts = -(-(samples - 100) * 125 // 100)  # 1.25 prompts per kept sample
+    assert f"generate about {prompts:,} more prompts" in doc["verdict"], doc["verdict"]
+    from eyrie.jobs.spec import MIN_TRAIN
+
+    assert ("--heldout" in doc["verdict"]) == (need < 100 - MIN_TRAIN)  # only when the samples it has can
+
+
+def test_the_evaluate_tables_fit_100_columns_with_every_name_whole():
+    from rich.console import Console
+
+    from eyrie.jobs.cli.evaluate import tables
+    from eyrie.jobs.intervals import Estimate
+
+    e = Estimate(6.243, 5.881, 6.592, 60).to_dict()
+    acc = {"accByPosition": [Estimate(0.912, 0.9, 0.93, 60).to_dict()] * 7, "acceptedLength": e}
+    names = ["quickstart", "quickstart-impostor-seed1-long", "control: shuffled tokens"]
+    doc = {"heldout": {"samples": 60, "uri": "file:///work/examples/eyrie-out/quickstart", "tokens": 12345},
+           "specforgeVersion": "0.2.0",
+           "drafters": [{"name": n, "training": {"samples": 240, "passes": 3.2}, "loss": [[300, 1.234]],
+                         "acceptance": acc} for n in names],
+           "differences": [{"name": n, "minusReference": Estimate(-0.913, -1.142, -0.688, 60).to_dict()}
+                           for n in names[1:]]}
+    console = Console(width=100, record=True)
+    for t in tables(doc):
+        console.print(t)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 100
+    for n in names:
+        assert n in text, (n, text)
+    assert "acc_6" in text and "-0.913 [-1.142, -0.688]" in text and "6.243 [5.881, 6.592]" in text
+
+
+def test_specforge_and_torch_notices_stay_out_of_evaluate_and_nothing_else_is_hidden():
+    import warnings
+
+    from eyrie.jobs.cli.evaluate import quiet_library_warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_library_warnings()
+        warnings.warn_explicit("flash_attn is not found, falling back to flex_attention.", UserWarning,
+                               "llama3_eagle.py", 33, module="specforge.modeling.draft.llama3_eagle")
+        warnings.warn_explicit("To get the last learning rate computed by the scheduler, please use "
+                               "`get_last_lr()`.", UserWarning, "lr_scheduler.py", 1426,
+                               module="torch.optim.lr_scheduler")
+        warnings.warn_explicit("something else torch says", UserWarning, "x.py", 1, module="torch.nn.modules")
+        warnings.warn_explicit("eyrie's own", UserWarning, "y.py", 1, module="eyrie.jobs.evaluate.run")
+    assert [str(w.message) for w in seen] == ["something else torch says", "eyrie's own"]

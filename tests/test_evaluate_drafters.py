@@ -152,3 +152,37 @@ def test_an_output_of_another_extraction_model_is_refused(example_run, tmp_path)
         index.write_text(json.dumps(doc))
     with pytest.raises(DifferentTargets, match="cannot be compared"):
         run_evaluation(Request(str(example_run("quickstart")[1]), (str(other),)))
+
+
+def test_adding_against_reuses_the_reference_drafter_and_every_evaluation_is_kept(example_run, tmp_path,
+                                                                                  monkeypatch):
+    """Each drafter's result is kept by what decides it (its output, the held-out set, the settings):
+    adding --against trains only the new output's drafter, evaluation.json keeps the earlier
+    evaluation beside the latest, and asking for the earlier one again trains nothing."""
+    from eyrie.jobs.evaluate import drafter
+    from eyrie.jobs.evaluate.drafter import TrainSettings
+    from eyrie.jobs.evaluate.run import Request, run_evaluation
+
+    ref = copy_output(example_run("quickstart")[1], tmp_path / "quickstart")
+    imp = example_run("quickstart-impostor")[1]
+    trained: list[str] = []
+    real = drafter.train
+
+    def counting(corpus, *a, **k):
+        trained.append(corpus.uri)
+        return real(corpus, *a, **k)
+
+    monkeypatch.setattr(drafter, "train", counting)
+    settings = TrainSettings(steps=2, tokens_per_step=64)
+    first = run_evaluation(Request(str(ref), (), None, settings))
+    assert len(trained) == 1 and not first.reused
+    said: list[str] = []
+    second = run_evaluation(Request(str(ref), (str(imp),), None, settings), notify=said.append)
+    assert len(trained) == 2 and trained[1].rstrip("/").endswith("quickstart-impostor")  # only the new one
+    assert second.doc["drafters"][0]["acceptance"] == first.doc["drafters"][0]["acceptance"]
+    assert second.doc["drafters"][0]["loss"] == first.doc["drafters"][0]["loss"]
+    assert any("reused" in m and "quickstart" in m for m in said), said
+    stored = json.loads((ref / "evaluation.json").read_text())
+    assert stored["key"] == second.key and [h["key"] for h in stored["history"]] == [first.key]
+    again = run_evaluation(Request(str(ref), (), None, settings))
+    assert again.reused and len(trained) == 2 and again.doc["drafters"] == first.doc["drafters"]

@@ -4,6 +4,7 @@ verdict out (the work is jobs/evaluate/)."""
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 import orjson
@@ -11,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from eyrie.jobs.errors import InputError
+from eyrie.jobs.report.terminal import console_for
+from eyrie.jobs.report.text import bracket
 
 
 def _positive(text: str) -> int:
@@ -24,30 +27,49 @@ def _positive(text: str) -> int:
 
 
 def _span(e: dict) -> str:
-    return f"{e['value']:.3f} [{e['low']:.3f}, {e['high']:.3f}]"
+    return f"{e['value']:.3f} {bracket(format(e['low'], '.3f'), format(e['high'], '.3f'))}"
 
 
-def table(doc: dict) -> Table:
-    t = Table(title=f"acceptance on {doc['heldout']['samples']:,} held-out answers of {doc['heldout']['uri']} "
-                    f"({doc['heldout']['tokens']:,} tokens), SpecForge {doc['specforgeVersion']}")
+def tables(doc: dict) -> list[Table]:
+    """The drafters' acceptance in two tables that fit 100 columns, names never cut: the accepted length
+    per step and its difference to the first drafter, then the accuracy at each draft position."""
     k = len(doc["drafters"][0]["acceptance"]["accByPosition"])
-    t.add_column("drafter trained on")
-    t.add_column("samples", justify="right")
-    t.add_column("passes", justify="right")
-    t.add_column("final loss", justify="right")
-    for j in range(k):
-        t.add_column(f"acc_{j}", justify="right")
-    t.add_column("accepted per step [95%]", justify="right")
-    t.add_column("minus first", justify="right")
     diffs = {d["name"]: d["minusReference"] for d in doc["differences"]}
+    main = Table(title=f"acceptance on {doc['heldout']['samples']:,} held-out answers of {doc['heldout']['uri']} "
+                       f"({doc['heldout']['tokens']:,} tokens), SpecForge {doc['specforgeVersion']}",
+                 title_justify="left")
+    main.add_column("drafter trained on", overflow="fold")
+    main.add_column("samples", justify="right")
+    main.add_column("loss", justify="right")
+    main.add_column("accepted per step [95%]", justify="right", no_wrap=True)
+    main.add_column("minus first [95%]", justify="right", no_wrap=True)
+    by_position = Table(title="accuracy at each draft position (acc_k), and training passes over the samples",
+                        title_justify="left")
+    by_position.add_column("drafter trained on", overflow="fold")
+    by_position.add_column("passes", justify="right")
+    for j in range(k):
+        by_position.add_column(f"acc_{j}", justify="right")
     for r in doc["drafters"]:
         a = r["acceptance"]
         d = diffs.get(r["name"])
-        t.add_row(r["name"], f"{r['training']['samples']:,}", f"{r['training']['passes']:.1f}",
-                  f"{r['loss'][-1][1]:.3f}" if r["loss"] else "-",
-                  *(f"{e['value']:.3f}" for e in a["accByPosition"]), _span(a["acceptedLength"]),
-                  f"{d['value']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]" if d else "-")
-    return t
+        main.add_row(r["name"], f"{r['training']['samples']:,}", f"{r['loss'][-1][1]:.3f}" if r["loss"] else "-",
+                     _span(a["acceptedLength"]),
+                     f"{d['value']:+.3f} {bracket(format(d['low'], '+.3f'), format(d['high'], '+.3f'))}" if d else "-")
+        by_position.add_row(r["name"], f"{r['training']['passes']:.1f}",
+                            *(f"{e['value']:.3f}" for e in a["accByPosition"]))
+    return [main, by_position]
+
+
+# Notices SpecForge and torch print while a drafter trains that a user cannot act on: SpecForge's (no
+# flash_attn on a CPU: it falls back to flex_attention, as intended) and torch's scheduler note
+# SpecForge's step triggers. Filtered in this command's process only, by their module or message.
+QUIET = ((r"specforge(\.|$)", ""), ("", r"To get the last learning rate computed by the scheduler"))
+
+
+def quiet_library_warnings() -> None:
+    """Where `eyrie evaluate` starts: SpecForge's and torch's notices (`QUIET`) stay out of its output."""
+    for module, message in QUIET:
+        warnings.filterwarnings("ignore", message=message, category=UserWarning, module=module)
 
 
 def evaluate_main(argv: list[str]) -> int:
@@ -78,6 +100,7 @@ def evaluate_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.output in args.against:
         raise InputError("--against names OUTPUT itself: give other outputs")
+    quiet_library_warnings()
     from eyrie.jobs.evaluate.drafter import TrainSettings, require_specforge
 
     require_specforge()  # before anything is read: one line, the install
@@ -93,7 +116,9 @@ def evaluate_main(argv: list[str]) -> int:
                                     args.endpoint, args.device),
                             notify=lambda m: err.print(f"eyrie: {m}", markup=False))
     doc = result.doc
-    Console(width=max(140, Console().width)).print(table(doc))
+    console = console_for()
+    for t in tables(doc):
+        console.print(t)
     print(f"verdict: {doc['verdict']}")
     if args.json:
         path = Path(args.json)

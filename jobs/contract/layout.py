@@ -32,6 +32,7 @@ REPORT = "report.html"  # `eyrie report --html`, written by `eyrie run` when it 
 PROVIDERS = "providers.json"  # the provider probe's measures and verdict per endpoint (generate/probe/run.py)
 SPECFORGE_ONLINE = "exports/specforge-online.json"  # `eyrie export specforge-online`'s summary, for the report
 EVALUATION = "evaluation.json"  # `eyrie evaluate`: drafters trained on this output (and others), their acceptance
+EVALUATION_DRAFTERS = "evaluation/drafters"  # each drafter's result by what decides it, reused by later evaluations
 PROBE_ANSWERS = "providers/answers"  # the probe's records, one object per group commit
 FIDELITY = "fidelity"  # per-sample fidelity scores (fidelity/shard-NNNNN.parquet), when scored
 PILOT = "pilot.json"  # the pilot's verdict (contract/pilot.py), written once it decided
@@ -97,6 +98,11 @@ def pilot_slice_prefix(option: str) -> str:
 def inflight_key(worker: str, writer: str) -> str:
     """A sending worker's in-flight object (`writer`: 8 hex digits naming the worker instance)."""
     return f"{INFLIGHT}/{worker}-{writer}.json"
+
+
+def evaluation_drafter(key: str) -> str:
+    """One drafter's result (its held-out counts, losses, training figures), keyed by `evaluate.run.drafter_key`."""
+    return f"{EVALUATION_DRAFTERS}/{key}.json"
 
 
 def samples_key(shard: int) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eyrie.jobs.intervals import RESAMPLES, SEED, Estimate, resampled_sums
+from eyrie.jobs.intervals import RESAMPLES, SEED, Estimate, bracket, resampled_sums
 
 
 def accepted_length(acc: Sequence[float]) -> float:
@@ -140,7 +140,7 @@ def verdict_sentence(reference: str, other: str, ref_length: Estimate, other_len
     both = f"({_n(other_length.value)} vs {_n(ref_length.value)} per step, 95% intervals over {diff.n:,} " \
            "held-out samples)"
     near, far = (-diff.high, -diff.low) if diff.value < 0 else (diff.low, diff.high)
-    span = f"[{_n(near)}-{_n(far)}]"
+    span = bracket(_n(near), _n(far))
     if separates(diff):
         word = "fewer" if diff.value < 0 else "more"
         return f"a drafter trained on {other} accepts {_n(abs(diff.value))} {span} {word} tokens per step than one " \
@@ -149,4 +149,4 @@ def verdict_sentence(reference: str, other: str, ref_length: Estimate, other_len
     more = f"; about {need:,} held-out samples would separate a difference this size" if need else ""
     return (f"a drafter trained on {other} and one trained on {reference} accept the same within what "
             f"{diff.n:,} held-out samples can tell: difference {diff.value:+.2f} "
-            f"[{diff.low:+.2f}, {diff.high:+.2f}] tokens per step {both}{more}.")
+            f"{bracket(format(diff.low, '+.2f'), format(diff.high, '+.2f'))} tokens per step {both}{more}.")

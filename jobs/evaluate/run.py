@@ -13,6 +13,7 @@ evaluation asked again is read back, not retrained.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,12 +35,14 @@ from eyrie.jobs.evaluate.plan import (
     steps_plan,
     training_set,
 )
+from eyrie.jobs.intervals import bracket
 from eyrie.jobs.spec import MIN_TRAIN, default_heldout  # samples a drafter needs besides the held-out set
 
 FORMAT = "eyrie-evaluation/1"
 CODE_VERSION = 1  # bump when what an evaluation computes changes: a stored one is then recomputed
 CONTROL = "control: shuffled tokens"
 MAX_CURVE = 1000  # loss-curve points kept per drafter (evenly spaced when there are more steps)
+MAX_HISTORY = 50  # earlier evaluations evaluation.json keeps beside the latest
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,12 @@ def document(key: str, target: dict[str, Any], inputs: list[dict[str, Any]], hel
                       "separates": figures.separates(diff), "samplesToSeparate": figures.samples_to_separate(diff),
                       "verdict": figures.verdict_sentence(ref.name, t.name, ref_len, other_len, diff)})
     first = next((d for d in diffs if d["kind"] == "against"), None) or (diffs[0] if diffs else None)
+    if first is not None and not first["separates"] and first["samplesToSeparate"]:
+        ref_input = inputs[0] if inputs else {}
+        first["verdict"] += " " + to_separate(first["samplesToSeparate"], heldout["samples"], ref_input)
     verdict = first["verdict"] if first else (
-        f"a drafter trained on {ref.name} accepts {ref_len.value:.2f} [{ref_len.low:.2f}-{ref_len.high:.2f}] "
+        f"a drafter trained on {ref.name} accepts {ref_len.value:.2f} "
+        f"{bracket(format(ref_len.low, '.2f'), format(ref_len.high, '.2f'))} "
         f"tokens per step on {heldout['samples']:,} of its held-out answers (nothing to compare it with: pass "
         "--against)")
     return {
@@ -138,6 +145,73 @@ def document(key: str, target: dict[str, Any], inputs: list[dict[str, Any]], hel
         "device": device, "drafters": rows, "differences": diffs, "verdict": verdict,
         "createdAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def to_separate(need: int, held: int, ref: dict[str, Any]) -> str:
+    """What to do about a difference `need` held-out samples would separate: the reference output's
+    samples that many held out at its present share would take, as prompts to generate (at its prompts
+    per kept sample), or a larger --heldout of the samples it has."""
+    samples = int(ref.get("samples") or 0)
+    if not samples or not held:
+        return ""
+    wanted = math.ceil(need * samples / held)  # the same share held out
+    per = (int(ref["prompts"]) / samples) if ref.get("prompts") else 1.0
+    more = math.ceil((wanted - samples) * per - 1e-9)
+    grow = (f"To tell them apart, generate about {more:,} more prompts for {ref['uri']} (about {wanted:,} samples, "
+            f"{need:,} of them held out), extract them and evaluate again")
+    if need < samples - MIN_TRAIN:
+        grow += f", or hold out more of its {samples:,} samples (--heldout {need:,})"
+    return grow + "."
+
+
+def _prompts(corpus: Corpus) -> int | None:
+    """The prompts the output was asked (progress.json's samples.total), for prompts per kept sample."""
+    try:
+        doc = orjson.loads(corpus.store.get(layout.PROGRESS)) if corpus.store.exists(layout.PROGRESS) else {}
+    except orjson.JSONDecodeError:
+        return None
+    total = (doc.get("samples") or {}).get("total") if isinstance(doc, dict) else None
+    return total if isinstance(total, int) and total > 0 else None
+
+
+def drafter_key(corpus: Corpus, kind: str, held_ids: str, settings: dict[str, Any], target: dict[str, Any],
+                device: str) -> str:
+    """What decides one drafter's result: the output it trained on (and its fingerprint), whether it is
+    the shuffled control, the held-out set it is measured on, the settings, the target, SpecForge's
+    version and this code's. Another evaluation asking for the same drafter reads it back."""
+    doc = {"format": FORMAT, "code": CODE_VERSION, "input": (corpus.uri, corpus.fingerprint),
+           "control": kind == "control", "heldout": held_ids, "settings": settings, "target": target,
+           "specforge": SPECFORGE_VERSION, "device": device}
+    return hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _drafter_doc(key: str, t: Trained) -> bytes:
+    return orjson.dumps({"format": FORMAT, "key": key, "name": t.name, "kind": t.kind, "uri": t.uri,
+                         "training": t.training, "losses": t.losses, "correct": t.correct.tolist(),
+                         "denom": t.denom.tolist(), "specforge": t.specforge}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def read_drafter(corpus: Corpus, key: str, name: str, kind: str) -> Trained | None:
+    """A drafter's result stored under `key` (`drafter_key`), named as this evaluation names it."""
+    path = layout.evaluation_drafter(key)
+    if not corpus.store.exists(path):
+        return None
+    try:
+        d = orjson.loads(corpus.store.get(path))
+        return Trained(name, kind, str(d["uri"]), dict(d["training"]), [float(x) for x in d["losses"]],
+                       np.asarray(d["correct"], dtype=np.float64), np.asarray(d["denom"], dtype=np.float64),
+                       dict(d["specforge"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None  # unreadable: trained again, and written over
+
+
+def _with_history(stored: dict[str, Any] | None, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` as evaluation.json's latest, every earlier evaluation kept in `history` (latest first, one
+    per key, at most MAX_HISTORY)."""
+    earlier = [] if stored is None else [{k: v for k, v in stored.items() if k != "history"},
+                                         *stored.get("history", [])]
+    kept = [e for e in earlier if e.get("key") != doc["key"]][:MAX_HISTORY]
+    return {**doc, "history": kept}
 
 
 def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None) -> Result:
@@ -162,18 +236,35 @@ def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None
         drafters.append((name, kind, corpus, None))
     if req.control:
         drafters.append((CONTROL, "control", ref, drafter.shuffled))
-    inputs = [{"uri": c.uri, "fingerprint": c.fingerprint, "samples": len(c.samples)} for c in [ref, *others]]
+    inputs = [{"uri": c.uri, "fingerprint": c.fingerprint, "samples": len(c.samples),
+               **({"prompts": n} if (n := _prompts(c)) else {})} for c in [ref, *others]]
     key = evaluation_key(inputs, n_held, settings.to_dict(), req.control, ref.target.to_dict(),
                          SPECFORGE_VERSION)
     stored = read_evaluation(ref)
     if stored is not None and stored.get("key") == key:
         notify(f"evaluation {key} of these inputs is stored in {ref.store.url(layout.EVALUATION)}: reused")
-        return Result(stored, True, key)
+        return Result({k: v for k, v in stored.items() if k != "history"}, True, key)
+    earlier = next((h for h in (stored or {}).get("history", []) if h.get("key") == key), None)
+    if earlier is not None:  # asked again for an earlier evaluation: it becomes the latest, nothing trained
+        notify(f"evaluation {key} of these inputs is kept in {ref.store.url(layout.EVALUATION)}'s history: reused")
+        ref.store.put(layout.EVALUATION, orjson.dumps(_with_history(stored, earlier), option=orjson.OPT_INDENT_2))
+        return Result(earlier, True, key)
 
     model_path = drafter.target_folder(ref.target.name, ref.target.model)
     device = torch.device(req.device)
+    held_ids = hashlib.sha256("\n".join(ref.samples[i].sample_id for i in held).encode()).hexdigest()
     trained: list[Trained] = []
     for name, kind, corpus, transform in drafters:
+        dkey = drafter_key(corpus, kind, f"{ref.fingerprint}:{held_ids}", settings.to_dict(), ref.target.to_dict(),
+                           str(device))
+        kept = read_drafter(ref, dkey, name, kind)
+        if kept is not None:
+            acc = figures.acceptance(kept.correct, kept.denom, seed=settings.seed)
+            notify(f"{name}: its drafter was trained on these inputs before (drafter {dkey}): reused, accepted length "
+                   f"{acc.length.value:.3f} {bracket(format(acc.length.low, '.3f'), format(acc.length.high, '.3f'))} "
+                   "per step")
+            trained.append(kept)
+            continue
         train, left_out = training_set(corpus.samples, heldout)
         check_disjoint((corpus.samples[i] for i in train), heldout, name)
         loss = [s.loss_tokens for s in corpus.samples]
@@ -184,7 +275,8 @@ def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None
         d = drafter.train(corpus, plan, train, model_path, settings, device, transform)
         got = drafter.evaluate(d, ref, held, settings)
         acc = figures.acceptance(got.correct, got.denom, seed=settings.seed)
-        notify(f"{name}: accepted length {acc.length.value:.3f} [{acc.length.low:.3f}, {acc.length.high:.3f}] "
+        notify(f"{name}: accepted length {acc.length.value:.3f} "
+               f"{bracket(format(acc.length.low, '.3f'), format(acc.length.high, '.3f'))} "
                f"per step on {acc.samples:,} held-out samples ({d.seconds:.0f} s of training)")
         trained.append(Trained(
             name, kind, corpus.uri,
@@ -192,12 +284,12 @@ def run_evaluation(req: Request, notify: Callable[[str], None] = lambda _m: None
              "passes": round(passes(plan, loss, train), 3), "steps": len(plan),
              "tokensPerStep": settings.tokens_per_step, "seconds": round(d.seconds, 2)},
             d.losses, got.correct, got.denom, got.specforge))
+        ref.store.put(layout.evaluation_drafter(dkey), _drafter_doc(dkey, trained[-1]))  # kept before the next
     held_doc = {"uri": ref.uri, "samples": len(held), "seed": settings.seed,
-                "tokens": int(trained[0].denom[:, 0].sum()),
-                "idsSha256": hashlib.sha256("\n".join(ref.samples[i].sample_id for i in held).encode()).hexdigest()}
+                "tokens": int(trained[0].denom[:, 0].sum()), "idsSha256": held_ids}
     doc = document(key, ref.target.to_dict(), inputs, held_doc, settings.to_dict(), req.control, str(device),
                    trained)
-    ref.store.put(layout.EVALUATION, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    ref.store.put(layout.EVALUATION, orjson.dumps(_with_history(stored, doc), option=orjson.OPT_INDENT_2))
     return Result(doc, False, key)
 
 

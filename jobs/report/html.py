@@ -40,7 +40,7 @@ from rich.console import Console, Group
 from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.terminal import audit_renderables, print_report
-from eyrie.jobs.report.text import dollars
+from eyrie.jobs.report.text import bracket, dollars
 from eyrie.jobs.report.verdict import scoring_model, verdict
 
 TEMPLATE = "plotly_white"
@@ -486,7 +486,7 @@ def acceptance_html(d: ReportData) -> str | None:
 
     def span(x: dict[str, Any], signed: bool = False) -> str:
         f = "{:+.3f}" if signed else "{:.3f}"
-        return f"{f.format(x['value'])} [{f.format(x['low'])}, {f.format(x['high'])}]"
+        return f"{f.format(x['value'])} {bracket(f.format(x['low']), f.format(x['high']))}"
 
     head = "".join(f"<th>acc_{j}</th>" for j in range(k))
     rows = "".join(

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from eyrie.jobs.contract.money import dollars
+from eyrie.jobs.intervals import bracket  # an interval's one written form, re-exported: numbers are written here
 
-__all__ = ["WIDTH", "abandoned_spend", "dollars", "human_bytes", "num", "rate"]
+__all__ = ["WIDTH", "abandoned_spend", "bracket", "dollars", "human_bytes", "num", "rate"]
 
 WIDTH = 100  # columns when not on a terminal: what a log viewer or an editor shows without scrolling
 

@@ -22,7 +22,7 @@ from typing import Any
 from eyrie.jobs.contract.money import PRICE_PLACES
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.report.data import ReportData
-from eyrie.jobs.report.text import dollars, num, rate
+from eyrie.jobs.report.text import bracket, dollars, num, rate
 
 OK, WARN, BAD, INFO = "ok", "warn", "bad", "info"
 MILLION = Decimal(1_000_000)
@@ -204,8 +204,8 @@ def worth_line(d: ReportData) -> Line | None:
     length = first["acceptance"]["acceptedLength"]
     figures = {"acceptedLength": num(length["value"]), "low": num(length["low"]), "high": num(length["high"]),
                "heldout": f"{e['heldout']['samples']:,}"}
-    text = (f"A drafter trained on {first['name']} accepts {figures['acceptedLength']} [{figures['low']}-"
-            f"{figures['high']}] tokens per step on {figures['heldout']} held-out answers")
+    text = (f"A drafter trained on {first['name']} accepts {figures['acceptedLength']} "
+            f"{bracket(figures['low'], figures['high'])} tokens per step on {figures['heldout']} held-out answers")
     against = [x for x in e.get("differences") or [] if x.get("kind") == "against"]
     status = INFO
     if against:

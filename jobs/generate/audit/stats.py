@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from eyrie.jobs.intervals import Estimate, bootstrap_ratio, paired_difference, wilson
+from eyrie.jobs.intervals import Estimate, bootstrap_ratio, bracket, paired_difference, wilson
 from eyrie.jobs.tools.declarations import SHAPE_TEXT, DeclarationShape
 
 if TYPE_CHECKING:
@@ -438,12 +438,17 @@ def _scale(e: dict[str, Any], factor: float) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ in plain words
 
 
+def _ends(low: float, high: float, spec: str) -> str:
+    """An interval's ends written with one format spec, in the one form (`intervals.bracket`)."""
+    return bracket(format(low, spec), format(high, spec))
+
+
 def fmt_rate(e: dict[str, Any] | None) -> str:
-    """61% [48-72]: the share and its interval, in percent (one decimal below 10%)."""
+    """61% [48, 72]: the share and its interval, in percent (one decimal below 10%)."""
     if not e or e.get("value") is None:
         return "n/a"
     d = 1 if max(e["value"], e["high"] or 0) < 0.1 else 0
-    return f"{100 * e['value']:.{d}f}% [{100 * e['low']:.{d}f}-{100 * e['high']:.{d}f}]"
+    return f"{100 * e['value']:.{d}f}% {_ends(100 * e['low'], 100 * e['high'], f'.{d}f')}"
 
 
 def _money(x: float, ref: float) -> str:
@@ -458,13 +463,13 @@ def _money(x: float, ref: float) -> str:
 
 
 def fmt_usd(e: dict[str, Any] | None) -> str:
-    """$12.30 [8.10 to 16.40]: dollars and their interval (signed where the interval crosses zero)."""
+    """$12.30 [8.10, 16.40]: dollars and their interval (signed where the interval crosses zero)."""
     if not e or e.get("value") is None:
         return "n/a"
     ref = max(abs(e["value"]), abs(e["low"] or 0), abs(e["high"] or 0))
     if e["low"] is None:
         return f"${_money(e['value'], ref)}"
-    return f"${_money(e['value'], ref)} [{_money(e['low'], ref)} to {_money(e['high'], ref)}]"
+    return f"${_money(e['value'], ref)} {bracket(_money(e['low'], ref), _money(e['high'], ref))}"
 
 
 def fmt_num(e: dict[str, Any] | None, digits: int = 2) -> str:
@@ -472,7 +477,7 @@ def fmt_num(e: dict[str, Any] | None, digits: int = 2) -> str:
         return "n/a"
     if e["low"] is None:
         return f"{e['value']:.{digits}f}"
-    return f"{e['value']:.{digits}f} [{e['low']:.{digits}f} to {e['high']:.{digits}f}]"
+    return f"{e['value']:.{digits}f} {_ends(e['low'], e['high'], f'.{digits}f')}"
 
 
 def fmt_diff(e: dict[str, Any] | None, kind: str) -> str:
@@ -480,16 +485,16 @@ def fmt_diff(e: dict[str, Any] | None, kind: str) -> str:
     if not e or e.get("value") is None:
         return "n/a"
     if kind == "rate":
-        return f"{100 * e['value']:+.0f} pts [{100 * e['low']:+.0f} to {100 * e['high']:+.0f}]"
+        return f"{100 * e['value']:+.0f} pts {_ends(100 * e['low'], 100 * e['high'], '+.0f')}"
     if kind == "usd":
         ref = max(abs(e["value"]), abs(e["low"]), abs(e["high"]))
 
         def signed(x: float) -> str:
             return ("+" if x >= 0 else "-") + "$" + _money(abs(x), ref)
 
-        return f"{signed(e['value'])} [{signed(e['low'])} to {signed(e['high'])}]"
+        return f"{signed(e['value'])} {bracket(signed(e['low']), signed(e['high']))}"
     d = 2 if kind == "calls" else 0
-    return f"{e['value']:+.{d}f} [{e['low']:+.{d}f} to {e['high']:+.{d}f}]"
+    return f"{e['value']:+.{d}f} {_ends(e['low'], e['high'], f'+.{d}f')}"
 
 
 def _n(count: int, noun: str) -> str:
@@ -534,8 +539,8 @@ def _cost_phrase(proj: dict[str, Any]) -> str:
                 "that includes zero.")
     word = "more" if e["value"] > 0 else "less"
     lo, hi = sorted((abs(e["low"]), abs(e["high"])))
-    return (f"{at} the structured run costs ${_money(abs(e['value']), ref)} [{_money(lo, ref)} to "
-            f"{_money(hi, ref)}] {word} than the text run.")
+    span = bracket(_money(lo, ref), _money(hi, ref))
+    return f"{at} the structured run costs ${_money(abs(e['value']), ref)} {span} {word} than the text run."
 
 
 INVALID_OK = 0.02  # invalid calls at or below this share need no regeneration (the gate's default maxInvalidCallRate)
