@@ -21,7 +21,7 @@ from eyrie.jobs.api.limits import Limits
 from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.plan import plan_shards
 from eyrie.jobs.generate.sending.requests import build_body
-from eyrie.jobs.generate.sending.sender import SenderConfig
+from eyrie.jobs.generate.sending.sender import Sender, SenderConfig, coordinator_call
 from eyrie.jobs.generate.sending.worker import ShardWorker
 from eyrie.jobs.sources import Prompt
 from eyrie.jobs.spec import parse_spec
@@ -59,7 +59,7 @@ async def eyrie_run(base_url: str, n: int, concurrency: int, stream: bool) -> tu
         coord = RunCoordinator(Decimal(1000), Decimal(0), Counts(), n, sorted(plan.shards),
                                ToolGate(spec.tools.gate))
         config = SenderConfig(spec.model_dump_json(by_alias=True), "w0", "bench", base_url, Limits(concurrency))
-        worker = ShardWorker(config, coord, plan, store)
+        worker = ShardWorker(Sender(config, coordinator_call(coord), store), plan)
         t0, c0 = time.perf_counter(), time.process_time()
         persisted = await worker.run()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0

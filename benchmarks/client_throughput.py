@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import bare_httpx, eyrie_run
 
-from eyrie.jobs.generate.sending.worker import run_loop
+from eyrie.jobs.generate.sending.actor import run_loop
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
 TARGET = 0.7

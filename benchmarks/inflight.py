@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _common import bare_aiohttp, eyrie_run, peak_rss_mb
 
-from eyrie.jobs.generate.sending.worker import run_loop
+from eyrie.jobs.generate.sending.actor import run_loop
 from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
 TARGET_RATIO, TARGET_RSS_MB = 0.85, 600

@@ -6,6 +6,7 @@ generation job (the Ray worker image's) that needs no torch."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata as md
 import json
 import re
@@ -55,7 +56,9 @@ def _imports(mod: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
+    """The import graph (read once per process: the tests below only read it)."""
     mods = _modules()
     return {m: _imports(m, p, set(mods)) for m, p in mods.items()}
 
@@ -201,6 +204,11 @@ def test_every_layer_names_a_module_that_exists():
     assert [n for names in LAYERS for n in names if n not in mods] == []
 
 
+@functools.cache
+def _trees() -> dict[str, ast.AST]:
+    return {m: ast.parse(p.read_text()) for m, p in _modules().items()}
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
@@ -240,8 +248,7 @@ def private_uses(trees: dict[str, ast.AST]) -> list[str]:
 
 
 def test_no_module_uses_another_modules_private_names():
-    trees = {m: ast.parse(p.read_text()) for m, p in _modules().items()}
-    assert private_uses(trees) == []
+    assert private_uses(_trees()) == []
 
 
 def test_a_private_use_would_be_found():
@@ -250,6 +257,65 @@ def test_a_private_use_would_be_found():
              "c": ast.parse("def f(a): return a._x\n"),
              "d": ast.parse("class D:\n    def __init__(self): self._x = 2\n    def eq(self, o): return o._x\n")}
     assert private_uses(trees) == ["b:1 imports eyrie.jobs.a._helper", "c:1 reads a._x"]
+
+
+# Who may write a generation record's object (docs/architecture.md, "durable before release"): the key functions
+# that name a shard's journal, its parts and the probe's answers, and the encoder of their records.
+JOURNAL_KEYS = {"eyrie.jobs.contract.layout": {"journal_key", "part_key", "probe_answers_key"},
+                "eyrie.jobs.contract.records": {"encode_part"}}
+JOURNAL_WRITER = "eyrie.jobs.generate.sending.journal"
+
+
+def journal_writes(trees: dict[str, ast.AST]) -> list[str]:
+    """Every use, outside the journal (and the modules that define them), of what writes a record's object:
+    `layout.journal_key(...)`, `records.encode_part(...)` or the names imported from there."""
+    found = []
+    for mod, tree in trees.items():
+        if mod == JOURNAL_WRITER or mod in JOURNAL_KEYS:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module in JOURNAL_KEYS:
+                found += [f"{mod}:{n.lineno} imports {n.module}.{a.name}" for a in n.names
+                          if a.name in JOURNAL_KEYS[n.module]]
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+                owner = f"eyrie.jobs.contract.{n.value.id}"
+                if n.attr in JOURNAL_KEYS.get(owner, ()):
+                    found.append(f"{mod}:{n.lineno} uses {ast.unparse(n)}")
+    return found
+
+
+def test_the_journal_is_the_one_writer_of_answers():
+    """A record reaches a shard's journal, its parts or the probe's answers only through `Journal` (its group
+    commit, `Journal.write`, `compact_shard`): one place keeps "durable before the slot is freed"."""
+    assert journal_writes(_trees()) == []
+
+
+def test_a_journal_write_elsewhere_would_be_found():
+    trees = {"eyrie.jobs.generate.probe.run": ast.parse(
+        "from eyrie.jobs.contract import layout, records\n"
+        "def adopt(store, recs):\n    store.put(layout.journal_key(0, 'w', 0), records.encode_part(recs))\n"),
+        "eyrie.jobs.x": ast.parse("from eyrie.jobs.contract.records import encode_part, iter_shard\n"),
+        JOURNAL_WRITER: ast.parse("from eyrie.jobs.contract import layout\nk = layout.journal_key(0, 'w', 0)\n")}
+    assert journal_writes(trees) == [
+        "eyrie.jobs.generate.probe.run:3 uses layout.journal_key",
+        "eyrie.jobs.generate.probe.run:3 uses records.encode_part",
+        "eyrie.jobs.x:1 imports eyrie.jobs.contract.records.encode_part"]
+
+
+def client_builds(trees: dict[str, ast.AST]) -> list[str]:
+    """Every `ChatClient(...)` outside the two ways to make one: a sender's (`Sender.open_client`, the paid path)
+    and `ChatClient.unpaid` (the provider's unpaid GETs)."""
+    allowed = {"eyrie.jobs.generate.sending.sender", "eyrie.jobs.api.client"}
+    return [f"{mod}:{n.lineno}" for mod, tree in trees.items() if mod not in allowed for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and (getattr(n.func, "id", None) == "ChatClient"
+                                            or getattr(n.func, "attr", None) == "ChatClient")]
+
+
+def test_a_client_is_a_senders_or_an_unpaid_one():
+    assert client_builds(_trees()) == []
+    assert client_builds({"eyrie.jobs.generate.preflight": ast.parse(
+        "from eyrie.jobs import api\nc = api.ChatClient('u', None, timeout=1, max_retries=0, max_concurrency=1)\n"
+    )}) == ["eyrie.jobs.generate.preflight:2"]
 
 
 def _edges(g: dict[str, set[str]], src: str, dst: str) -> list[tuple[str, str]]:

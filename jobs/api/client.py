@@ -93,6 +93,9 @@ def _transport_kind(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------------------ client
 
 
+UNPAID_TIMEOUT_S = 30.0  # an unpaid GET (`ChatClient.unpaid`) that takes longer is not waited for
+
+
 class ChatClient:
     """Chat completions against one base URL with retries, concurrency and rate limits.
 
@@ -161,6 +164,15 @@ class ChatClient:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._key, "***") if self._key else text
+
+    @classmethod
+    def unpaid(cls, base_url: str, api_key: str | None, *, timeout: float = UNPAID_TIMEOUT_S, concurrency: int = 1,
+               headers: dict[str, str] | None = None) -> ChatClient:
+        """A client for the provider's unpaid GETs (preflight's `/models`, the key's usage, a generation's cost,
+        the endpoint listing): no retries (the caller decides what an answer that does not come means), at most
+        `UNPAID_TIMEOUT_S` each. Use as `async with ChatClient.unpaid(...) as client:`."""
+        return cls(base_url, api_key, timeout=min(UNPAID_TIMEOUT_S, timeout), max_retries=0,
+                   max_concurrency=concurrency, headers=headers)
 
     # ---------------------------------------------------------------------------------- preflight
 

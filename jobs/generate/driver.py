@@ -34,9 +34,9 @@ from eyrie.jobs.generate.budget.reconcile import provider_key_usage
 from eyrie.jobs.generate.plan import ShardPlan, plan_shards
 from eyrie.jobs.generate.preflight import PreflightError, empty_source, preflight
 from eyrie.jobs.generate.probe.run import ProbeOutcome, ProbeSettings, adopt, run_probe, seed_variants
+from eyrie.jobs.generate.sending.actor import ShardWorkerActor, run_loop
 from eyrie.jobs.generate.sending.conversation import AgenticSummary
 from eyrie.jobs.generate.sending.session import Session
-from eyrie.jobs.generate.sending.worker import ShardWorker, run_loop
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
@@ -483,14 +483,14 @@ def _run_ray(plan: _Run) -> dict:
     n = session.senders
     configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
     coord = session.start_actor(f"eyrie-coordinator-{session.attempt}")
-    actor_cls = ray.remote(ShardWorker).options(
+    actor_cls = ray.remote(ShardWorkerActor).options(
         num_cpus=spec.generation.ray.cpus_per_worker if spec.generation.ray.mode != "Local" else 0,
         max_concurrency=1, max_restarts=0)
 
     def start(i: int, gen: int) -> tuple[str, Any, Any]:
         wid = f"w{i}.{gen}"
         # no api_key argument: Ray records arguments; the worker reads its own environment
-        w = actor_cls.remote(replace(configs[i], sender_id=wid), coord, plan.plan, None, is_actor=True)
+        w = actor_cls.remote(replace(configs[i], sender_id=wid), coord, plan.plan)
         return wid, w, w.run_blocking.remote()
 
     running = {}

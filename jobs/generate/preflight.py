@@ -28,8 +28,7 @@ async def preflight(spec: DatasetGenerationSpec, base_url: str, store: Store, ap
     except Exception as e:
         raise PreflightError(f"output.uri: the store is not writable: {e}") from None
     if spec.generation.answers == "regenerate":  # the dataset's own answers send nothing: no API to reach
-        async with ChatClient(base_url, api_key, timeout=min(30.0, spec.api.request_timeout_seconds),
-                              max_retries=0, max_concurrency=1) as client:
+        async with ChatClient.unpaid(base_url, api_key, timeout=spec.api.request_timeout_seconds) as client:
             try:
                 await client.preflight()
             except ApiError as e:

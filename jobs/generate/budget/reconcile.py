@@ -116,7 +116,7 @@ def provider_asker(base_url: str, api_key: str | None) -> Ask:
         from eyrie.jobs.api import ChatClient
 
         async def main() -> dict[str, Decimal]:
-            async with ChatClient(base_url, api_key, timeout=30, max_retries=0, max_concurrency=16) as client:
+            async with ChatClient.unpaid(base_url, api_key, concurrency=16) as client:
                 return await ask_provider(client.generation_cost, ids)
 
         return asyncio.run(main())
@@ -132,7 +132,7 @@ def provider_key_usage(base_url: str, api_key: str | None) -> Decimal | None:
     from eyrie.jobs.api.limits import is_loopback
 
     async def main() -> Decimal | None:
-        async with ChatClient(base_url, api_key, timeout=30, max_retries=0, max_concurrency=1) as client:
+        async with ChatClient.unpaid(base_url, api_key) as client:
             if not (client.is_openrouter or is_loopback(base_url)):
                 return None
             return await client.key_usage()

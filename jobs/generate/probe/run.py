@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -283,7 +282,7 @@ async def _send(jobs: list[_Job], session: Session, progress: _Progress | None =
     """Every job's requests, endpoints side by side (one sender each, sharing the provider's limits); each
     answer durable before its slot is freed. `progress` is written every `progress.every` seconds from the
     answers durable so far."""
-    journal = Journal(session.store, key=lambda _shard, writer, seq: layout.probe_answers_key(writer, seq))
+    journal = Journal.probe(session.store)
     asks = []
     for i, job in enumerate(j for j in jobs if j.todo):
         sender = session.sender(f"probe-{i}", job.spec, journal)
@@ -480,8 +479,8 @@ def _with_stop(out: ProbeOutcome) -> ProbeOutcome:
 async def _listing(spec: DatasetGenerationSpec, base_url: str, api_key: str | None) -> Listing:
     from eyrie.jobs.api import ChatClient
 
-    async with ChatClient(base_url, api_key, timeout=min(30.0, spec.api.request_timeout_seconds), max_retries=0,
-                          max_concurrency=1, headers=spec.api.headers) as client:
+    async with ChatClient.unpaid(base_url, api_key, timeout=spec.api.request_timeout_seconds,
+                                 headers=spec.api.headers) as client:
         return await list_endpoints(client, spec.target.model)
 
 
@@ -504,13 +503,13 @@ def adopt(store: Store, plan: ShardPlan, outcome: ProbeOutcome, fingerprint: str
         if shard is not None:
             by_shard.setdefault(shard, []).append(rec)
     written: list[records.Record] = []
-    writer = secrets.token_hex(4)
-    for seq, (shard, recs) in enumerate(sorted(by_shard.items())):
+    journal = Journal(store)
+    for shard, recs in sorted(by_shard.items()):
         held = {records.record_key(r) for r in records.iter_shard(store, shard)}
         fresh = [{**r, "fingerprint": fingerprint} if fingerprint else r
                  for r in recs if records.record_key(r) not in held]
         if fresh:
-            store.put(layout.journal_key(shard, writer, seq), records.encode_part(fresh))
+            journal.write(shard, fresh)
             written += fresh
     return written
 

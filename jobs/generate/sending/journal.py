@@ -76,11 +76,21 @@ class Journal:
 
     def _write(self, batch: dict[int, list[records.Record]]) -> None:
         for shard, recs in batch.items():
-            key = self._key(shard, self.writer, self._seq)
-            self._seq += 1
-            self.store.put(key, records.encode_part(recs))
-            self.writes += 1
-            self.durable += len(recs)
+            self.write(shard, recs)
+
+    def write(self, shard: int, recs: list[records.Record]) -> None:
+        """Write `recs` as one journal object of `shard` now, in the caller's thread: the group commit's own
+        write, and that of a caller outside a sending loop (the probe's answers adopted into the run's shards)."""
+        key = self._key(shard, self.writer, self._seq)
+        self._seq += 1
+        self.store.put(key, records.encode_part(recs))
+        self.writes += 1
+        self.durable += len(recs)
+
+    @classmethod
+    def probe(cls, store: Store) -> Journal:
+        """The provider probe's journal: its answers under `providers/answers/`, one folder for every endpoint."""
+        return cls(store, key=lambda _shard, writer, seq: layout.probe_answers_key(writer, seq))
 
 
 @dataclass

@@ -7,8 +7,9 @@ slot's cap in the store before it is sent) -> send (the API client, within the p
 durable in the journal; only then is the request no longer in flight).
 
 A `Sender` knows nothing of shards or sessions: it is given its coordinator (in-process or a Ray actor), its
-journal and its `Pacer` (`session.py` builds them and shares the provider's limits among senders).
-`answer` is the whole path under one of the sender's slots; `record`, `prepare`, `reject`, `send` and
+journal and its `Pacer` (`session.py` builds every sender and shares the provider's limits among them).
+`answer` is the whole path under one of the sender's slots, the one step every loop runs (the shard loop,
+`Session.answer_all`); `record`, `prepare`, `reject`, `send` and
 `persist` are its steps, for a caller that runs several requests under one slot (a conversation's turns:
 `agentic.TurnSender`).
 """
@@ -46,14 +47,11 @@ Call = Callable[..., Awaitable[Any]]
 
 DATASET_PROVIDER = "dataset"  # the provider of an answer taken from the row itself (generation.answers: dataset)
 
-def coordinator_call(coordinator: Any, is_actor: bool = False) -> Call:
-    """How a sender calls the run coordinator: the object's methods in this process, or a Ray actor's."""
+def coordinator_call(coordinator: Any) -> Call:
+    """How a sender calls the run coordinator in this process (a Ray actor's: `actor.actor_call`)."""
 
     async def call(method: str, *args: Any) -> Any:
-        fn = getattr(coordinator, method)
-        if is_actor:
-            return await fn.remote(*args)
-        res = fn(*args)
+        res = getattr(coordinator, method)(*args)
         return await res if asyncio.iscoroutine(res) else res
 
     return call
@@ -100,6 +98,7 @@ class Sender:
         meta = {"attempt": self.attempt, "worker": self.sender_id, "maxUSD": str(self.spec.budget.max_usd)}
         self.inflight = InflightLog(lambda doc: self.open_store().put(key, doc),
                                     lambda: self.open_store().delete(key), meta)
+        self.call = call  # the run coordinator (a shard loop asks it for shards)
         self.budget = LeaseHolder(call, self.sender_id, self.concurrency, self.inflight)
         self._unrecorded: dict[int, int] = {}  # id(record) -> its request's reservation, until durable
         self._tok: Any = False  # the target tokenizer; False: not loaded yet, None: none set
@@ -220,10 +219,15 @@ class Sender:
         return rec
 
     async def answer(self, shard: int, sid: str, prompt: Prompt | BadRow,
-                     label: Callable[[records.Record], None] | None = None) -> records.Record | None:
-        """The whole path under one slot: process, `label` the record (the caller's own fields), persist.
-        None when the run stopped before it was sent."""
-        async with self.slots:
+                     label: Callable[[records.Record], None] | None = None, *, held: bool = False
+                     ) -> records.Record | None:
+        """The one slot step, whoever asks (the run's shard loop, the audit, the probe): take a slot, process,
+        `label` the record (the caller's own fields), persist, and free the slot only once the record is durable
+        (journal.py's invariant). None when the run stopped before it was sent. `held`: the caller took the slot
+        already (`slots.acquire()`; the shard loop does, before it reads the next prompt); it is freed here."""
+        if not held:
+            await self.slots.acquire()
+        try:
             if self.stopping:
                 return None
             rec = await self.process(sid, prompt)
@@ -233,6 +237,8 @@ class Sender:
                 label(rec)
             await self.persist(shard, rec)
             return rec
+        finally:
+            self.slots.release()
 
     async def send(self, rec: records.Record, prepared: declarations.Prepared) -> records.Record | None:
         """Reserve, send, check and settle one request; fills `rec`, or None when the run stopped

@@ -30,7 +30,7 @@ from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, s
 from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
 from eyrie.jobs.generate.plan import ShardPlan
 from eyrie.jobs.generate.sending.journal import Journal
-from eyrie.jobs.generate.sending.sender import Sender, SenderConfig, coordinator_call
+from eyrie.jobs.generate.sending.sender import Call, Sender, SenderConfig, coordinator_call
 from eyrie.jobs.generate.sending.worker import ShardWorker
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.spec import DatasetGenerationSpec
@@ -131,13 +131,21 @@ class Session:
         c = self.limits.concurrency
         slots = max(1, c // self.senders + (i < c % self.senders))  # a sender needs a slot, however few there are
         limits = Limits(slots, self.limits.requests_per_minute, self.limits.tokens_per_minute, self.limits.window_s)
-        return Sender(self.config(sender_id, limits, spec), coordinator_call(self.coordinator), self.store,
-                      api_key=self.ctx.api_key, journal=journal, pacer=Pacer(slots, self._rates))
+        return self._sender(self.config(sender_id, limits, spec), journal, Pacer(slots, self._rates))
+
+    def _sender(self, config: SenderConfig, journal: Journal | None = None, pacer: Pacer | None = None) -> Sender:
+        return Sender(config, coordinator_call(self.coordinator), self.store, api_key=self.ctx.api_key,
+                      journal=journal, pacer=pacer)
+
+    @staticmethod
+    def actor_sender(config: SenderConfig, call: Call) -> Sender:
+        """A Ray shard worker's sender, in its own process (`actor.ShardWorkerActor`): the coordinator is the run's
+        actor (`call`), the store the spec's output, the API key the process's environment."""
+        return Sender(config, call)
 
     def shard_worker(self, i: int, plan: ShardPlan) -> ShardWorker:
         """Shard worker i in this process (`--inline`): its share of the limits, as a Ray worker would get."""
-        return ShardWorker(self.config(f"w{i}", self.share(i)), self.coordinator, plan, self.store,
-                           api_key=self.ctx.api_key)
+        return ShardWorker(self._sender(self.config(f"w{i}", self.share(i))), plan)
 
     def actor_config(self, i: int, worker_id: str) -> SenderConfig:
         """What Ray worker `worker_id` (in slot i) is told; it reads the API key from its own environment."""

@@ -1,6 +1,7 @@
 """A shard worker: takes shards from the coordinator, sends their prompts through its `Sender`
-(`sender.py`: the per-request path) and reports each shard done once its records are durable
-(`journal.py`: the invariant and the group commit). `ShardWorker.run_blocking` is the Ray actor's entry.
+(`sender.py`: the per-request path; each prompt is one `Sender.answer`, the slot step the audit and the probe
+run too) and reports each shard done once its records are durable (`journal.py`: the invariant and the group
+commit). In the driver's process (`--inline`) or in a Ray actor (`actor.py`, the adapter).
 
 Persistence is the exactly-once boundary: a shard's ids already in the store are skipped. The
 worker is one `asyncio.TaskGroup`: the journal's writer, one task per request in flight (at most
@@ -15,11 +16,8 @@ import asyncio
 import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
-from eyrie.jobs.api.limits import Pacer
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.errors import EyrieError
@@ -27,20 +25,10 @@ from eyrie.jobs.generate.budget.holder import Abandoned
 from eyrie.jobs.generate.plan import ShardPlan
 from eyrie.jobs.generate.sending import agentic
 from eyrie.jobs.generate.sending.journal import ShardState, compact_shard, scan_shard
-from eyrie.jobs.generate.sending.sender import Sender, SenderConfig, coordinator_call
+from eyrie.jobs.generate.sending.sender import Sender
 from eyrie.jobs.sources import BadRow, Prompt, iter_source
-from eyrie.jobs.store import Store
 
 log = logging.getLogger(__name__)
-
-def run_loop(coro: Any) -> Any:
-    """Run a coroutine on uvloop where available: ~20% less CPU per request than asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:  # e.g. Windows
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
 
 class WorkerFailed(EyrieError, RuntimeError):
     """A worker could not go on (store down after retries, coordinator lost, a bug); the run's
@@ -68,22 +56,15 @@ class _ShardRun:
 
 
 class ShardWorker:
-    """The shard loop of one sender: in the driver's process (`--inline`), or a Ray actor (`run_blocking`)."""
+    """The shard loop of one sender (built by the session: `Session.shard_worker`, `Session.actor_sender`)."""
 
-    def __init__(self, config: SenderConfig, coordinator: Any, plan: ShardPlan, store: Store | None = None, *,
-                 api_key: str | None = None, is_actor: bool = False, pacer: Pacer | None = None):
-        self._call = coordinator_call(coordinator, is_actor)
-        self.sender = Sender(config, self._call, store, api_key=api_key, pacer=pacer)
-        self.spec = self.sender.spec
-        self.worker_id = config.sender_id
+    def __init__(self, sender: Sender, plan: ShardPlan):
+        self.sender = sender
+        self._call = sender.call
+        self.spec = sender.spec
+        self.worker_id = sender.sender_id
         self.plan = plan  # the shards' row ranges: the worker reads its own
         self.persisted = 0
-
-    def run_blocking(self) -> int:
-        """The Ray actor's entry: the worker's own (uv)loop, on a thread of its own because Ray
-        already runs an asyncio loop in an actor that has async methods."""
-        with ThreadPoolExecutor(1, thread_name_prefix="eyrie-worker") as pool:
-            return pool.submit(run_loop, self.run()).result()
 
     # -- the worker: shards in, durable records out --------------------------------------------
     async def run(self) -> int:
@@ -173,16 +154,12 @@ class ShardWorker:
                     yield item
 
     async def _request(self, run: _ShardRun, sid: str, prompt: Prompt | BadRow) -> None:
-        """One prompt under its slot: the slot is freed only once the record is durable."""
-        answered = False
+        """One prompt under the slot `_feed` took: `Sender.answer` frees it once the record is durable."""
+        rec = None
         try:
-            rec = await self.sender.process(sid, prompt)
-            if rec is not None:
-                await self.sender.persist(run.shard, rec)
-                answered = True
+            rec = await self.sender.answer(run.shard, sid, prompt, held=True)
         finally:
-            run.settle_one(answered)
-            self.sender.slots.release()
+            run.settle_one(rec is not None)
 
     async def _conversation(self, run: _ShardRun, sid: str, prompt: Prompt | BadRow) -> None:
         """A conversation's turns under one slot (`agentic.converse`: each turn durable before the next)."""
