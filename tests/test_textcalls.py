@@ -19,7 +19,7 @@ from eyrie.jobs.reconstruct import kimi_facts as kimi
 from eyrie.jobs.sources import Prompt
 from eyrie.jobs.tools.checks import ResponseCheck, check_response, policy
 from eyrie.jobs.tools.declarations import normalize_tools, prepare_prompt
-from eyrie.jobs.tools.textcalls import TextCallLimits, find_calls, mentions
+from eyrie.jobs.tools.textcalls import TEXT_FORMATS, TextCallLimits, find_calls, mentions
 from eyrie.jobs.tools.validation import ToolValidator
 from tests.reference_helpers import reference
 
@@ -366,3 +366,53 @@ def test_a_cut_off_call_to_a_declared_function_names_it():
     twice = (f"{kimi.SECTION_BEGIN}{kimi.CALL_BEGIN}functions.get_weather:0{kimi.CALL_BEGIN}functions.get_weather:1"
              f"{kimi.CALL_ARG_BEGIN}{{\"city\": \"A\"}}{kimi.CALL_END}{kimi.SECTION_END}")
     assert [(v.name, v.valid) for v in text_check(twice).calls] == [("get_weather", False), ("get_weather", True)]
+
+
+# ---------------------------------------------------------------------------------------- the registry
+
+
+def test_every_text_format_has_one_entry_that_every_reader_takes():
+    """A format is one entry of `textcalls.FORMATS`: find_calls reads it, a verdict names it, leak detection knows
+    its markers, the audit has its row, the simulator writes it and weighs it. A format missing from any of them
+    fails here, naming the reader."""
+    from eyrie.jobs.generate.audit import stats
+    from eyrie.jobs.simulator import text as simtext
+    from eyrie.jobs.simulator.config import SimulatedTextFormats
+    from eyrie.jobs.tools.leaks import LEAK_MARKERS
+    from eyrie.jobs.tools.textcalls import FORMATS, NATIVE_MARKERS, CallFormat
+
+    names = [f.value for f in TEXT_FORMATS]
+    assert set(CallFormat) - {CallFormat.STRUCTURED} == set(FORMATS), "a CallFormat without its entry"
+    assert all(key is entry.name and entry.subject for key, entry in FORMATS.items())
+    assert list(stats.FORMATS) == ["structured", *names], "the audit's rows"
+    assert list(simtext.FORMATS) == names, "the simulator's formats"
+    assert set(simtext.WRITERS) == set(names), "the simulator's writers"
+    weights = SimulatedTextFormats.model_json_schema(by_alias=True)["properties"]
+    assert set(weights) == set(names), "the simulator's weights (SimulatedTextFormats)"
+    assert LEAK_MARKERS == NATIVE_MARKERS == {f.name.value: f.markers for f in FORMATS.values() if f.markers}
+
+
+@pytest.mark.parametrize("fmt", [f.value for f in TEXT_FORMATS])
+def test_each_format_as_the_simulator_writes_it_is_read_back_as_that_format(fmt):
+    """The simulator's coding of a format (its own writer) read by eyrie's (the registry's reader), one call and
+    two: every entry of the registry, a new one too."""
+    from eyrie.jobs.simulator.text import PlannedCall, write_calls
+    from eyrie.jobs.tools.textcalls import CallFormat
+
+    one = [PlannedCall("get_weather", '{"city": "Paris"}', True)]
+    two = [*one, PlannedCall("calculate_bmi", '{"weight": 70, "height": 1.8}', True)]
+    for calls in (one, two):
+        if fmt == "glaive" and len(calls) > 1:
+            continue  # glaive writes one call per turn
+        found = find_calls(f"Let me check.\n{write_calls(fmt, calls)}", NAMES)
+        assert [(c.format, c.name, c.problem) for c in found] == [(CallFormat(fmt), c.name, None) for c in calls]
+        assert [orjson.loads(c.arguments) if isinstance(c.arguments, str) else c.arguments for c in found] == \
+            [json.loads(c.arguments) for c in calls]
+
+
+def test_a_problem_is_said_of_its_formats_subject():
+    from eyrie.jobs.tools.textcalls import CallFormat, TextCall
+
+    assert TextCall(CallFormat.HERMES, None, None, 0, 3, "is never closed").message() == \
+        "<tool_call> block is never closed"
+    assert TextCall(CallFormat.STRUCTURED, "f", None, 0, 0, "has no name").message() == "tool call has no name"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -22,8 +22,9 @@ import orjson
 
 from eyrie.jobs.reconstruct import kimi_facts as kimi
 from eyrie.jobs.reconstruct.deepseek import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
+from eyrie.jobs.tools.textcalls import TEXT_FORMATS, CallFormat
 
-FORMATS = ("glaive", "hermes", "kimi", "deepseek", "json")
+FORMATS = tuple(f.value for f in TEXT_FORMATS)  # tools/textcalls.py's registry: each needs a writer below
 MAX_INDEXED_ROWS = 1_000_000  # rows per source the simulator recognises by their prompt
 
 
@@ -83,25 +84,44 @@ def _object(name: str, args: str, valid: bool) -> str:
     return f'{{"name": {json.dumps(name)}, "arguments": {value}}}'
 
 
+def _glaive(calls: Sequence[PlannedCall]) -> str:  # one call per turn, arguments as a single-quoted string
+    return "\n".join(f"<functioncall> {{\"name\": {json.dumps(c.name)}, \"arguments\": '{c.arguments}'}}"
+                     for c in calls)
+
+
+def _hermes(calls: Sequence[PlannedCall]) -> str:
+    return "\n".join(f"<tool_call>\n{_object(c.name, c.arguments, c.valid)}\n</tool_call>" for c in calls)
+
+
+def _kimi(calls: Sequence[PlannedCall]) -> str:
+    body = "".join(f"{kimi.CALL_BEGIN}functions.{c.name}:{i}{kimi.CALL_ARG_BEGIN}{c.arguments}{kimi.CALL_END}"
+                   for i, c in enumerate(calls))
+    return f"{kimi.SECTION_BEGIN}{body}{kimi.SECTION_END}"
+
+
+def _deepseek(calls: Sequence[PlannedCall]) -> str:
+    body = "".join(f"{DS_CALL_BEGIN}{c.name}{DS_SEP}{c.arguments}{DS_CALL_END}" for c in calls)
+    return f"{DS_CALLS_BEGIN}{body}{DS_CALLS_END}"
+
+
+def _json(calls: Sequence[PlannedCall]) -> str:
+    if len(calls) == 1:
+        return f"```json\n{_object(calls[0].name, calls[0].arguments, calls[0].valid)}\n```"
+    return "[" + ", ".join(_object(c.name, c.arguments, c.valid) for c in calls) + "]"
+
+
+# One writer per format of the registry (tools/textcalls.FORMATS), written here and not there: the simulator's
+# coding of a format and eyrie's reading of it stay two, so a test comparing them compares two.
+WRITERS: dict[str, Callable[[Sequence[PlannedCall]], str]] = {
+    CallFormat.GLAIVE: _glaive, CallFormat.HERMES: _hermes, CallFormat.KIMI: _kimi, CallFormat.DEEPSEEK: _deepseek,
+    CallFormat.JSON: _json}
+
+
 def write_calls(fmt: str, calls: Sequence[PlannedCall]) -> str:
     """The calls as the family writes them (Kimi K2.5's, DeepSeek-V3.1's, Qwen3's templates; glaive's rows)."""
-    if fmt == "glaive":  # one call per turn, arguments as a single-quoted string
-        return "\n".join(f"<functioncall> {{\"name\": {json.dumps(c.name)}, \"arguments\": '{c.arguments}'}}"
-                         for c in calls)
-    if fmt == "hermes":
-        return "\n".join(f"<tool_call>\n{_object(c.name, c.arguments, c.valid)}\n</tool_call>" for c in calls)
-    if fmt == "kimi":
-        body = "".join(f"{kimi.CALL_BEGIN}functions.{c.name}:{i}{kimi.CALL_ARG_BEGIN}{c.arguments}{kimi.CALL_END}"
-                       for i, c in enumerate(calls))
-        return f"{kimi.SECTION_BEGIN}{body}{kimi.SECTION_END}"
-    if fmt == "deepseek":
-        body = "".join(f"{DS_CALL_BEGIN}{c.name}{DS_SEP}{c.arguments}{DS_CALL_END}" for c in calls)
-        return f"{DS_CALLS_BEGIN}{body}{DS_CALLS_END}"
-    if fmt == "json":
-        if len(calls) == 1:
-            return f"```json\n{_object(calls[0].name, calls[0].arguments, calls[0].valid)}\n```"
-        return "[" + ", ".join(_object(c.name, c.arguments, c.valid) for c in calls) + "]"
-    raise ValueError(f"unknown text call format {fmt!r}")
+    if fmt not in WRITERS:
+        raise ValueError(f"unknown text call format {fmt!r}")
+    return WRITERS[fmt](calls)
 
 
 def break_arguments(args: str, schema: Any) -> str:

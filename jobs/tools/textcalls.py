@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from operator import attrgetter
 from typing import Any
 
@@ -59,8 +59,6 @@ class CallFormat(StrEnum):
     JSON = "json"
 
 
-TEXT_FORMATS = (CallFormat.GLAIVE, CallFormat.HERMES, CallFormat.KIMI, CallFormat.DEEPSEEK, CallFormat.JSON)
-
 GLAIVE_CALL = "<functioncall>"
 GLAIVE_END = "<|endoftext|>"
 HERMES_BEGIN, HERMES_END = "<tool_call>", "</tool_call>"
@@ -68,17 +66,7 @@ HERMES_BEGIN, HERMES_END = "<tool_call>", "</tool_call>"
 KIMI_SECTION_BEGINS = (kimi.SECTION_BEGIN, "<|tool_call_section_begin|>")
 KIMI_SECTION_ENDS = (kimi.SECTION_END, "<|tool_call_section_end|>")
 
-# Every marker of a native format: in structured mode, one in the text is a leak (leaks.py).
-NATIVE_MARKERS: dict[str, tuple[str, ...]] = {
-    "kimi": (*KIMI_SECTION_BEGINS, *KIMI_SECTION_ENDS, kimi.CALL_BEGIN, kimi.CALL_ARG_BEGIN, kimi.CALL_END),
-    "deepseek": (DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_SEP, DS_CALL_END, DS_CALLS_END),
-    "hermes": (HERMES_BEGIN, HERMES_END),
-}
-
-# What a problem is said of, in a verdict's message ("<tool_call> block is never closed").
-_SUBJECT = {CallFormat.STRUCTURED: "tool call", CallFormat.GLAIVE: "<functioncall>",
-            CallFormat.HERMES: "<tool_call> block", CallFormat.KIMI: "Kimi tool call",
-            CallFormat.DEEPSEEK: "DeepSeek tool call", CallFormat.JSON: "JSON tool call"}
+STRUCTURED_SUBJECT = "tool call"  # what a problem of a provider's `tool_calls` entry is said of
 
 
 @dataclass(frozen=True)
@@ -124,8 +112,9 @@ class TextCall:
     json_values: bool = False
 
     def message(self) -> str:
-        """The problem as a verdict states it."""
-        return f"{_SUBJECT[self.format]} {self.problem}"
+        """The problem as a verdict states it ("<tool_call> block is never closed")."""
+        subject = STRUCTURED_SUBJECT if self.format is CallFormat.STRUCTURED else FORMATS[self.format].subject
+        return f"{subject} {self.problem}"
 
 
 _START = attrgetter("start")  # sort key: calls in text order
@@ -656,27 +645,93 @@ def _json_outside(text: str, declared: Collection[str], claimed: list[tuple[int,
     return out
 
 
+# ---------------------------------------------------------------------------------- the registry
+
+
+class Stage(IntEnum):
+    """When a format is read in `find_calls`: native sections first (they claim their spans), then blocks
+    opened by a marker, then what is left (a JSON object outside every claimed span)."""
+
+    SECTION = 0
+    BLOCK = 1
+    LOOSE = 2
+
+
+Spans = list[tuple[int, int]]
+Reader = Callable[[str, Collection[str], TextCallLimits, Spans], tuple[list[TextCall], Spans]]
+
+
+@dataclass(frozen=True)
+class TextFormat:
+    """Everything eyrie knows of one way models write a tool call as text: one entry of `FORMATS`, which every
+    reader takes it from (`find_calls`, a verdict's messages, leak detection, the audit's table, the simulator's
+    formats and weights; tests/test_textcalls.py fails for a format one of them lacks)."""
+
+    name: CallFormat
+    subject: str
+    """What a problem is said of, in a verdict's message ("<tool_call> block is never closed")."""
+    markers: tuple[str, ...]
+    """Its native markers: one in the text of a structured answer is a leak (`leaks.py`); () for none."""
+    stage: Stage
+    present: Callable[[str], bool]
+    """Whether its markers can be in a text at all (a cheap test before the parser looks for them itself)."""
+    read: Reader
+    """(text, declared names, limits, spans claimed so far) -> (calls, the spans it claims)."""
+
+
+def _always(_text: str) -> bool:
+    return True
+
+
+# Display order too: the audit's table and the simulator's weights list them so.
+FORMATS: dict[CallFormat, TextFormat] = {f.name: f for f in (
+    TextFormat(CallFormat.GLAIVE, "<functioncall>", (), Stage.BLOCK, _always,
+               lambda t, _d, lim, _c: (parse_glaive(t, lim), [])),
+    TextFormat(CallFormat.HERMES, "<tool_call> block", (HERMES_BEGIN, HERMES_END), Stage.BLOCK, _always,
+               lambda t, _d, lim, _c: (parse_hermes(t, lim), [])),
+    TextFormat(CallFormat.KIMI, "Kimi tool call",
+               (*KIMI_SECTION_BEGINS, *KIMI_SECTION_ENDS, kimi.CALL_BEGIN, kimi.CALL_ARG_BEGIN, kimi.CALL_END),
+               Stage.SECTION, lambda t: "<|" in t or "functions." in t,  # every Kimi marker opens with "<|"
+               lambda t, d, lim, _c: parse_kimi(t, d, lim)),
+    TextFormat(CallFormat.DEEPSEEK, "DeepSeek tool call", (DS_CALLS_BEGIN, DS_CALL_BEGIN, DS_SEP, DS_CALL_END,
+                                                           DS_CALLS_END),
+               Stage.SECTION, lambda t: not t.isascii(),  # DeepSeek's markers are not ASCII
+               lambda t, _d, lim, _c: parse_deepseek(t, lim)),
+    TextFormat(CallFormat.JSON, "JSON tool call", (), Stage.LOOSE, _always,
+               lambda t, d, lim, claimed: (_json_outside(t, d, claimed, lim), [])),
+)}
+TEXT_FORMATS = tuple(FORMATS)  # the text formats, in display order
+# Every marker of a native format: in structured mode, one in the text is a leak (leaks.py).
+NATIVE_MARKERS: dict[str, tuple[str, ...]] = {f.name.value: f.markers for f in FORMATS.values() if f.markers}
+
+
+def _read(stage: Stage, text: str, declared: Collection[str], limits: TextCallLimits,
+          claimed: Spans) -> tuple[list[TextCall], Spans]:
+    calls: list[TextCall] = []
+    spans: Spans = []
+    for f in FORMATS.values():
+        if f.stage is stage and f.present(text):
+            c, s = f.read(text, declared, limits, claimed)
+            calls += c
+            spans += s
+    return calls, spans
+
+
 def find_calls(text: str | None, declared: Collection[str] = (),
                limits: TextCallLimits = DEFAULT_TEXT_LIMITS) -> list[TextCall]:
-    """Every tool call written in `text`, in order, in any of the formats; `declared` are the
+    """Every tool call written in `text`, in order, in any of the formats (`FORMATS`); `declared` are the
     function names the prompt declared (JSON objects and marker-less Kimi ids count only for those).
     More than `max_calls` calls end in one call whose problem says so."""
     if not text:
         return []
     text = text[: limits.max_text_chars]
     found: list[TextCall] = []
-    claimed: list[tuple[int, int]] = []  # the native sections' spans, then every call's
-    if "<" in text or "functions." in text:
-        # each parser is asked only when its markers can be there (Kimi's all open with "<|",
-        # DeepSeek's are not ASCII); it looks for them itself
-        if "<|" in text or "functions." in text:
-            found, claimed = parse_kimi(text, declared, limits)
-        if not text.isascii():
-            d_calls, d_spans = parse_deepseek(text, limits)
-            found, claimed = [*found, *d_calls], [*claimed, *d_spans]
-        found = _disjoint([*found, *parse_hermes(text, limits), *parse_glaive(text, limits)])
+    claimed: Spans = []  # the native sections' spans, then every call's
+    if "<" in text or "functions." in text:  # every marker of a section or a block
+        found, claimed = _read(Stage.SECTION, text, declared, limits, claimed)
+        found = _disjoint([*found, *_read(Stage.BLOCK, text, declared, limits, claimed)[0]])
         claimed = sorted([*claimed, *[(c.start, c.end) for c in found]])
-    written = _json_outside(text, declared, claimed, limits)
+    written, _ = _read(Stage.LOOSE, text, declared, limits, claimed)
     if written:
         found = _disjoint([*found, *written])
     if len(found) > limits.max_calls:

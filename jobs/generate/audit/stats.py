@@ -35,12 +35,13 @@ import orjson
 
 from eyrie.jobs.intervals import Estimate, bootstrap_ratio, bracket, paired_difference, wilson
 from eyrie.jobs.tools.declarations import SHAPE_TEXT, DeclarationShape
+from eyrie.jobs.tools.textcalls import TEXT_FORMATS, CallFormat
 
 if TYPE_CHECKING:
     from eyrie.jobs.tools.checks import ResponseCheck
 
 MODES = ("text", "structured")
-FORMATS = ("structured", "glaive", "hermes", "kimi", "deepseek", "json")
+FORMATS = (CallFormat.STRUCTURED.value, *(f.value for f in TEXT_FORMATS))  # its rows: tools/textcalls.py's registry
 MIXED, PROSE, NO_CALL = "mixed", "prose only", "no call"
 CATEGORIES = (*FORMATS, MIXED, PROSE, NO_CALL)
 MAX_GROUPS = 30  # sources or tools shown one by one; the rest are summed as OTHER
