@@ -423,12 +423,13 @@ RENDERED = """JSON.stringify(Array.from(document.querySelectorAll('.plotly-graph
            .filter(p => (p.getAttribute('d') || '').length > 4).length,
   width: d.getBoundingClientRect().width, height: d.getBoundingClientRect().height,
   modebar: !!d.querySelector('.modebar'),
-  // text the toolbar would hide: the title, subplot titles, attempt labels, the legend
+  // text the toolbar would hide: the title, subplot titles, attempt labels, the legend, the axes' titles
   covered: (() => {
     const m = d.querySelector('.modebar');
     if (!m) return [];
     const a = m.getBoundingClientRect();
-    return Array.from(d.querySelectorAll('.gtitle, .annotation-text, .legendtext')).filter(t => {
+    return Array.from(d.querySelectorAll('.gtitle, .annotation-text, .legendtext, .xtitle, .ytitle, .y2title'))
+      .filter(t => {
       const b = t.getBoundingClientRect();
       return b.width > 0 && !(a.right <= b.left || b.right <= a.left || a.bottom <= b.top || b.bottom <= a.top);
     }).map(t => t.textContent);
@@ -676,3 +677,36 @@ def test_the_acceptance_section_renders_in_chromium(tmp_path):
         assert trace["down"] == pytest.approx([e["value"] - e["low"] for e in a["accByPosition"]])
     assert got["rows"][0]["cells"][10] == "-" and got["rows"][1]["cells"][10].startswith("-")
     assert got["points"] == 3 * 7 and got["bars"] == 3 * 7  # every drafter's every position, with its interval
+
+
+HISTOGRAMS = """JSON.stringify(Array.from(document.querySelectorAll('.plotly-graph-div'))
+  .filter(d => ((d.querySelector('.gtitle') || {}).textContent || '').includes('per sample'))
+  .map(d => {
+    const area = d.querySelector('.nsewdrag').getBoundingClientRect();
+    const bars = Array.from(d.querySelectorAll('g.trace.bars path')).map(p => p.getBoundingClientRect())
+      .filter(b => b.width > 0.5 && b.height > 0.5);
+    return {title: d.querySelector('.gtitle').textContent, bars: bars.length,
+            inside: bars.filter(b => b.left >= area.left - 0.5 && b.right <= area.right + 0.5).length,
+            counted: d.calcdata[0].reduce((n, c) => n + (c.s || 0), 0)};
+  }))"""
+
+
+@pytest.mark.integration
+def test_a_top1_histogram_where_every_answer_agrees_is_drawn_inside_its_axis(tmp_path):
+    """The quickstart's usual case: every sample's top-1 agreement is 1.0. Its bar is drawn inside the
+    plot's [0, 1] axis (it was drawn in a bin from 1.0 to 1.025, past the axis: an empty plot)."""
+    if find_browser() is None:
+        pytest.fail("headless chromium is needed for this test (hack/test-deps.sh installs Debian's `chromium`)")
+    store = _full_store(tmp_path / "out")
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"sample_id": [f"s{i}" for i in range(55)], "top1_agreement": [1.0] * 55,
+                             "mean_nll": [0.2 + (i % 7) / 5 for i in range(55)]}), buf)
+    store.put(f"{layout.FIDELITY}/shard-00000.parquet", buf.getvalue())
+    page = Path(publish(store).removeprefix("file://"))
+    result = open_page(page, HISTOGRAMS, READY)
+    assert result.errors == [], result.errors
+    plots = {p["title"]: p for p in json.loads(result.value)}
+    top1 = plots["fidelity: top-1 agreement per sample"]
+    assert top1["counted"] == 55 and top1["bars"] >= 1 and top1["inside"] == top1["bars"], top1
+    nll = plots["fidelity: mean NLL per sample"]
+    assert nll["counted"] == 55 and nll["inside"] == nll["bars"] >= 1, nll

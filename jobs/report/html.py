@@ -57,11 +57,15 @@ USD_AXIS = {"title": "USD", "tickprefix": "$", "hoverformat": ",.6~f", "rangemod
 # covered the plots' titles
 MODEBAR = {"orientation": "v"}
 MARGIN = {"l": 50, "r": 44, "t": 50, "b": 40}
+# a figure with a right-hand axis: its title gets room left of the upright toolbar, which covered it
+RIGHT_AXIS_MARGIN = {**MARGIN, "r": 96}
+TOP_BIN = 1 - 1e-9  # a top-1 agreement of 1.0 is drawn in the last bin, [0.975, 1]
 
 
 def _fig(title: str, **layout: Any) -> go.Figure:
     f = go.Figure()
-    f.update_layout(title=title, template=TEMPLATE, height=HEIGHT, width=WIDTH, autosize=False, margin=MARGIN,
+    layout = {"margin": MARGIN, **layout}
+    f.update_layout(title=title, template=TEMPLATE, height=HEIGHT, width=WIDTH, autosize=False,
                     modebar=MODEBAR, legend={"orientation": "h", "y": -0.2}, **layout)
     return f
 
@@ -220,7 +224,7 @@ def tool_figure(d: ReportData) -> go.Figure | None:
         return None
     names = sorted(tools)
     calls = [tools[n].calls for n in names]
-    f = _fig("per tool", yaxis=RATE_AXIS, barmode="group",
+    f = _fig("per tool", yaxis=RATE_AXIS, barmode="group", margin=RIGHT_AXIS_MARGIN,
              yaxis2={"title": "calls", "overlaying": "y", "side": "right", "showgrid": False,
                      "range": [0, max(calls, default=0) * 1.1 + 0.5], "tick0": 0,
                      "dtick": count_step(max(calls, default=1))})
@@ -295,8 +299,12 @@ def fidelity_figures(d: ReportData) -> list[go.Figure]:
         res = (d.fidelity_scores or {}).get(col)
         if res is not None and res.values:
             f = _fig(f"fidelity: {title}", yaxis_title="samples", showlegend=False, xaxis=axis)
-            f.add_histogram(x=res.values, nbinsx=40, **({"xbins": {"start": 0, "end": 1.0001, "size": 0.025}}
-                                                        if col == "top1_agreement" else {}))
+            if col == "top1_agreement":  # bins [0, 0.025) ... [0.975, 1]: the last one holds 1.0, the usual
+                # value, inside the axis's [0, 1] (plotly's bins are half-open: 1.0 alone fell in [1, 1.025))
+                top = [min(v, TOP_BIN) for v in res.values]
+                f.add_histogram(x=top, xbins={"start": 0, "end": 1, "size": 0.025})
+            else:
+                f.add_histogram(x=res.values, nbinsx=40)
             out.append(f)
     by = {n: g for n, g in ((d.fidelity or {}).get("byProvider") or {}).items() if g.get("top1Agreement") is not None}
     if by:

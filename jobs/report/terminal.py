@@ -227,7 +227,7 @@ def _audit_main(doc: dict[str, Any]) -> Table:
         t.add_column(m, justify="right")
     if paired:
         # the modes' rates are over their own answers, the difference over the prompts answered both ways
-        t.add_column(f"structured - text on the {paired['prompts']} prompts answered both ways", justify="right")
+        t.add_column(f"structured - text\non the {paired['prompts']} prompts\nanswered both ways", justify="right")
     t.add_row("answers", *(str(figs["modes"][m]["answers"]) for m in modes),
               *([f"{paired['prompts']} prompts in both"] if paired else []))
     for label, key, kind, dkey in _AUDIT_ROWS:
@@ -284,8 +284,8 @@ def _audit_by_source(doc: dict[str, Any]) -> Table | None:
     t = Table(title="per prompt set (source)", title_justify="left")
     cols = ("source", "text call rate", "structured call rate", "text valid", "structured valid", "same calls",
             "USD/answer difference")
-    for c in cols:
-        t.add_column(c, justify="left" if c == "source" else "right")
+    for c in cols:  # an interval's end is one word: folded when a column is narrower, never cut
+        t.add_column(c, justify="left" if c == "source" else "right", overflow="fold")
     for name, g in by.items():
         p = g.get("paired") or {}
         rates = [_cell((g.get(m) or {}).get(k)) for k in ("callRate", "validRate") for m in ("text", "structured")]
@@ -303,7 +303,7 @@ def _audit_by_tool(doc: dict[str, Any]) -> Table | None:
               caption=f"{left} more tools not shown" if left else None, caption_justify="left")
     for c in ("tool", "declared in (text / structured)", "text call rate", "structured call rate", "text calls valid",
               "structured calls valid"):
-        t.add_column(c, justify="left" if c == "tool" else "right")
+        t.add_column(c, justify="left" if c == "tool" else "right", overflow="fold")
     for name, g in by.items():
         tx, st = g.get("text") or {}, g.get("structured") or {}
         t.add_row(name, f"{tx.get('declaredIn', 0)} / {st.get('declaredIn', 0)}", _cell(tx.get("callRate")),
