@@ -25,7 +25,7 @@ from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, pilot_key
 from eyrie.jobs.contract.fingerprint import read_doc as read_fingerprint
 from eyrie.jobs.contract.manifest import finalize_manifest
 from eyrie.jobs.contract.pilot import read_verdict
-from eyrie.jobs.contract.progress import Outcome, ProgressError, parse_progress
+from eyrie.jobs.contract.progress import Outcome, Progress, ProgressError, load_progress
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
 from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError, open_store
@@ -141,7 +141,7 @@ async def _credentials(kube: Kube, namespace: str, spec: DatasetGenerationSpec) 
 
 @dataclass(frozen=True)
 class OutputState:
-    progress: Any
+    progress: Progress | None
     manifest_url: str | None
     summaries: int
     extraction_bytes: int
@@ -153,10 +153,7 @@ class OutputState:
 
 def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
     """progress.json, whether a complete manifest (and the report) exists, how many pods have finished."""
-    try:
-        prog = orjson.loads(store.get(layout.PROGRESS))
-    except NotFound:
-        prog = None
+    prog = load_progress(store)  # ProgressError, a JSON error: the caller says the output is unreadable
     manifest_url, nbytes, fidelity = None, 0, None
     try:
         manifest = orjson.loads(store.get(layout.MANIFEST))
@@ -168,7 +165,7 @@ def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
     except NotFound:
         pass
     summaries = 0
-    if spec.extraction.enabled and prog is not None and prog.get("outcome") == Outcome.DONE:
+    if spec.extraction.enabled and prog is not None and prog.outcome == Outcome.DONE:
         n = children.extraction_count(spec)
         summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
     report_url = store.url(layout.REPORT) if store.exists(layout.REPORT) else None
@@ -239,7 +236,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             if isinstance(store, S3Store):
                 store.RETRY_SECONDS = 0.0  # one try: the next poll retries; a dead endpoint must not stall a pass
             out = await asyncio.to_thread(_read_output, store, spec)
-            prog = parse_progress(out.progress) if out.progress is not None else None
+            prog = out.progress
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
             fidelity, report, bound = out.fidelity, out.report_url, out.fingerprint
             pilot = out.pilot

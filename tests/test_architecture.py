@@ -302,6 +302,29 @@ def test_a_journal_write_elsewhere_would_be_found():
         "eyrie.jobs.x:1 imports eyrie.jobs.contract.records.encode_part"]
 
 
+def progress_reads(trees: dict[str, ast.AST]) -> list[str]:
+    """Every use of progress.json's key (`layout.PROGRESS`) outside contract/progress.py: the document is read
+    through `load_progress` (typed, strict) and written through `write_progress`, nowhere else."""
+    allowed = {"eyrie.jobs.contract.progress", "eyrie.jobs.contract.layout"}
+    found = []
+    for mod, tree in trees.items():
+        if mod in allowed:
+            continue
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module == "eyrie.jobs.contract.layout":
+                found += [f"{mod}:{n.lineno} imports PROGRESS" for a in n.names if a.name == "PROGRESS"]
+            elif isinstance(n, ast.Attribute) and n.attr == "PROGRESS" and getattr(n.value, "id", "") == "layout":
+                found.append(f"{mod}:{n.lineno} uses layout.PROGRESS")
+    return found
+
+
+def test_progress_json_is_read_only_through_load_progress():
+    assert progress_reads(_trees()) == []
+    assert progress_reads({"eyrie.jobs.report.data": ast.parse(
+        "from eyrie.jobs.contract import layout\nraw = store.get(layout.PROGRESS)\n")}) == [
+        "eyrie.jobs.report.data:2 uses layout.PROGRESS"]
+
+
 def client_builds(trees: dict[str, ast.AST]) -> list[str]:
     """Every `ChatClient(...)` outside the two ways to make one: a sender's (`Sender.open_client`, the paid path)
     and `ChatClient.unpaid` (the provider's unpaid GETs)."""

@@ -14,7 +14,7 @@ import orjson
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.extraction import summarize
 from eyrie.jobs.contract.fidelity import fidelity_section
-from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.contract.progress import load_progress
 from eyrie.jobs.spec import DatasetGenerationSpec
 from eyrie.jobs.store import NotFound, Store
 
@@ -29,7 +29,8 @@ def read_json(store: Store, key: str) -> Any:
 
 def finalize_manifest(spec: DatasetGenerationSpec, store: Store) -> dict:
     """Write manifest.json from what the stages left in the store."""
-    progress = read_progress(store) or {}
+    typed = load_progress(store)
+    progress = typed.to_json() if typed else {}  # its figures as progress.json spells them, quoted as they are
     models = dict(progress.get("models") or {})
     keys = store.list()
     extraction = summarize(store)

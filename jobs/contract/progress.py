@@ -196,8 +196,8 @@ def parse_progress(doc: Any) -> Progress:
         raise ProgressError(f"progress.json: {why}") from None
 
 
-def read_progress(store: Store) -> dict | None:
-    """The raw document (None before the first write)."""
+def _read_raw(store: Store) -> dict | None:
+    """The raw document (None before the first write): read only by `load_progress`."""
     try:
         return orjson.loads(store.get(PROGRESS))
     except NotFound:
@@ -206,7 +206,7 @@ def read_progress(store: Store) -> dict | None:
 
 def load_progress(store: Store) -> Progress | None:
     """The document, typed (None before the first write)."""
-    doc = read_progress(store)
+    doc = _read_raw(store)
     return None if doc is None else parse_progress(doc)
 
 

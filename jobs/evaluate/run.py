@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from eyrie.jobs.contract import layout
+from eyrie.jobs.contract.progress import ProgressError, load_progress
 from eyrie.jobs.evaluate import figures
 from eyrie.jobs.evaluate.data import Corpus, check_same_target, open_corpus
 from eyrie.jobs.evaluate.plan import (
@@ -167,11 +168,11 @@ def to_separate(need: int, held: int, ref: dict[str, Any]) -> str:
 def _prompts(corpus: Corpus) -> int | None:
     """The prompts the output was asked (progress.json's samples.total), for prompts per kept sample."""
     try:
-        doc = orjson.loads(corpus.store.get(layout.PROGRESS)) if corpus.store.exists(layout.PROGRESS) else {}
-    except orjson.JSONDecodeError:
+        progress = load_progress(corpus.store)
+    except (ProgressError, orjson.JSONDecodeError):
         return None
-    total = (doc.get("samples") or {}).get("total") if isinstance(doc, dict) else None
-    return total if isinstance(total, int) and total > 0 else None
+    total = progress.samples.total if progress else 0
+    return total if total > 0 else None
 
 
 def drafter_key(corpus: Corpus, kind: str, held_ids: str, settings: dict[str, Any], target: dict[str, Any],

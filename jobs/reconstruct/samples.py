@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
-from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.contract.progress import load_progress
 from eyrie.jobs.reconstruct.base import ChatFormat
 from eyrie.jobs.reconstruct.formats import PackingRefused, packing_refused, resolve_format
 from eyrie.jobs.reconstruct.reconstructor import Excluded, Reconstructor, Sample
@@ -326,7 +326,8 @@ def build_samples(spec: DatasetGenerationSpec, store: Store,
     """Rebuild every `samples/shard-*.parquet` from the generation records in `store`."""
     tok = tokenizer or load_tokenizer(spec.target, spec.output.endpoint)
     fmt = resolve_format(spec.target.chat_format, tok, spec.target.template_variant)
-    rebuild = ProviderRebuild(fmt, tok, chosen_variants((read_progress(store) or {}).get("templateVariants")),
+    progress = load_progress(store)
+    rebuild = ProviderRebuild(fmt, tok, chosen_variants(progress.template_variants if progress else None),
                               spec.target.on_template_mismatch)
     summary = SamplesSummary(tokenizer=tok.name, tokenizer_sha256=tok.sha256, tokenizer_files=dict(tok.files),
                              chat_format=fmt.name, template_sha256=fmt.sha256, variant=fmt.variant,

@@ -20,7 +20,7 @@ from eyrie.jobs.contract import audit, layout, records, timeseries
 from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
 from eyrie.jobs.contract.manifest import read_json
-from eyrie.jobs.contract.progress import read_progress
+from eyrie.jobs.contract.progress import load_progress
 from eyrie.jobs.contract.tally import cost_of
 from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.store import Store
@@ -444,7 +444,8 @@ def _scored(fidelity: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def collect(store: Store) -> ReportData:
     """Read what the run left in `store`; documents a run has not written yet are None."""
-    progress = read_progress(store)
+    typed = load_progress(store)
+    progress = typed.to_json() if typed else None
     manifest = read_json(store, layout.MANIFEST)
     answers, showcase = Answers(), Showcase()
     for r in records.iter_records(store):
