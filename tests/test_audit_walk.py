@@ -206,3 +206,21 @@ def test_a_history_that_cannot_be_sent_structured_is_said_so():
     assert "never answered" in structured_history(unanswered, names)
     plain = prompt(("user", "a"), ("assistant", "hello"), ("user", "b"))
     assert structured_history(plain, names) is plain
+
+
+def test_a_sharegpt_row_ending_in_a_function_call_turn_has_that_call_as_its_answer():
+    """glaive's ShareGPT form: the answer is a `function_call` turn holding the call as JSON (with the
+    functions in `tools`): a structured answer whose call is checked like the provider's `tool_calls`."""
+    from eyrie.jobs.generate.audit.recorded import RecordedRow, parse_row
+
+    tools = json.dumps([{"type": "function", "function": {
+        "name": "get_weather", "description": "w", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
+    row = {"conversations": [{"from": "human", "value": "Weather in Paris?"},
+                             {"from": "function_call", "value": json.dumps({"name": "get_weather",
+                                                                            "arguments": {"town": "Paris"}})}],
+           "tools": tools}
+    got = parse_row(row, "f", 1)
+    assert isinstance(got, RecordedRow) and got.mode == "structured", got
+    (c,) = got.response["tool_calls"]
+    assert c["function"]["name"] == "get_weather" and json.loads(c["function"]["arguments"]) == {"town": "Paris"}

@@ -151,6 +151,8 @@ def _last_turn_answer(raw: dict[str, Any]) -> dict[str, Any] | None:
         return None
     text = last.get("content", last.get("value"))
     message: dict[str, Any] = {"content": text}
+    if last.get("from") == "function_call" and isinstance(text, str):  # glaive's ShareGPT: the call as JSON
+        message = {"content": None, "tool_calls": _function_call(text)}
     for k in ("reasoning_content", "reasoning", "tool_calls"):
         if last.get(k) is not None:
             message[k] = last[k]
@@ -158,6 +160,27 @@ def _last_turn_answer(raw: dict[str, Any]) -> dict[str, Any] | None:
     roles = key == "messages" or all(isinstance(t, dict) and "role" in t for t in turns)
     row["messages" if roles else "conversations"] = turns[:-1]
     return {**row, "response": message}
+
+
+def _function_call(text: str) -> list[dict[str, Any]]:
+    """A ShareGPT `function_call` turn's call(s) as OpenAI `tool_calls` (read by `textcalls`, as a
+    source reads them); a call that does not read stays one, with no name, for the check to judge."""
+    try:
+        found = textcalls.object_calls(textcalls.CallFormat.STRUCTURED, textcalls.call_object(text))
+    except textcalls.TextCallError:
+        return [{"id": "call_0", "type": "function", "function": {"name": None, "arguments": text}}]
+    return [{"id": c.id or f"call_{j}", "type": "function", "function": {"name": c.name, "arguments": _json(c)}}
+            for j, c in enumerate(found)]
+
+
+def _json(c: textcalls.TextCall) -> str | None:
+    """A call's arguments as JSON text (None: it has none that are JSON values: the check says so)."""
+    if isinstance(c.arguments, str) or c.problem is not None:
+        return c.arguments
+    try:
+        return orjson.dumps(c.arguments).decode()
+    except TypeError:
+        return None
 
 
 def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
