@@ -161,7 +161,9 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                                               bytes_per_token)}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
-        if stop is None and (short := first_requests_unaffordable(spec, plan, spec.budget.max_usd - ckpt.spent)):
+        # a fresh output only: on a resume a shard's first rows may be persisted already (never sent again)
+        if stop is None and not ckpt.costs and (
+                short := first_requests_unaffordable(spec, plan, spec.budget.max_usd - ckpt.spent)):
             stop = (Outcome.BUDGET_EXHAUSTED, short)
         start = Resume.at_start(prev, ctx.attempt, ctx.run_id, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
@@ -191,7 +193,8 @@ FIRST_ROWS = 8  # rows of a shard read for its first request (rows before it may
 
 
 def first_requests_unaffordable(spec: DatasetGenerationSpec, plan: ShardPlan, left: Decimal) -> str | None:
-    """Why no shard's first request fits the budget left (None: one does, or nothing tells). Each is
+    """Why no shard's first request fits the budget left (None: one does, or nothing tells), for an
+    output nothing was persisted in yet (the caller's check: a resume skips rows already stored). Each is
     reserved as the sender reserves it (its prompt's tokens estimated the same way, plus every output
     token it may write), so when none fits, each worker's first reservation would be refused: the run
     is stopped before any worker starts (Ray, the provider's pacing) instead of after. Validation
