@@ -45,7 +45,7 @@ class SourceError(EyrieError, RuntimeError):
     """A source that cannot be read at all (missing, unreadable, unsupported); names source and URI."""
 
 
-class _RowError(ValueError):
+class _RowError(EyrieError, ValueError):
     """Internal: a row-level problem, turned into a BadRow by the reader."""
 
 

@@ -63,7 +63,7 @@ class ApiUnreachable(ApiError):
     """The base URL does not answer (connection refused, DNS, timeout)."""
 
 
-class Retryable(Exception):
+class Retryable(EyrieError):
     """One attempt failed in a way a retry can fix: raised by the parsers and the error table, caught by the
     client's retry loop (it never leaves the client: retries that run out become a transient `RequestFailed`)."""
 

@@ -17,6 +17,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from eyrie.jobs.errors import EyrieError
+
 RATE_WINDOW_S = 60.0  # the window providers count requests and tokens per ("requests per minute")
 
 
@@ -135,7 +137,7 @@ class RateLimit:
         return await self.window.acquire(n)
 
 
-class LimitsTooLow(ValueError):
+class LimitsTooLow(EyrieError, ValueError):
     """Limits that cannot be shared among that many senders in separate processes (a share would be zero)."""
 
 

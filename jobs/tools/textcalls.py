@@ -44,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.reconstruct import kimi_facts as kimi
 from eyrie.jobs.reconstruct.deepseek import DS_CALL_BEGIN, DS_CALL_END, DS_CALLS_BEGIN, DS_CALLS_END, DS_SEP
 
@@ -82,7 +83,7 @@ class TextCallLimits:
 DEFAULT_TEXT_LIMITS = TextCallLimits()
 
 
-class TextCallError(ValueError):
+class TextCallError(EyrieError, ValueError):
     """A call object that cannot be read; the message is a predicate ("has no function name") that
     a caller puts after what it names ("turn 2 <tool_call> 0")."""
 

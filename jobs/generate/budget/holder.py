@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from eyrie.jobs.contract.progress import now_iso
+from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.generate.budget.coordinator import RequestResult
 from eyrie.jobs.generate.budget.inflight import Drop, InflightBook, bound_doc, final_doc
 from eyrie.jobs.generate.budget.lease import Grant, Lease, Renewal
@@ -34,9 +35,10 @@ FIRST_LEASE_REQUESTS = 8  # ...or this many worst cases before any answer was se
 Call = Callable[..., Awaitable[Any]]
 
 
-class Abandoned(Exception):
+class StoppedAtOnce(EyrieError):
     """The run stopped at once: the worker abandons its requests in flight (raised in its reporter,
-    so its TaskGroup cancels every request; `ShardWorker.run` writes them down and ends)."""
+    so its TaskGroup cancels every request; `ShardWorker.run` writes them down and ends). What it abandons is
+    booked as `inflight.Abandoned`."""
 
 
 class InflightLog:
@@ -233,7 +235,7 @@ class LeaseHolder:
             except TimeoutError:
                 await self.report()
                 if self.abandoning:
-                    raise Abandoned(self.worker) from None
+                    raise StoppedAtOnce(self.worker) from None
                 if self.inflight is not None:
                     await self.inflight.tick(self.stopped)
 

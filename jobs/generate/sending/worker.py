@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from eyrie.jobs.contract import records
 from eyrie.jobs.contract.progress import Outcome
 from eyrie.jobs.errors import EyrieError
-from eyrie.jobs.generate.budget.holder import Abandoned
+from eyrie.jobs.generate.budget.holder import StoppedAtOnce
 from eyrie.jobs.generate.plan import ShardPlan
 from eyrie.jobs.generate.sending import agentic
 from eyrie.jobs.generate.sending.journal import ShardState, compact_shard, scan_shard
@@ -80,7 +80,7 @@ class ShardWorker:
             raise
         except Exception as e:  # an ExceptionGroup from the TaskGroup, or the client's own
             err = _first_cause(e)
-            if isinstance(err, Abandoned):  # the run stopped at once (under Ray: no cancel reaches here)
+            if isinstance(err, StoppedAtOnce):  # the run stopped at once (under Ray: no cancel reaches here)
                 await budget.abandon()
                 return self.sender.journal.durable
             message = f"worker {self.worker_id} stopped: {type(err).__name__}: {err}"
