@@ -633,17 +633,17 @@ def _disjoint(calls: list[TextCall]) -> list[TextCall]:
     return out
 
 
-def _json_outside(text: str, declared: Collection[str], claimed: list[tuple[int, int]],
-                  limits: TextCallLimits) -> list[TextCall]:
+def _json_outside(text: str, declared: Collection[str], limits: TextCallLimits,
+                  claimed: list[tuple[int, int]]) -> tuple[list[TextCall], list[tuple[int, int]]]:
     """`parse_json` on each part of the text outside the sorted `claimed` spans (`_gaps`) that
-    holds a `"name"`."""
+    holds a `"name"` (the registry's reader of loose JSON: it claims no span)."""
     out: list[TextCall] = []
     if not declared:
-        return out
+        return out, []
     for a, b in _gaps(claimed, 0, len(text)) if claimed else ((0, len(text)),):
         if text.find('"name"', a, b) != -1:
             out += parse_json(text, declared, a, b, limits)
-    return out
+    return out, []
 
 
 # ---------------------------------------------------------------------------------- the registry
@@ -674,21 +674,18 @@ class TextFormat:
     markers: tuple[str, ...]
     """Its native markers: one in the text of a structured answer is a leak (`leaks.py`); () for none."""
     stage: Stage
-    present: Callable[[str], bool]
-    """Whether its markers can be in a text at all (a cheap test before the parser looks for them itself)."""
+    present: Callable[[str], bool] | None
+    """Whether its markers can be in a text at all (a cheap test before the parser looks for them itself); None:
+    always asked."""
     read: Reader
     """(text, declared names, limits, spans claimed so far) -> (calls, the spans it claims)."""
 
 
-def _always(_text: str) -> bool:
-    return True
-
-
 # Display order too: the audit's table and the simulator's weights list them so.
 FORMATS: dict[CallFormat, TextFormat] = {f.name: f for f in (
-    TextFormat(CallFormat.GLAIVE, "<functioncall>", (), Stage.BLOCK, _always,
+    TextFormat(CallFormat.GLAIVE, "<functioncall>", (), Stage.BLOCK, None,
                lambda t, _d, lim, _c: (parse_glaive(t, lim), [])),
-    TextFormat(CallFormat.HERMES, "<tool_call> block", (HERMES_BEGIN, HERMES_END), Stage.BLOCK, _always,
+    TextFormat(CallFormat.HERMES, "<tool_call> block", (HERMES_BEGIN, HERMES_END), Stage.BLOCK, None,
                lambda t, _d, lim, _c: (parse_hermes(t, lim), [])),
     TextFormat(CallFormat.KIMI, "Kimi tool call",
                (*KIMI_SECTION_BEGINS, *KIMI_SECTION_ENDS, kimi.CALL_BEGIN, kimi.CALL_ARG_BEGIN, kimi.CALL_END),
@@ -698,24 +695,18 @@ FORMATS: dict[CallFormat, TextFormat] = {f.name: f for f in (
                                                            DS_CALLS_END),
                Stage.SECTION, lambda t: not t.isascii(),  # DeepSeek's markers are not ASCII
                lambda t, _d, lim, _c: parse_deepseek(t, lim)),
-    TextFormat(CallFormat.JSON, "JSON tool call", (), Stage.LOOSE, _always,
-               lambda t, d, lim, claimed: (_json_outside(t, d, claimed, lim), [])),
+    TextFormat(CallFormat.JSON, "JSON tool call", (), Stage.LOOSE, None,
+               _json_outside),
 )}
 TEXT_FORMATS = tuple(FORMATS)  # the text formats, in display order
 # Every marker of a native format: in structured mode, one in the text is a leak (leaks.py).
 NATIVE_MARKERS: dict[str, tuple[str, ...]] = {f.name.value: f.markers for f in FORMATS.values() if f.markers}
 
 
-def _read(stage: Stage, text: str, declared: Collection[str], limits: TextCallLimits,
-          claimed: Spans) -> tuple[list[TextCall], Spans]:
-    calls: list[TextCall] = []
-    spans: Spans = []
-    for f in FORMATS.values():
-        if f.stage is stage and f.present(text):
-            c, s = f.read(text, declared, limits, claimed)
-            calls += c
-            spans += s
-    return calls, spans
+# each stage's (present, read) pairs, in registry order: find_calls runs on every answer, so nothing is looked up
+# per call
+_SECTIONS, _BLOCKS, _LOOSE = (tuple((f.present, f.read) for f in FORMATS.values() if f.stage is stage)
+                              for stage in (Stage.SECTION, Stage.BLOCK, Stage.LOOSE))
 
 
 def find_calls(text: str | None, declared: Collection[str] = (),
@@ -729,10 +720,20 @@ def find_calls(text: str | None, declared: Collection[str] = (),
     found: list[TextCall] = []
     claimed: Spans = []  # the native sections' spans, then every call's
     if "<" in text or "functions." in text:  # every marker of a section or a block
-        found, claimed = _read(Stage.SECTION, text, declared, limits, claimed)
-        found = _disjoint([*found, *_read(Stage.BLOCK, text, declared, limits, claimed)[0]])
+        for present, read in _SECTIONS:
+            if present is None or present(text):
+                calls, spans = read(text, declared, limits, claimed)
+                found += calls
+                claimed += spans
+        for present, read in _BLOCKS:
+            if present is None or present(text):
+                found += read(text, declared, limits, claimed)[0]
+        found = _disjoint(found)
         claimed = sorted([*claimed, *[(c.start, c.end) for c in found]])
-    written, _ = _read(Stage.LOOSE, text, declared, limits, claimed)
+    written: list[TextCall] = []
+    for present, read in _LOOSE:
+        if present is None or present(text):
+            written += read(text, declared, limits, claimed)[0]
     if written:
         found = _disjoint([*found, *written])
     if len(found) > limits.max_calls:
