@@ -1,20 +1,21 @@
 """The transformers backend's extraction at the speed of the GPU (issue 42): old batching against new.
 
 One script, no network, no Ray, no SGLang. On a GPU it needs only torch, transformers, triton and
-eyrie, plus four small wheels eyrie's extraction imports (pydantic, pydantic-core, annotated-types,
-typing-inspection; pyarrow, safetensors, numpy and typing-extensions are on the lent machine's image).
+eyrie, plus one small wheel: orjson (eyrie's store keys module imports it); numpy, pyarrow, safetensors,
+pyyaml and typing-extensions are on the lent machine's image, and nothing here imports pydantic
+(tests/test_gpu_extraction_hf.py checks the import closure against what that image lacks).
 It runs in phases, writes its JSON after each (a failed phase is recorded and the next one runs;
 one that would not finish in the time left is skipped), and prints:
 
- 1. matmul    the ceiling: a bf16 8192^3 matmul (fp32 2048^3 on the CPU), FLOP/s;
+ 1. matmul    the ceiling: a bf16 8192^3 matmul (fp32 512^3 on the CPU), FLOP/s;
  2. store     the output store's own write speed: parts of the size extraction writes, to a local
               folder (and to MinIO when its binary is here: tests/conftest.py's `start_minio`);
  3. model     an 8B Llama's shape (Llama-3.1-8B: hidden 4096, 32 layers, GQA 32/8; random bf16 weights
               built on the GPU, no download), aux layers 2/16/29; on the CPU a tiny Llama from a config;
-    equal     NEW states against OLD ones, sample for sample, on the varied and the short batches: the
+ 4. equal     NEW states against OLD ones, sample for sample, on the varied and the short batches: the
               lowest cosine per token of each layer block >= 0.999 (a batch's shape changes the kernels,
               so bf16 is not bit for bit), rows == T;
- 4. table     issue 42's table for the OLD and NEW batching side by side, on its three batches
+ 5. table     issue 42's table for the OLD and NEW batching side by side, on its three batches
               (16 x 2048 uniform; 16 of lengths 600-3,500; 64 of 100-900):
               OLD: one right-padded forward of the whole batch, each sample's states copied to the host
                    synchronously as extraction did (`codec.encode(...).cpu()`);
@@ -23,10 +24,10 @@ one that would not finish in the time left is skipped), and prints:
                    (`staging.StatePipeline`), parts serialized, no store; and the forward alone.
               Columns: batch, tokens, padded (tokens computed), tokens/s, fraction of the matmul
               (tokens/s x the forward's matmul FLOP per token / the matmul's FLOP/s);
- 5. whole     the whole extraction (`run.extract_shard`: forward + copy + encode + write) of 64 samples
+ 6. whole     the whole extraction (`run.extract_shard`: forward + copy + encode + write) of 64 samples
               of 600-3,500 tokens into the local folder (and MinIO when here), against the matmul and
               the store's own speed: which one binds;
- 6. flex      the NEW path with flex attention (compiled on the GPU) instead of per-sample SDPA: its
+ 7. flex      the NEW path with flex attention (compiled on the GPU) instead of per-sample SDPA: its
               states against OLD (as `equal`) and its table.
 
 Issue 42's bar on an H200: whole extraction of the varied samples >= 0.55 of the matmul, the uniform
@@ -39,18 +40,20 @@ The next session's device run (from the repository root; the tree travels, eyrie
 `eyrie.jobs` by a link, the wheels travel in .whl/). Here, once:
 
     echo /.whl/ >> .git/info/exclude
-    for w in pydantic==2.12.5 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2; do
-      python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
-        -d .whl $w; done
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      -d .whl orjson==3.13.0
 
-(the versions this venv has: `pip show pydantic pydantic-core annotated-types typing-inspection`), then
-the device tool's `run` with carry [".whl"], timeout_s 420, and this command:
+(130 KB; the version this venv has), then the device tool's `run` with carry [".whl"], timeout_s 420,
+and this command (one line):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
     .whl/*.whl && mkdir -p /tmp/ey/eyrie && ln -sfn $PWD/jobs /tmp/ey/eyrie/jobs &&
-    export PYTHONPATH=/tmp/site:/tmp/ey PYTHONUNBUFFERED=1 &&
+    export PYTHONPATH=/tmp/site:/tmp/ey PYTHONUNBUFFERED=1 && nvidia-smi -L;
     python3 benchmarks/gpu_extraction_hf.py --out $OUT/gpu_extraction_hf.json 2>&1 | tee $OUT/log.txt
+
+It should take ~3 minutes of the 15 (phases past --time-budget 270 s are skipped, flex last). The
+results come back as $OUT/gpu_extraction_hf.json and log.txt.
 
 Run here: python benchmarks/gpu_extraction_hf.py --cpu [--out FILE]
 """
@@ -198,6 +201,9 @@ def store_speed(store: Store, size: int, count: int) -> dict[str, Any]:
 def open_stores(ctx: dict[str, Any]) -> dict[str, Store]:
     """The local folder, and MinIO when its binary is here (the tests' server; never on the GPU machine)."""
     stores: dict[str, Store] = {"local": FileStore(ctx["base"] / "store")}
+    if ctx["scale"].device == "cuda":
+        ctx["minioNotRun"] = "the GPU machine has no MinIO (its binary does not travel)"
+        return stores
     try:
         sys.path.insert(0, str(ROOT / "tests"))
         from conftest import minio_binary, start_minio  # type: ignore[import-not-found]

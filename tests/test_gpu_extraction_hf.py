@@ -4,6 +4,7 @@ script the next GPU session runs first time cannot rot unseen."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,3 +38,22 @@ def test_the_gpu_script_runs_every_phase_in_cpu_mode(tmp_path, capsys):
     assert phases["flex"]["equal"]["kernel"] == "flex"
     printed = capsys.readouterr().out
     assert "| 6, lengths 20-120 | 406 |" in printed and "RESULT gpu_extraction_hf mode=cpu" in printed
+
+
+# What the lent GPU machine's image lacks (shared/GPU.md, /work/.library/device/KINDS.md): the script may import
+# none of it but what its docstring says to carry (orjson). dill is left out: torch imports it only when present.
+MISSING_ON_THE_GPU_MACHINE = {"pydantic", "pydantic_core", "annotated_types", "typing_inspection", "jsonschema",
+                              "jsonschema_specifications", "referencing", "rpds", "jsonschema_rs", "jsonpointer",
+                              "plotly", "specforge", "datasets", "multiprocess", "minio", "ray", "sglang", "kopf"}
+CARRIED = {"orjson"}
+
+
+@pytest.mark.integration
+def test_the_gpu_script_imports_only_what_the_gpu_machine_has():
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import gpu_extraction_hf as b; "
+            "import eyrie.jobs.extract.run, eyrie.jobs.contract.layout, pyarrow.parquet, json; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    imported = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert imported & MISSING_ON_THE_GPU_MACHINE == set()
+    assert imported >= CARRIED  # the docstring's wheel is needed: if this fails, drop it there too

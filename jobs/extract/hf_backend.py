@@ -99,7 +99,8 @@ class HFBackend:
         self = cls.__new__(cls)
         self.device = device
         impl = self._choose_attention(config, attention)
-        with torch.random.fork_rng(devices=[torch.device(device)] if device.startswith("cuda") else []):
+        cuda = [torch.device(device).index or 0] if device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(seed)
             with torch.device(device):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype, **impl)
