@@ -15,6 +15,12 @@ Runs, in this order, and stops at the first failure:
               handshake checks its `_is_layer_to_capture` flags are the manifest's layers; rows == T;
  7. throughput an 8B-class Llama (`load_format: dummy`) on one GPU: tokens/s and MFU, against the
               reference below.
+ 8. hf        the transformers backend alone (no SGLang needed): the small Llama's samples in one
+              packed batch (`extraction.attention` auto: one row, each sample attending to itself)
+              against HF `output_hidden_states` one sample at a time (cosine >= 0.999 in bf16, rows == T).
+Without SGLang installed (the lent GPU machines have none, and it cannot be carried) only `hf` runs
+and the others are recorded as skipped; the transformers backend's speed is
+benchmarks/gpu_extraction_hf.py's (old and new batching, the whole extraction, which side binds).
 Writes one JSON document (--out, default $OUT/gpu_extraction.json or ./gpu_extraction.json) and
 exits 1 on the first failed check. Without CUDA it writes `notRun` and exits 0 (the CPU import check).
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -205,7 +212,7 @@ def check_llama(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def check_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
     """The second half of each sample scored by SGLang (input log-probs, top-1) and by the transformers
-    backend (LM head over the last hidden state), one sample at a time on the HF side (no padding)."""
+    backend (LM head over the last hidden state), one packed batch on the HF side (no padding)."""
     from eyrie.jobs.extract.hf_backend import HFBackend
 
     path = ctx["llama"]
@@ -214,8 +221,8 @@ def check_fidelity(ctx: dict[str, Any]) -> dict[str, Any]:
     starts = [len(x) // 2 for x in samples]
     layers = list(resolve_layers("auto", SMALL_LAYERS).ids)
     hf = HFBackend(str(path), device="cuda", storage_dtype="bfloat16")
-    try:
-        want = [hf.forward([x], layers, [s])[0].scores for x, s in zip(samples, starts, strict=True)]
+    try:  # one packed batch: each sample's scores as if alone
+        want = [f.scores for f in hf.forward(samples, layers, starts)]
     finally:
         hf.close()
         free_gpu()
@@ -297,10 +304,34 @@ def check_throughput(ctx: dict[str, Any]) -> dict[str, Any]:
     return facts
 
 
+def check_hf(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The transformers backend's packed batch against HF's own forward of each sample alone."""
+    from eyrie.jobs.extract.hf_backend import HFBackend
+
+    path = ctx.get("llama")
+    if path is None:
+        path = ctx["base"] / "llama"
+        build_small_llama(path)
+    g = torch.Generator().manual_seed(1)
+    samples = [torch.randint(0, 32000, (int(n),), generator=g).tolist() for n in (7, 64, 255, 513, 1000)]
+    layers = list(resolve_layers("auto", SMALL_LAYERS).ids)
+    want = hf_reference(path, samples, layers)
+    hf = HFBackend(str(path), device="cuda", storage_dtype="bfloat16")
+    try:
+        got = [(f.aux.cpu(), f.last.cpu()) for f in hf.forward(samples, layers)]
+        packs = hf.packs
+    finally:
+        hf.close()
+        free_gpu()
+    return {"packed": packs, "tokens": [len(s) for s in samples],
+            **compare("hf", got, want, layers, 1024, COSINE_MIN)}
+
+
+SGLANG_CHECKS = ("imports", "shm", "llama", "fidelity", "chunked", "moe", "throughput")
 CHECKS: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
     ("imports", check_imports), ("shm", check_shm), ("llama", check_llama), ("fidelity", check_fidelity),
     ("chunked", check_chunked),
-    ("moe", check_moe), ("throughput", check_throughput)]
+    ("moe", check_moe), ("throughput", check_throughput), ("hf", check_hf)]
 
 
 def default_out() -> Path:
@@ -320,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT gpu_extraction not_run=no_cuda_device")
         return 0
     ctx: dict[str, Any] = {"base": Path(tempfile.mkdtemp(prefix="eyrie-gpu-check-"))}
+    has_sglang = importlib.util.find_spec("sglang") is not None
+    doc["skipped"] = [] if has_sglang else [{"name": n, "why": "sglang is not installed"} for n in SGLANG_CHECKS]
     try:
         for name, check in CHECKS:
+            if not has_sglang and name in SGLANG_CHECKS:
+                continue
             t0 = time.perf_counter()
             doc["running"] = name
             out.write_text(json.dumps(doc, indent=1, default=str))  # if SGLang kills this process, it shows where

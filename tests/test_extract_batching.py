@@ -269,3 +269,33 @@ def test_a_failed_write_surfaces_on_the_forward_side(tmp_path):
             pipe.close()
     finally:
         pipe.shutdown()
+
+
+ELEMENT_BYTES = {"I32": 4, "I8": 1, "BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1}  # safetensors' dtype names
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16", "float8"])
+def test_a_part_is_a_safetensors_file_that_safetensors_reads(dtype):
+    from safetensors.torch import load
+
+    from eyrie.jobs.extract import codec
+    from eyrie.jobs.extract.shards import PartSample, encode_part, parse_header, part_entries
+
+    layout = Layout(3, 8, dtype)
+    g = torch.Generator().manual_seed(0)
+    samples = [PartSample(f"id{n}", torch.arange(t, dtype=torch.int32), torch.ones(t, dtype=torch.int8),
+                          codec.encode(torch.randn(t, 24, generator=g), torch.randn(t, 8, generator=g), layout))
+               for n, t in enumerate((5, 1, 17, 2))]
+    blob = encode_part(samples, {"k": "v"})
+    back = load(bytes(blob))
+    for n, s in enumerate(samples):
+        assert torch.equal(back[f"s{n:06d}.input_ids"], s.input_ids)
+        for name, t in s.hidden.items():
+            assert back[f"s{n:06d}.{name}"].dtype == t.dtype
+            assert torch.equal(back[f"s{n:06d}.{name}"].view(torch.uint8), t.view(torch.uint8))
+    header, start = parse_header(bytes(blob[:4096]), "part")
+    assert start % 8 == 0 and header["__metadata__"]["k"] == "v"
+    for info in (v for k, v in header.items() if k != "__metadata__"):  # each tensor aligned to its element size
+        assert (start + info["data_offsets"][0]) % ELEMENT_BYTES[info["dtype"]] == 0
+    assert list(part_entries(header, start, 0, layout, len(blob), "part")) == ["id0", "id1", "id2", "id3"]
+

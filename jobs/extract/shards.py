@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import safetensors.torch
 import torch
 
 from eyrie.jobs.contract.layout import HIDDEN
@@ -41,6 +40,7 @@ _ST_DTYPES: dict[str, torch.dtype] = {
     "I32": torch.int32, "I8": torch.int8, "BF16": torch.bfloat16, "F16": torch.float16,
     "F32": torch.float32, "F8_E4M3": torch.float8_e4m3fn,
 }
+_ST_NAMES = {dtype: name for name, dtype in _ST_DTYPES.items()}
 
 
 class ShardError(EyrieError, RuntimeError):
@@ -103,17 +103,38 @@ def plan_parts(lengths: Sequence[int], bytes_per_token: int, shard_bytes: int) -
     return parts
 
 
-def encode_part(samples: Sequence[PartSample], metadata: dict[str, str]) -> bytes:
-    """One safetensors blob holding every sample's tensors; metadata maps slot n -> sample id."""
-    tensors: dict[str, torch.Tensor] = {}
+def encode_part(samples: Sequence[PartSample], metadata: dict[str, str]) -> bytearray:
+    """One safetensors blob holding every sample's tensors; metadata maps slot n -> sample id.
+
+    Written here rather than by `safetensors.torch.save`, which copies every tensor twice (to bytes,
+    then into its buffer): a part is ~`extraction.shardBytes` (1 GiB), serialized on the writer thread
+    while the device runs on, so each copy counts. The file is the same format (a JSON header padded to
+    8 bytes, the data with no holes; tensors ordered by element size, largest first, as safetensors
+    orders them, so each one is aligned to its element size); `safetensors.torch.load` reads it."""
+    tensors: list[tuple[str, torch.Tensor]] = []
     for n, s in enumerate(samples):
         p = f"s{n:06d}."
-        tensors[p + "input_ids"] = s.input_ids.to(torch.int32).contiguous()
-        tensors[p + "loss_mask"] = s.loss_mask.to(torch.int8).contiguous()
-        for name, t in s.hidden.items():
-            tensors[p + name] = t.contiguous()
+        tensors.append((p + "input_ids", s.input_ids.to(torch.int32).contiguous()))
+        tensors.append((p + "loss_mask", s.loss_mask.to(torch.int8).contiguous()))
+        tensors += [(p + name, t.contiguous()) for name, t in s.hidden.items()]
+    tensors.sort(key=lambda nt: -nt[1].element_size())  # stable: slot order within a size
     meta = {**metadata, "format": PART_FORMAT, "sample_ids": json.dumps([s.sample_id for s in samples])}
-    return safetensors.torch.save(tensors, metadata=meta)
+    header: dict[str, Any] = {"__metadata__": meta}
+    end = 0
+    for name, t in tensors:
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [end, end + t.nbytes]}
+        end += t.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    blob = bytearray(8 + len(head) + end)
+    blob[:8] = struct.pack("<Q", len(head))
+    blob[8:8 + len(head)] = head
+    at = 8 + len(head)
+    for _name, t in tensors:
+        if t.nbytes:
+            blob[at:at + t.nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        at += t.nbytes
+    return blob
 
 
 def parse_header(prefix: bytes, key: str) -> tuple[dict[str, Any], int]:
