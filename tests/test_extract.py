@@ -757,7 +757,7 @@ def test_the_offline_export_trains_into_a_folder_outside_itself(tmp_path, tiny, 
     folder: SpecForge's checkpoints never land in it, so `export --overwrite` can replace it later."""
     import yaml
 
-    from eyrie.jobs.extract.cli import export_main
+    from eyrie.jobs.cli.extract import export_main
     from eyrie.jobs.extract.specforge import RUN_CONFIG
 
     out, _store, _rows, _summary = _run(tmp_path, tiny, backend=backend)
