@@ -71,7 +71,7 @@ def test_the_docs_commands_do_what_they_say_eyrie_then_specforge(tmp_path, monke
     from specforge.cli import main as specforge_main
     from specforge.config import load_config
 
-    from eyrie.jobs.cli.extract import export_main
+    from eyrie.jobs.cli.export import export_main
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
     tiny = builtin_model("builtin:tiny-llama")  # covers Kimi's ids

@@ -665,7 +665,8 @@ def test_extraction_captures_the_layers_a_specforge_draft_config_serves(tmp_path
 
 @pytest.mark.integration
 def test_cli_extract_and_export(tmp_path, tiny, capsys):
-    from eyrie.jobs.cli.extract import export_main, extract_main
+    from eyrie.jobs.cli.export import export_main
+    from eyrie.jobs.cli.extract import extract_main
     from eyrie.jobs.extract.specforge import ExportError
 
     out = f"file://{tmp_path}/out"
@@ -757,7 +758,7 @@ def test_the_offline_export_trains_into_a_folder_outside_itself(tmp_path, tiny, 
     folder: SpecForge's checkpoints never land in it, so `export --overwrite` can replace it later."""
     import yaml
 
-    from eyrie.jobs.cli.extract import export_main
+    from eyrie.jobs.cli.export import export_main
     from eyrie.jobs.extract.specforge import RUN_CONFIG
 
     out, _store, _rows, _summary = _run(tmp_path, tiny, backend=backend)

@@ -221,7 +221,7 @@ def test_the_default_is_a_parser_process_per_core_when_the_rows_pay_for_it():
 @pytest.mark.integration
 def test_the_cli_spreads_the_parser_over_the_cores_by_default_with_the_same_bytes_in_row_order(
         tmp_path, deepseek, monkeypatch):
-    from eyrie.jobs.cli.extract import export_main
+    from eyrie.jobs.cli.export import export_main
     from eyrie.jobs.extract import specforge_online
     from eyrie.jobs.extract.run import list_sample_shards, read_samples
 
@@ -392,7 +392,7 @@ def test_the_tokenizer_must_be_the_one_the_samples_were_rebuilt_with(tmp_path, q
 
 
 def test_cli_prints_what_specforge_will_train_on_and_refuses_a_used_folder(tmp_path, kimi, capsys):
-    from eyrie.jobs.cli.extract import export_main
+    from eyrie.jobs.cli.export import export_main
 
     store, _ = samples_store(tmp_path / "run", kimi, "kimi-k2.5", conversations(True))
     out = str(tmp_path / "sf")

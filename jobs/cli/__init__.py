@@ -40,15 +40,15 @@ def _lazy(module: str, func: str) -> Callable[[list[str]], int]:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "run": _lazy("eyrie.jobs.cli.run", "run_main"),
-    "validate": _lazy("eyrie.jobs.cli.run", "validate_main"),
-    "crd": _lazy("eyrie.jobs.cli.run", "crd_main"),
+    "validate": _lazy("eyrie.jobs.cli.validate", "validate_main"),
+    "crd": _lazy("eyrie.jobs.cli.crd", "crd_main"),
     "simulate": _lazy("eyrie.jobs.cli.simulate", "simulate_main"),
-    "audit": _lazy("eyrie.jobs.cli.run", "audit_main"),
+    "audit": _lazy("eyrie.jobs.cli.audit", "audit_main"),
     "providers": _lazy("eyrie.jobs.cli.providers", "providers_main"),
     "report": _lazy("eyrie.jobs.cli.report", "report_main"),
     "evaluate": _lazy("eyrie.jobs.cli.evaluate", "evaluate_main"),
     "extract": _lazy("eyrie.jobs.cli.extract", "extract_main"),
-    "export": _lazy("eyrie.jobs.cli.extract", "export_main"),
+    "export": _lazy("eyrie.jobs.cli.export", "export_main"),
     "operator": _lazy("eyrie.operator.main", "operator_main"),
 }
 
