@@ -27,7 +27,7 @@ from eyrie.jobs.contract.progress import now_iso
 from eyrie.jobs.generate.budget.inflight import Abandoned, AbandonedTotals, abandoned_of
 from eyrie.jobs.store import NotFound, Store
 
-Ask = Callable[[list[str]], dict[str, Decimal]]  # generation ids -> what the provider says each cost
+CostLookup = Callable[[list[str]], dict[str, Decimal]]  # generation ids -> what the provider says each cost
 LOOKUP_TRIES = 3  # a generation OpenRouter has not stored yet answers 404 for a few seconds
 LOOKUP_WAIT_S = 1.0
 MAX_ASKS = 3  # accountings that ask about one request before its bound is left for good
@@ -64,7 +64,7 @@ def capped(ledger: list[Abandoned], new: list[Abandoned], paid: Decimal) -> list
             if a.cost is None and a.cap is not None else a for a in new]
 
 
-def settle_abandoned(store: Store, paid: Callable[[], Decimal], ask: Ask | None = None) -> AbandonedTotals:
+def settle_abandoned(store: Store, paid: Callable[[], Decimal], ask: CostLookup | None = None) -> AbandonedTotals:
     """Merge the in-flight objects into budget.json's ledger, ask the provider about what it can, and
     delete the objects. `paid()`: what the records say was paid now, which is what it was at the stop
     (nothing is sent between a stop and this): a bound is capped at what the budget then left, which
@@ -109,8 +109,8 @@ async def ask_provider(lookup: Callable[[str], Awaitable[Decimal | None]], ids: 
     return found
 
 
-def provider_asker(base_url: str, api_key: str | None) -> Ask:
-    """`Ask` of the provider at `base_url` (OpenRouter's `GET /generation?id=`; a provider without it
+def provider_asker(base_url: str, api_key: str | None) -> CostLookup:
+    """The `CostLookup` of the provider at `base_url` (OpenRouter's `GET /generation?id=`; a provider without it
     says nothing, and the bounds stay)."""
     def ask(ids: list[str]) -> dict[str, Decimal]:
         from eyrie.jobs.api import ChatClient
