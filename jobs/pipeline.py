@@ -15,6 +15,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.fingerprint import bind_output
 from eyrie.jobs.contract.manifest import finalize_manifest
+from eyrie.jobs.contract.pilot import PilotVerdict
 from eyrie.jobs.contract.progress import Outcome, Progress, Stage, mark_stage, now_iso, write_progress
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
@@ -46,12 +47,14 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
                on_progress: Callable[[Progress], None] | None = None,
                notify: Callable[[str], None] = lambda _msg: None,
                on_audit: Callable[[dict], None] | None = None,
+               on_pilot: Callable[[PilotVerdict], None] | None = None,
                accept_changed: Sequence[str] = ()) -> tuple[Outcome, str]:
     """generate -> samples (needs target.tokenizer) -> extract (needs extraction.enabled) -> manifest.
     `notify` receives notes for the user (warnings, a skipped audit), `on_progress` live snapshots and
-    `on_audit` the audit's table (tools.mode audit). An output whose answers were bought under another
-    fingerprint is refused before anything is sent, the audit included (`accept_changed`: the fields
-    whose change the user accepts)."""
+    `on_audit` the audit's table (tools.mode audit), `on_pilot` the pilot's verdict (spec.pilot: decided
+    before anything else is sent; one that suspends the run ends it here, outcome PilotFailed). An output
+    whose answers were bought under another fingerprint is refused before anything is sent, the audit and
+    the pilot included (`accept_changed`: the fields whose change the user accepts)."""
     from eyrie.jobs.extract.projection import stored_bytes_per_token
     from eyrie.jobs.generate.driver import run_generation
 
@@ -65,6 +68,10 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
         notify(f"warning: {TEXT_MODE_WARNING}")
     with ExitStack() as stack:
         base_url = stack.enter_context(provider(spec))
+        if spec.pilot is not None:
+            stop = _pilot(dg, ctx, base_url, until, store, notify, on_progress, on_pilot)
+            if stop is not None:
+                return stop
         if spec.tools.mode == "audit":
             from eyrie.jobs.generate.audit.run import AuditError, run_audit
 
@@ -105,6 +112,25 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
     if final == Stage.DONE:
         finalize_manifest(spec, store)
     return Outcome.DONE, ""
+
+
+def _pilot(dg: DatasetGeneration, ctx: RunContext, base_url: str, until: str, store: Store,
+           notify: Callable[[str], None], on_progress: Callable[[Progress], None] | None,
+           on_pilot: Callable[[PilotVerdict], None] | None) -> tuple[Outcome, str] | None:
+    """The pilot before anything else is sent (decided now, or read back): None when the run goes on, else its
+    outcome. A generation-only run (`--until samples`: the operator's generation job, whose image has no torch)
+    never trains drafters: it needs the verdict already decided (`eyrie pilot SPEC`, the operator's pilot Job)."""
+    from eyrie.jobs.pilot.run import PilotError, decided, run_pilot
+
+    if until != "all" and decided(dg.spec, store) is None:
+        raise PilotError("spec.pilot: the pilot has not decided for this spec; run `eyrie pilot SPEC` first (in a "
+                         "cluster the operator's pilot Job does), or `eyrie run SPEC` without --until")
+    result = run_pilot(dg, ctx, base_url, notify=notify, on_progress=on_progress or (lambda _p: None))
+    if result.verdict is not None and on_pilot is not None:
+        on_pilot(result.verdict)
+    if result.outcome == Outcome.PILOT_PASSED:
+        return None
+    return result.outcome, result.message
 
 
 def finish_extraction(spec: DatasetGenerationSpec, store: Store, count: int) -> bool:

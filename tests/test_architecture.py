@@ -139,6 +139,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("eyrie.jobs.extract",),  # stage 3
     ("eyrie.jobs.evaluate",),
     ("eyrie.jobs.report",),
+    ("eyrie.jobs.pilot",),  # the pilot stage: buys (generate), extracts, evaluates; pipeline and the CLI run it
     ("eyrie.jobs.simulator",),  # a provider for demos and tests: only pipeline and the CLI start it
     ("eyrie.jobs.pipeline",),
     ("eyrie.jobs.crd",),  # the CRD generated from the spec model (`eyrie crd`, hack/derived.py)

@@ -1,5 +1,5 @@
-"""`eyrie` command line: run | validate | crd | simulate | audit | providers | report | evaluate | extract |
-export | operator.
+"""`eyrie` command line: run | validate | crd | simulate | audit | providers | report | evaluate | pilot |
+extract | export | operator.
 
 Each subcommand delegates to the module that owns it; heavy imports (ray, torch, kopf) happen only
 inside the subcommand that needs them so `eyrie validate` stays instant.
@@ -21,6 +21,7 @@ commands:
   providers SPEC    compare the target's providers on the same prompts; print which pass and the routing
   report OUTPUT     what a run bought: tables on the terminal, plots with --html FILE
   evaluate OUTPUT   train small EAGLE-3 drafters (SpecForge) on outputs, compare their acceptance
+  pilot SPEC        the spec's pilot: drafters of each option on a slice, the verdict before the rest is bought
   extract SPEC      write hidden states for the run's samples (one pod's share with --index)
   export FORMAT     export hidden states (e.g. `export specforge OUTPUT_URI DIR`)
   operator          run the Kubernetes operator (kopf)
@@ -47,6 +48,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "providers": _lazy("eyrie.jobs.cli.providers", "providers_main"),
     "report": _lazy("eyrie.jobs.cli.report", "report_main"),
     "evaluate": _lazy("eyrie.jobs.cli.evaluate", "evaluate_main"),
+    "pilot": _lazy("eyrie.jobs.cli.pilot", "pilot_main"),
     "extract": _lazy("eyrie.jobs.cli.extract", "extract_main"),
     "export": _lazy("eyrie.jobs.cli.export", "export_main"),
     "operator": _lazy("eyrie.operator.main", "operator_main"),

@@ -16,6 +16,7 @@ from eyrie.jobs.cli.screen import fitted, print_audit
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import progress
 from eyrie.jobs.contract.money import dollars
+from eyrie.jobs.contract.pilot import EXIT_FAILED
 from eyrie.jobs.contract.progress import Outcome, ProgressError, load_progress
 from eyrie.jobs.contract.tally import describe_bad_row
 from eyrie.jobs.pipeline import UNTIL, run_stages
@@ -24,7 +25,8 @@ from eyrie.jobs.store import Store, open_output
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
               Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6,
-              Outcome.TEMPLATE_MISMATCH: 7, Outcome.FORECAST_OVER_BUDGET: 8, Outcome.NO_PROVIDER_PASSES: 9}
+              Outcome.TEMPLATE_MISMATCH: 7, Outcome.FORECAST_OVER_BUDGET: 8, Outcome.NO_PROVIDER_PASSES: 9,
+              Outcome.PILOT_PASSED: 0, Outcome.PILOT_FAILED: EXIT_FAILED}
 
 err = Console(stderr=True)
 
@@ -36,7 +38,7 @@ PROGRESS_LOG_EVERY_S = 5.0  # off a terminal: one progress line this often (a CI
 class Shown:
     """What the live progress shows of a snapshot: one reading for the bar and the log alike."""
 
-    stage: str  # generating | probing providers
+    stage: str  # generating | probing providers | pilot: STEP
     total: int | None
     finished: int
     requests: int  # sent by this stage of this attempt
@@ -49,11 +51,15 @@ class Shown:
     @classmethod
     def of(cls, snap: progress.Progress) -> Shown:
         probe = snap.probe  # only in the probe stage's snapshots
+        pilot = snap.pilot if snap.stage == progress.Stage.PILOT else None
         if probe:
             total, finished, requests = probe.planned, probe.answers, probe.requests
+        elif pilot:
+            total, finished, requests = pilot.planned, pilot.answers, 0
         else:  # this attempt's requests
             total, finished, requests = snap.samples.total, snap.samples.finished, snap.requests
-        return cls("probing providers" if probe else "generating", total, finished, requests, dollars(snap.spent),
+        stage = "probing providers" if probe else f"pilot: {pilot.step}" if pilot else "generating"
+        return cls(stage, total, finished, requests, dollars(snap.spent),
                    dollars(snap.max_usd) if snap.max_usd is not None else "?",
                    dollars(snap.forecast) if snap.forecast else None, snap.retries, sum(snap.errors.values()))
 
@@ -148,6 +154,8 @@ def run_main(argv: list[str]) -> int:
         with LiveProgress(mode) as live:
             outcome, message = run_stages(dg, ctx, args.until, inline=inline, on_progress=live.update,
                                           notify=lambda msg: err.print(f"eyrie: {msg}", markup=False),
+                                          # before anything else is sent
+                                          on_pilot=lambda v: _print_verdict(v),
                                           # the summary ends with the audit's verdict; its tables: --verbose
                                           on_audit=(lambda doc: print_audit(doc, err)) if args.verbose else None,
                                           accept_changed=args.accept_changed)
@@ -158,6 +166,12 @@ def run_main(argv: list[str]) -> int:
     except KeyboardInterrupt:  # a Ctrl-C after the run: the summary is cut short, the outcome stands
         print(f"eyrie: interrupted; the summary and tables again: eyrie report {store.uri}", file=sys.stderr)
     return EXIT_CODES.get(outcome, 1)
+
+
+def _print_verdict(verdict: Any) -> None:
+    from eyrie.jobs.report.terminal import console_for, print_verdict
+
+    print_verdict(verdict, console_for(stderr=True))
 
 
 def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None:

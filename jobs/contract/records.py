@@ -174,6 +174,15 @@ def iter_shard(store: Store, shard: int) -> Iterator[Record]:
     yield from held.values()
 
 
+ADOPTED_FROM_AUDIT = "pilot"  # an adopted pilot answer's mark: its cost is counted in its audit answer set
+
+
+def paid_elsewhere(rec: Record) -> bool:
+    """Whether a run's record is a copy of an answer paid and counted where it was bought: the provider
+    probe's (`probe`), the pilot's (in an audit answer set): its cost is counted there, once."""
+    return "probe" in rec or ADOPTED_FROM_AUDIT in rec
+
+
 def iter_records(store: Store, shard: int | None = None) -> Iterator[Record]:
     """Every persisted record (of one shard, or of all), each sample once, whatever state a killed
     run left the store in."""

@@ -40,7 +40,7 @@ from eyrie.jobs.intervals import bracket
 from eyrie.jobs.spec import MIN_TRAIN, default_heldout  # samples a drafter needs besides the held-out set
 
 FORMAT = "eyrie-evaluation/1"
-CODE_VERSION = 1  # bump when what an evaluation computes changes: a stored one is then recomputed
+CODE_VERSION = 2  # bump when what an evaluation computes changes: a stored one is then recomputed
 CONTROL = "control: shuffled tokens"
 MAX_CURVE = 1000  # loss-curve points kept per drafter (evenly spaced when there are more steps)
 MAX_HISTORY = 50  # earlier evaluations evaluation.json keeps beside the latest
@@ -115,7 +115,7 @@ SPECFORGE_FIGURES = ("eval/avg_loss", "eval/avg_acc", "eval/per_position_acc", "
 def document(key: str, target: dict[str, Any], inputs: list[dict[str, Any]], heldout: dict[str, Any],
              settings: dict[str, Any], control: bool, device: str, trained: Sequence[Trained]) -> dict[str, Any]:
     """evaluation.json's document: each drafter's figures, every difference to the first (the
-    reference) and the verdict. Pure: the counts in, the figures out."""
+    reference), every pair's difference and the verdict. Pure: the counts in, the figures out."""
     seed = int(settings.get("seed", 0))
     rows = []
     for t in trained:
@@ -131,6 +131,10 @@ def document(key: str, target: dict[str, Any], inputs: list[dict[str, Any]], hel
         diffs.append({"name": t.name, "kind": t.kind, "minusReference": diff.to_dict(),
                       "separates": figures.separates(diff), "samplesToSeparate": figures.samples_to_separate(diff),
                       "verdict": figures.verdict_sentence(ref.name, t.name, ref_len, other_len, diff)})
+    # every pair (the pilot compares the run's own data with each alternative, whichever is the reference)
+    pairs = [{"a": a.name, "b": b.name,
+              "bMinusA": figures.length_difference((a.correct, a.denom), (b.correct, b.denom), seed=seed).to_dict()}
+             for i, a in enumerate(trained) for b in trained[i + 1:]]
     first = next((d for d in diffs if d["kind"] == "against"), None) or (diffs[0] if diffs else None)
     if first is not None and not first["separates"] and first["samplesToSeparate"]:
         ref_input = inputs[0] if inputs else {}
@@ -143,7 +147,7 @@ def document(key: str, target: dict[str, Any], inputs: list[dict[str, Any]], hel
     return {
         "format": FORMAT, "key": key, "specforgeVersion": SPECFORGE_VERSION, "code": CODE_VERSION,
         "target": target, "inputs": inputs, "heldout": heldout, "settings": settings, "control": control,
-        "device": device, "drafters": rows, "differences": diffs, "verdict": verdict,
+        "device": device, "drafters": rows, "differences": diffs, "pairs": pairs, "verdict": verdict,
         "createdAt": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

@@ -27,6 +27,7 @@ from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
 from eyrie.jobs.contract.money import dollars, usd
 from eyrie.jobs.contract.progress import Outcome, Progress, Stage, load_progress, now_iso, write_progress
 from eyrie.jobs.contract.tally import bad_row
+from eyrie.jobs.generate.adopt import into_shards, pilot_answers
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
 from eyrie.jobs.generate.budget.forecast import forecaster
 from eyrie.jobs.generate.budget.inflight import AbandonedTotals
@@ -150,6 +151,9 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         write_doc(store, binding)
         total = plan.total
         prev = load_progress(store)  # the attempt before, as the probe's progress writes do not say
+        # the pilot's answers of the run's own mode, once its verdict lets the run go on: never bought again
+        if adopted := into_shards(store, plan, pilot_answers(spec, store), binding.fingerprint.id):
+            notify(f"pilot: {len(adopted)} of its answers kept as the run's samples (not bought again)")
         probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id, prev,
                                    on_progress or (lambda s: None))
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
@@ -168,7 +172,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         start = Resume.at_start(prev, ctx.attempt, ctx.run_id, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress(),
-                            "workersLost": start.workers_lost})
+                            "workersLost": start.workers_lost, **_pilot_carried(prev)})
         session = Session(probe.routed(spec) if probe else spec, store, ctx, base_url, coordinator,
                           senders=spec.generation.ray.workers, fingerprint=binding.fingerprint.id)
         run = _Run(session, plan, stopper, monitor, notify)
@@ -321,6 +325,13 @@ def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url:
         notify(f"provider probe: passing {', '.join(probe.passing) or 'none'} "
                f"(of {len(probe.doc.get('candidates') or [])})")
     return probe, kept, probe.stop
+
+
+def _pilot_carried(prev: Progress | None) -> dict[str, Any]:
+    """The pilot's figures (its section and spend) from the progress.json it wrote: kept by every later write."""
+    if prev is None or prev.pilot is None:
+        return {}
+    return {"pilot": prev.pilot.dump(), **({"pilotUSD": usd(prev.pilot_usd)} if prev.pilot_usd is not None else {})}
 
 
 @dataclass

@@ -113,7 +113,8 @@ class Answers:
     def add_paid(self, r: records.Record) -> str:
         """Count what an answer cost against its provider (also the audit's answers); its provider."""
         provider = str((r.get("response") or {}).get("provider") or "(unknown)")
-        _bounded(self.cost_by_provider, provider, Money).usd += cost_of(r)
+        if records.ADOPTED_FROM_AUDIT not in r:  # an adopted pilot answer: counted in its audit answer set (collect)
+            _bounded(self.cost_by_provider, provider, Money).usd += cost_of(r)
         return provider
 
     def add(self, r: records.Record) -> None:

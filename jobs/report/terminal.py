@@ -19,6 +19,7 @@ from rich.text import Text
 
 from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.money import dollars
+from eyrie.jobs.contract.pilot import PilotVerdict, Span
 from eyrie.jobs.generate.audit.stats import fmt_diff, fmt_num, fmt_rate, fmt_usd, reasons_phrase
 from eyrie.jobs.report.data import ReportData
 from eyrie.jobs.report.text import WIDTH, abandoned_spend, human_bytes, num, rate
@@ -548,3 +549,31 @@ def summary(d: ReportData) -> list[Any]:
     probe = probe_line(d)
     out: list[Any] = [verdict_table(d), audit_verdict(d.audit), Text(probe) if probe else None]
     return [x for x in out if x is not None]
+
+
+# ------------------------------------------------------------------------------ the pilot
+
+
+def _pilot_span(s: Span, signed: bool = False) -> str:
+    f = "+.2f" if signed else ".2f"
+    return f"{s.value:{f}} [{s.low:{f}}, {s.high:{f}}]"
+
+
+def pilot_table(v: PilotVerdict) -> Table:
+    """Each option's drafter: accepted tokens per step, the difference to the run's own, the whole dataset's cost."""
+    t = Table(title=f"pilot: {v.prompts:,} prompts, {v.heldout:,} held-out structured answers; policy {v.policy}, "
+                    f"margin {v.margin:g}")
+    for name, right in (("drafter trained on", False), ("samples", True), ("accepted per step [95%]", True),
+                        ("minus the run's own", True), ("whole dataset", True)):
+        t.add_column(name, justify="right" if right else "left")
+    for o in v.options:
+        t.add_row(f"{o.option.describe()}{' (the run)' if o.own else ''}", f"{o.training_samples:,}",
+                  _pilot_span(o.accepted_length), _pilot_span(o.minus_own, signed=True) if o.minus_own else "-",
+                  dollars(o.projected_usd) if o.projected_usd is not None else "?")
+    return t
+
+
+def print_verdict(v: PilotVerdict, console: Console) -> None:
+    """The pilot's table and its verdict sentence (a plain line: it ends with a command to copy)."""
+    console.print(pilot_table(v))
+    print(f"pilot verdict: {v.sentence}", file=console.file, flush=True)

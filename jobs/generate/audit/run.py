@@ -164,16 +164,17 @@ def declarations_of(prompt: sources.Prompt, mode: str) -> Declared | declaration
     return got
 
 
-def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED) -> Picked:
+def pick_prompts(dg: DatasetGeneration, n: int, seed: int = DEFAULT_SEED, *, answers: bool = False) -> Picked:
     """A seeded random sample of n tool-declaring prompts from the spec's sources (one streaming
-    pass, O(n) memory), with the counts the costs are projected to."""
+    pass, O(n) memory), with the counts the costs are projected to. `answers`: each prompt also carries
+    its row's own answer (the pilot's `datasetAnswers`)."""
     lowest = Lowest(n)
     declared: dict[str, frozenset[str]] = {}
     pop: dict[str, Any] = {"prompts": 0, "declaredPrompts": 0, "unparsable": 0, "bySource": {}}
     for src in dg.spec.sources:
         counts = pop["bySource"].setdefault(src.name, {"prompts": 0, "declaredPrompts": 0,
                                                        "declarationShapes": {}})
-        for item in sources.iter_source(src, dg.spec.output.endpoint):
+        for item in sources.iter_source(src, dg.spec.output.endpoint, answers=answers):
             if isinstance(item, sources.BadRow):
                 continue
             pop["prompts"] += 1

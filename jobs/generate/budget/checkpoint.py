@@ -1,8 +1,9 @@
 """What earlier attempts left in the store: what is booked as spent, the counters.
 
-Booked spend = what the records say was paid (exact: every durable answer's cost; the audit's and the
-probe's included) + what stops abandoned in flight (budget.json's ledger, and in-flight objects not
-merged into it yet: their real cost where known, else their bound). After any stop that is at least
+Booked spend = what the records say was paid (exact: every durable answer's cost; the audit's, the
+pilot's (in the audit answer sets) and the probe's included, an adopted copy of one never again) + what
+stops abandoned in flight (budget.json's ledger, and in-flight objects not merged into it yet: their real
+cost where known, else their bound). After any stop that is at least
 the provider's bill and at most the bill plus the worst case of the requests that were in flight
 (inflight.py).
 """
@@ -50,7 +51,7 @@ def read_checkpoint(store: Store, gate: ToolGate | None = None, *, resuming: boo
     costs = []
     for rec in records.iter_records(store):
         costs.append(cost_of(rec))
-        if "probe" not in rec:  # an adopted probe answer is paid once, in the probe's total below
+        if not records.paid_elsewhere(rec):  # an adopted probe or pilot answer: paid once, where it was bought
             spent += costs[-1]
         tally.add(rec)
         if on_bad_row is not None and rec.get("status") == "rejected":

@@ -43,6 +43,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.errors import InputError
+from eyrie.jobs.generate.adopt import into_shards
 from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.budget.pricing import usd
 from eyrie.jobs.generate.plan import ShardPlan
@@ -489,29 +490,15 @@ async def _listing(spec: DatasetGenerationSpec, base_url: str, api_key: str | No
 
 def adopt(store: Store, plan: ShardPlan, outcome: ProbeOutcome, fingerprint: str | None = None) -> list[records.Record]:
     """Write each probe prompt's answer from the first passing endpoint (routing order) into the
-    shard holding its row, unless that row already has a record there; returns the records written.
-    Idempotent: a second call (a resume) finds them in the shard and writes nothing. `fingerprint`:
-    the run's (contract/fingerprint.py), which the adopted records carry as generation's do."""
+    shard holding its row (`generate/adopt.into_shards`: unless that row already has a record there;
+    idempotent); returns the records written. `fingerprint`: the run's (contract/fingerprint.py), which the
+    adopted records carry as generation's do."""
     first: dict[str, records.Record] = {}
     rank = {tag: i for i, tag in enumerate(outcome.passing)}
     for r in sorted((r for r in outcome.records if r.get("status") == "ok" and r["probe"]["endpoint"] in rank),
                     key=lambda r: rank[r["probe"]["endpoint"]]):
         first.setdefault(r["sample_id"], r)
-    by_shard: dict[int, list[records.Record]] = {}
-    for rec in first.values():
-        shard = _shard_of(plan, rec["source"], rec["row"])
-        if shard is not None:
-            by_shard.setdefault(shard, []).append(rec)
-    written: list[records.Record] = []
-    journal = Journal(store)
-    for shard, recs in sorted(by_shard.items()):
-        held = {records.record_key(r) for r in records.iter_shard(store, shard)}
-        fresh = [{**r, "fingerprint": fingerprint} if fingerprint else r
-                 for r in recs if records.record_key(r) not in held]
-        if fresh:
-            journal.write(shard, fresh)
-            written += fresh
-    return written
+    return into_shards(store, plan, first.values(), fingerprint)
 
 
 def seed_variants(spec: DatasetGenerationSpec, detector: Any, kept: list[records.Record]) -> str | None:
@@ -534,11 +521,4 @@ def seed_variants(spec: DatasetGenerationSpec, detector: Any, kept: list[records
                                     lengths)
             if stop is not None:
                 return stop.message
-    return None
-
-
-def _shard_of(plan: ShardPlan, source: str, row: int) -> int | None:
-    for shard, spans in plan.shards.items():
-        if any(sp.source == source and sp.start <= row < sp.stop for sp in spans):
-            return shard
     return None
