@@ -20,6 +20,7 @@ from eyrie.jobs.contract import audit, layout, records, timeseries
 from eyrie.jobs.contract.calltally import CallTally
 from eyrie.jobs.contract.extraction import summarize as summarize_extraction
 from eyrie.jobs.contract.manifest import read_json
+from eyrie.jobs.contract.pilot import PilotVerdict, read_verdict
 from eyrie.jobs.contract.progress import load_progress
 from eyrie.jobs.contract.tally import cost_of
 from eyrie.jobs.status import SampleCounts
@@ -279,6 +280,7 @@ class ReportData:
     sample: ShownSample | None = None  # one sample rendered with its loss mask (needs the tokenizer)
     specforge_online: dict[str, Any] | None = None  # `eyrie export specforge-online`'s summary
     evaluation: dict[str, Any] | None = None  # `eyrie evaluate`'s evaluation.json: drafters and their acceptance
+    pilot: PilotVerdict | None = None  # the pilot's verdict (pilot.json)
 
     @property
     def samples(self) -> SampleCounts | None:
@@ -470,4 +472,5 @@ def collect(store: Store) -> ReportData:
         sample=_pick_sample(store, manifest, summary, showcase),
         specforge_online=read_json(store, layout.SPECFORGE_ONLINE),
         evaluation=read_json(store, layout.EVALUATION),
+        pilot=read_verdict(store),
     )

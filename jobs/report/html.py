@@ -517,13 +517,44 @@ def acceptance_html(d: ReportData) -> str | None:
         f"<div class='grid'><div class='card'>{div}</div></div></section>")
 
 
+def pilot_html(d: ReportData) -> str | None:
+    """The pilot: each option's drafter (accepted tokens per step, the difference to the run's own with its
+    interval, what the whole dataset would cost with it), the verdict in words and, when the run's own data did
+    not pass, the command that switches it."""
+    v = d.pilot
+    if v is None:
+        return None
+
+    def span(s: Any, signed: bool = False) -> str:
+        f = "{:+.2f}" if signed else "{:.2f}"
+        return f"{f.format(s.value)} [{f.format(s.low)}, {f.format(s.high)}]"
+
+    rows = "".join(
+        f"<tr data-option='{o.option.value}' data-own='{str(o.own).lower()}'>"
+        f"<td>{html.escape(o.option.describe())}{' (the run)' if o.own else ''}</td><td>{o.training_samples:,}</td>"
+        f"<td>{span(o.accepted_length)}</td><td>{span(o.minus_own, True) if o.minus_own else '-'}</td>"
+        f"<td>{'-' if o.separated is None else 'yes' if o.separated else f'no (~{o.heldout_to_separate:,} held out)'}"
+        f"</td><td>{dollars(o.projected_usd) if o.projected_usd is not None else '?'}</td></tr>" for o in v.options)
+    status = "ok" if v.passed else "warn" if v.proceed else "bad"
+    patch = f"<p>To switch: <code class='patch'>{html.escape(v.patch)}</code></p>" if v.patch else ""
+    return (
+        f"<section id='pilot' class='{status}'><h2>The pilot: drafters trained on each option, before the run bought "
+        f"the rest</h2><p class='verdict'>{html.escape(v.sentence)}</p>"
+        "<table class='pilot'><tr><th>drafter trained on</th><th>samples</th><th>accepted per step [95%]</th>"
+        "<th>minus the run's own</th><th>separated</th><th>whole dataset</th></tr>"
+        f"{rows}</table>{patch}<p class='legend'>{v.prompts:,} tool-declaring prompts, {v.heldout:,} of them held "
+        f"out (the target's own structured answers, never trained on); policy {v.policy}, margin {v.margin:g} "
+        f"tokens per step; the pilot's answers cost {dollars(v.spent_usd)} (part of the spend); its "
+        f"evaluation: {html.escape(v.evaluation)}.</p></section>")
+
+
 def tables_html(d: ReportData) -> str | None:
     return f"<section id='tables'><h2>Every table</h2>{terminal_html(d)}</section>"
 
 
 # The page, top to bottom; the first three are its first screen.
-SECTIONS: tuple[Section, ...] = (verdict_html, audit_verdict_html, sample_html, acceptance_html, plots_html,
-                                 audit_html, tables_html)
+SECTIONS: tuple[Section, ...] = (verdict_html, audit_verdict_html, sample_html, pilot_html, acceptance_html,
+                                 plots_html, audit_html, tables_html)
 
 
 @functools.cache

@@ -6,7 +6,9 @@ are printed as the tables print them.
 3. fidelity: did the provider serve the model (left out until extraction scored the answers);
 4. money: what it bought: dollars per kept sample and per trained token, on discarded answers, and
    the projected total;
-5. what the data is worth (only after `eyrie evaluate`): the accepted length per step of a drafter
+5. the pilot (only with spec.pilot): what the run's own data's drafter accepts per step against the best
+   alternative's, whether it passed, and what the run did with it;
+6. what the data is worth (only after `eyrie evaluate` or a pilot): the accepted length per step of a drafter
    trained on it, on held-out target answers, and the evaluation's verdict against other outputs.
 
 Pure: `verdict(ReportData)` reads only what `collect` gathered. Each line keeps its figures by name
@@ -219,7 +221,26 @@ def worth_line(d: ReportData) -> Line | None:
     return Line("worth", "What the data is worth", status, text if text.endswith(".") else text + ".", figures)
 
 
+def pilot_line(d: ReportData) -> Line | None:
+    """The pilot's verdict (pilot.json): ok when the run's own data passed, warn when it did not and the run went
+    on (policy report), bad when it suspended the run (policy require)."""
+    v = d.pilot
+    if v is None:
+        return None
+    by = {o.option: o for o in v.options}
+    own, best = by[v.own], by[v.best_alternative]
+    figures = {"own": num(own.accepted_length.value), "best": num(best.accepted_length.value),
+               "prompts": f"{v.prompts:,}", "heldout": f"{v.heldout:,}", "spent": dollars(Decimal(v.spent_usd))}
+    status = OK if v.passed else WARN if v.proceed else BAD
+    text = (f"Pilot of {figures['prompts']} prompts ({figures['heldout']} held out), policy {v.policy}: the run's "
+            f"own data ({v.own.describe()}) trains a drafter accepting {figures['own']} tokens per step, "
+            f"{v.best_alternative.describe()} {figures['best']}; "
+            + ("passed" if v.passed else "not passed, the run went on" if v.proceed else "failed, the run suspended")
+            + f"; the pilot's answers cost {figures['spent']}.")
+    return Line("pilot", "The pilot", status, text, figures)
+
+
 def verdict(d: ReportData) -> list[Line]:
     """The lines the run has data for, in the order above."""
-    lines = [tools_line(d), reconstruction_line(d), fidelity_line(d), money_line(d), worth_line(d)]
+    lines = [tools_line(d), reconstruction_line(d), fidelity_line(d), money_line(d), pilot_line(d), worth_line(d)]
     return [x for x in lines if x is not None]
