@@ -164,8 +164,9 @@ def _build_slices(spec: DatasetGenerationSpec, store: Store, wanted: dict[Option
     for target, recs, _doc in todo.values():
         for key in target.list():
             target.delete(key)
-        if recs:
-            target.put(layout.part_key(0, 0), records.encode_part(recs))
+        if recs:  # through the journal, the one writer of a shard's records, then compacted into parts
+            Journal(target).write(0, recs)
+            compact_shard(target, 0, scan_shard(target, 0), spec.generation.part_records)
         target.put(layout.SAMPLES_SUMMARY, orjson.dumps(build_samples(spec, target).to_manifest()))
     step("extract")
     backend = open_backend(spec)
