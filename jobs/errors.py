@@ -32,6 +32,7 @@ EyrieError
         PreflightError  (jobs/generate/preflight.py)
         ProbeError  (jobs/generate/probe/run.py)
         LimitsNotShared  (jobs/generate/sending/session.py)
+        PilotError  (jobs/pilot/run.py)
         PackingRefused  (jobs/reconstruct/formats.py)
         SimulatorConfigError  (jobs/simulator/config.py)
         SpecError  (jobs/spec.py)
