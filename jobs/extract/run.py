@@ -62,7 +62,7 @@ from eyrie.jobs.extract.shards import (
     plan_parts,
     read_header,
 )
-from eyrie.jobs.extract.staging import StatePipeline, Stats
+from eyrie.jobs.extract.staging import HostStaging, StatePipeline, Stats
 from eyrie.jobs.store import NotFound, Store
 
 log = logging.getLogger("eyrie.extract")
@@ -210,11 +210,12 @@ def _check_compatible(found: dict[str, Any], meta: dict[str, Any], what: str) ->
 
 def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_bytes: int,
                   max_tokens: int, on_part: Callable[[str], None] | None = None,
-                  stats: Stats | None = None) -> ShardResult:
+                  stats: Stats | None = None, staging: HostStaging | None = None) -> ShardResult:
     """Extract one input shard (resuming finished parts); returns its result once the index is written.
 
     The forwards run on this thread; copies, encoding and writes overlap them (`staging.StatePipeline`,
-    its memory bounded as its module says). `stats`: where the time went, for benchmarks."""
+    its memory bounded as its module says; `staging`: the run's pinned buffers, reused across shards).
+    `stats`: where the time went, for benchmarks."""
     ikey = index_key(shard)
     if store.exists(ikey):
         doc = load_index(store, ikey)
@@ -235,7 +236,7 @@ def extract_shard(store: Store, shard: int, backend: Backend, plan: Plan, shard_
     part_meta = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in plan.meta.items()}
     written: dict[int, tuple[str, int, dict[str, list[int]]]] = {}  # file no -> key, bytes, index rows
     scored: list[dict[str, Any]] = []
-    pipe = StatePipeline(store, layout, stats=stats)
+    pipe = StatePipeline(store, layout, stats=stats, staging=staging)
 
     def collect(done: list[tuple[str, int, int, dict[str, list[int]]]]) -> None:
         for key, file_no, size, rows in done:
@@ -444,8 +445,10 @@ def run_extraction(spec: Any, store: Store, index: int = 0, count: int = 1, back
             model_name=spec.extraction.model or spec.target.tokenizer)
         ex = spec.extraction
         budget = token_budget(ex.max_tokens_per_batch, be, len(plan.layers.ids))
+        staging = HostStaging(plan.layout)
         for shard in mine:
-            summary.shards.append(extract_shard(store, shard, be, plan, ex.shard_bytes, budget, on_part, stats))
+            summary.shards.append(extract_shard(store, shard, be, plan, ex.shard_bytes, budget, on_part, stats,
+                                                staging))
     finally:
         if own:
             be.close()

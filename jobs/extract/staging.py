@@ -172,11 +172,14 @@ class StatePipeline:
     the rest. An error on either thread is raised by the next call on the forward's side.
     """
 
-    def __init__(self, store: Store, layout: codec.Layout, depth: int = DEPTH, stats: Stats | None = None):
+    def __init__(self, store: Store, layout: codec.Layout, depth: int = DEPTH, stats: Stats | None = None,
+                 staging: HostStaging | None = None):
+        """`staging`: pinned buffers to reuse (one per run: allocating pinned memory costs more than the
+        copies into it), else its own."""
         self.store = store
         self.layout = layout
         self.depth = depth
-        self.staging = HostStaging(layout, depth)
+        self.staging = staging or HostStaging(layout, depth)
         self.stats = stats or Stats()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyrie-hidden-assembler")
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eyrie-hidden-writer")
