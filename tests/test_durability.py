@@ -245,3 +245,6 @@ def test_a_second_start_of_the_same_attempt_is_a_restart_that_keeps_its_lost_wor
     # `kubectl delete dsg`, then the same spec applied again: a new object, attempt 1 again, not a restart
     assert Resume.disruptions_of(found(attempt="1", runId=run), "1", "uid-b") == (0, 0)
     assert Resume.disruptions_of(found(attempt="1"), "1", None) == (1, 0)  # local, no uid
+    # the pilot's progress of the same attempt (its Job in a cluster, the first stage locally): the job's first start
+    assert Resume.disruptions_of(found(attempt="1", runId=run, stage="pilot", outcome="PilotPassed"), "1", run) == (
+        0, 0)

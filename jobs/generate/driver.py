@@ -358,8 +358,11 @@ class Resume:
         """(this start's restarts, the workers lost before it) from the progress.json it found. The operator gives
         every new attempt of a DatasetGeneration a new number (a local run makes a unique one), so progress of this
         same attempt and object (`runId`: a deleted and recreated object starts at attempt 1 again) means that its
-        job ran before and ended without a word: its Ray head was lost and KubeRay submitted it again."""
-        if prev is None or prev.attempt != attempt or (prev.run_id or None) != (run_id or None):
+        job ran before and ended without a word: its Ray head was lost and KubeRay submitted it again. Progress at
+        stage pilot is the pilot's, which runs before the generation job under the same attempt (the operator's
+        pilot Job, or the first stage of `eyrie run`): no start of this job."""
+        if prev is None or prev.attempt != attempt or (prev.run_id or None) != (run_id or None) \
+                or prev.stage == Stage.PILOT:
             return 0, 0
         return prev.restarts + 1, prev.workers_lost
 
