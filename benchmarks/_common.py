@@ -210,9 +210,14 @@ def steady_rate(out: Path) -> float:
 
 def peak_rss_of(pid: int) -> float:
     """VmHWM (peak resident set) of a live process, MB; 0 when gone."""
+    return status_mb(pid, "VmHWM")
+
+
+def status_mb(pid: int, key: str) -> float:
+    """A memory figure of a live process's /proc status (VmRSS, VmHWM), MB; 0 when gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass

@@ -6,8 +6,10 @@ does the work; this module decides which stages a spec needs and records where t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from functools import partial
 
 import orjson
 
@@ -19,6 +21,7 @@ from eyrie.jobs.contract.pilot import PilotVerdict
 from eyrie.jobs.contract.progress import Outcome, Progress, Stage, mark_stage, now_iso, write_progress
 from eyrie.jobs.spec import SIMULATED, DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.store import Store, open_output
+from eyrie.jobs.timeline import Timeline
 
 UNTIL = ("generate", "samples", "all")
 TEXT_MODE_WARNING = (
@@ -31,16 +34,28 @@ TEXT_MODE_WARNING = (
 def provider(spec: DatasetGenerationSpec) -> Iterator[str]:
     """The base URL to send requests to: `api.baseUrl`, or the built-in simulator on loopback for
     `simulated` (started here, stopped on exit; the generation stage itself never imports it)."""
+    with starting_provider(spec) as base_url:
+        yield base_url()
+
+
+@contextmanager
+def starting_provider(spec: DatasetGenerationSpec) -> Iterator[Callable[[], str]]:
+    """`provider` in two halves: the simulator's process starts at once, and `base_url()` waits for it to
+    listen, so what the caller does meanwhile (the generation stage's imports) overlaps its start."""
     if spec.api.base_url != SIMULATED:
-        yield spec.api.base_url
+        yield lambda: spec.api.base_url
         return
     from eyrie.jobs.simulator import SimulatorConfig, SimulatorProcess
 
     cfg = SimulatorConfig.from_spec(spec.api.simulator, spec.target, spec.sources, spec.output.endpoint)
     cfg.input_per_million = spec.effective_pricing().input_per_million
     cfg.output_per_million = spec.effective_pricing().output_per_million
-    with SimulatorProcess(cfg) as sim:
-        yield sim.base_url
+    sim = SimulatorProcess(cfg)
+    sim.spawn()
+    try:
+        yield sim.wait_ready
+    finally:
+        sim.stop()
 
 
 def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, inline: bool = False,
@@ -48,26 +63,35 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
                notify: Callable[[str], None] = lambda _msg: None,
                on_audit: Callable[[dict], None] | None = None,
                on_pilot: Callable[[PilotVerdict], None] | None = None,
-               accept_changed: Sequence[str] = ()) -> tuple[Outcome, str]:
+               accept_changed: Sequence[str] = (), timeline: Timeline | None = None) -> tuple[Outcome, str]:
     """generate -> samples (needs target.tokenizer) -> extract (needs extraction.enabled) -> manifest.
     `notify` receives notes for the user (warnings, a skipped audit), `on_progress` live snapshots and
     `on_audit` the audit's table (tools.mode audit), `on_pilot` the pilot's verdict (spec.pilot: decided
     before anything else is sent; one that suspends the run ends it here, outcome PilotFailed). An output
     whose answers were bought under another fingerprint is refused before anything is sent, the audit and
-    the pilot included (`accept_changed`: the fields whose change the user accepts)."""
+    the pilot included (`accept_changed`: the fields whose change the user accepts). `timeline` hears the
+    start-up's steps (`eyrie run --verbose`)."""
     from eyrie.jobs.extract.projection import stored_bytes_per_token
-    from eyrie.jobs.generate.driver import run_generation
 
+    timeline = timeline or Timeline.off()
     spec = dg.spec
     store = open_output(spec)
-    binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
-                          now=now_iso())
+    with timeline.step("the output's fingerprint"):
+        binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
+                              now=now_iso())
     if note := binding.note():
         notify(note)
     if spec.tools.mode == "text":
         notify(f"warning: {TEXT_MODE_WARNING}")
     with ExitStack() as stack:
-        base_url = stack.enter_context(provider(spec))
+        simulated = spec.api.base_url == SIMULATED
+        started = time.time()
+        base_url_of = stack.enter_context(starting_provider(spec))
+        with timeline.step("generation's imports" + (" (beside the simulator's start)" if simulated else "")):
+            from eyrie.jobs.generate.driver import run_generation
+        base_url = base_url_of()
+        if simulated:
+            timeline.add("the simulator's start (listening)", started, time.time() - started)
         if spec.pilot is not None:
             stop = _pilot(dg, ctx, base_url, until, store, notify, on_progress, on_pilot)
             if stop is not None:
@@ -82,7 +106,8 @@ def run_stages(dg: DatasetGeneration, ctx: RunContext, until: str = "all", *, in
             except AuditError as e:
                 notify(f"audit skipped: {e}")
         result = run_generation(dg, store, ctx, base_url, inline=inline, on_progress=on_progress, notify=notify,
-                                binding=binding, bytes_per_token=stored_bytes_per_token(spec))
+                                binding=binding, bytes_per_token=partial(stored_bytes_per_token, spec),
+                                timeline=timeline)
 
     def mark(stage: Stage, outcome: Outcome, message: str = "") -> None:
         write_progress(store, result.snapshot.model_copy(update={"stage": stage, "outcome": outcome,

@@ -126,7 +126,8 @@ def test_a_typing_only_import_is_an_edge(tmp_path):
 # or package is placed here, in the same change.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("eyrie.jobs.errors",),  # the one root of eyrie's exceptions
-    ("eyrie.jobs.jsonvalues", "eyrie.jobs.intervals", "eyrie.jobs.cache", "eyrie.jobs.context", "eyrie.jobs.model"),
+    ("eyrie.jobs.jsonvalues", "eyrie.jobs.intervals", "eyrie.jobs.cache", "eyrie.jobs.context", "eyrie.jobs.model",
+     "eyrie.jobs.timeline"),
     ("eyrie.jobs.store", "eyrie.jobs.status"),
     ("eyrie.jobs.spec",),
     ("eyrie.jobs.contract",),  # store keys, records, progress.json, the manifest, prompts, layer conventions

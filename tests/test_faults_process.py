@@ -73,15 +73,17 @@ class LostWorkers:
 
 @pytest.fixture(scope="module")
 def lost_workers(tmp_path_factory) -> Iterator[LostWorkers]:
-    """One Ray run whose two shard-worker processes are SIGKILLed with requests in flight."""
+    """One Ray run whose two shard-worker processes are SIGKILLed with requests in flight (three workers: a local
+    run's first works in the driver's process, the other two are Ray actors, started once Ray is up)."""
     tmp_path = tmp_path_factory.mktemp("lost-worker")
     ray_dir = tempfile.mkdtemp(prefix="ry", dir="/tmp")
     prompts = write_rows(tmp_path / "p.jsonl", simple_rows(N, tools_every=4))
     out = f"file://{tmp_path}/out"
     seen: set[int] = set()
     try:
-        with SimulatorProcess(SimulatorConfig(latency_ms=LATENCY_MS)) as sim:
-            spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, workers=2, shards=6,
+        # slow enough answers that the first worker alone cannot finish the run before Ray's workers are up
+        with SimulatorProcess(SimulatorConfig(latency_ms=1000)) as sim:
+            spec = write_spec(tmp_path, spec_doc(prompts, out, sim.base_url, workers=3, shards=6,
                                                  concurrency=CONCURRENCY))
             proc = start_run(spec, ray_dir)
             store = open_store(out)

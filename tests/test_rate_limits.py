@@ -8,6 +8,7 @@ the same, only shorter."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -20,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fault_helpers import simple_rows, write_rows
 
 from eyrie.jobs.api import limits
-from eyrie.jobs.api.limits import Limits, LimitsTooLow, WindowLimit
+from eyrie.jobs.api.errors import NotSent
+from eyrie.jobs.api.limits import Limits, LimitsTooLow, RateLimit, WindowLimit
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import records
 from eyrie.jobs.generate.audit.run import run_audit
@@ -61,6 +63,27 @@ def test_a_window_counts_a_request_from_when_the_provider_has_seen_it():
     clock.now = 112.0
     assert w.wait(1) == 0 and w.wait(2) == pytest.approx(3.0)
     assert w.wait(50) == pytest.approx(3.0)  # more than the whole limit waits for an empty window
+
+
+def test_a_request_waiting_for_the_window_is_never_sent_once_the_run_stops():
+    """A stop sends nothing more: a request still waiting for its place in the window (or the bucket's pace) gives
+    up with NotSent at once, and what it had taken goes back (the window counts only requests sent)."""
+
+    async def main() -> None:
+        limit = RateLimit(1, window_s=60.0)
+        (await limit.acquire(1)).seen()  # the window's only place, taken by a request the provider saw
+        stop = asyncio.Event()
+        waiting = asyncio.ensure_future(limit.acquire(1, stop))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # it would wait a minute for the window
+        stop.set()
+        with pytest.raises(NotSent):
+            await asyncio.wait_for(waiting, 1.0)
+        assert (limit.window.unseen, limit.window.seen_units) == (0, 1)
+        with pytest.raises(NotSent):  # and one that comes after the stop never waits at all
+            await asyncio.wait_for(limit.acquire(1, stop), 1.0)
+
+    asyncio.run(main())
 
 
 def test_limits_split_exactly_among_senders_or_not_at_all():

@@ -16,6 +16,7 @@ parsing, no logging, no per-request objects beyond what httpx itself builds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ import orjson
 from httpx_aiohttp import AiohttpTransport
 
 from eyrie.jobs.api.errors import ApiError, ApiUnreachable, AuthError, RequestFailed, Retryable
-from eyrie.jobs.api.limits import Limits, Rates, Taken, backoff_delay, is_loopback, parse_retry_after
+from eyrie.jobs.api.limits import Limits, Rates, Taken, backoff_delay, is_loopback, parse_retry_after, pause
 from eyrie.jobs.api.provider_errors import classify, parse_error_body
 from eyrie.jobs.api.sse import SSEAccumulator, parse_completion
 from eyrie.jobs.contract.records import Response
@@ -77,6 +78,25 @@ class ClientStats:
     completed: int = 0
     in_flight: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    first_sent: float | None = None  # wall-clock time the first request left (the start-up timeline)
+    first_answer: float | None = None  # and the first answer was whole
+
+
+def raise_open_files(need: int) -> int:
+    """Let this process hold `need` sockets (plus room for files and Ray's own): the soft limit on open files raised
+    towards the hard one when it is lower (a shell's 1,024 or 20,000 against 10,000 requests in flight). Called by
+    the process that owns the limit (`eyrie run`, `eyrie simulate`), never by library code; returns the soft
+    limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = need + 4096
+    if soft != resource.RLIM_INFINITY and soft < want:
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if target > soft:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 # ----------------------------------------------------------------------------------- pure helpers
@@ -233,11 +253,13 @@ class ChatClient:
     # --------------------------------------------------------------------------------- requests
 
     async def complete(self, body: dict[str, Any], *, est_tokens: int = 0,
-                       on_id: Callable[[str], None] | None = None) -> Completion:
+                       on_id: Callable[[str], None] | None = None, stop: asyncio.Event | None = None) -> Completion:
         """Send one chat completion (retrying per the policy above) and return the parsed answer.
         `on_id` hears the provider's generation id of each attempt as soon as it is known (the
         `X-Generation-Id` header, else a stream's first chunk): what to ask the provider about if
-        the request is abandoned before its answer arrives (`generation_cost`)."""
+        the request is abandoned before its answer arrives (`generation_cost`). Once `stop` is set (the run
+        stopped) nothing more goes out: a request still waiting for the rate limits or for its retry raises
+        NotSent (no record: a resume sends it again; a failed attempt is one a retry could fix, not an answer)."""
         data = orjson.dumps({**body, **self._extra})
         stats = self.stats
         start = time.monotonic()
@@ -245,14 +267,14 @@ class ChatClient:
         while True:
             attempts += 1
             try:
-                resp, usage = await self._attempt(data, est_tokens, on_id)
+                resp, usage = await self._attempt(data, est_tokens, on_id, stop)
             except Retryable as e:
                 stats.errors_by_kind[e.kind] = stats.errors_by_kind.get(e.kind, 0) + 1
                 if attempts > self.max_retries:
                     raise RequestFailed(e.kind, self._redact(e.message), attempts, transient=True) from None
                 stats.retries += 1
                 delay = backoff_delay(attempts, self.backoff_base, self.backoff_max, e.retry_after)
-                await asyncio.sleep(delay)
+                await pause(delay, stop)  # NotSent once the run stopped: the retry is not sent
                 continue
             except ApiError as e:
                 kind = type(e).__name__
@@ -261,16 +283,23 @@ class ChatClient:
                     e.attempts = attempts
                 raise
             stats.completed += 1
+            if stats.first_answer is None:
+                stats.first_answer = time.time()
             return Completion(resp, usage, reported_cost(usage), attempts, time.monotonic() - start)
 
-    async def _attempt(self, data: bytes, est_tokens: int,
-                       on_id: Callable[[str], None] | None = None) -> tuple[Response, dict[str, Any] | None]:
+    async def _attempt(self, data: bytes, est_tokens: int, on_id: Callable[[str], None] | None = None,
+                       stop: asyncio.Event | None = None) -> tuple[Response, dict[str, Any] | None]:
         async with self._sem:
             taken: list[Taken] = []
-            if self._rpm is not None:
-                taken.append(await self._rpm.acquire(1))
-            if self._tpm is not None and est_tokens:
-                taken.append(await self._tpm.acquire(est_tokens))
+            try:
+                if self._rpm is not None:
+                    taken.append(await self._rpm.acquire(1, stop))
+                if self._tpm is not None and est_tokens:
+                    taken.append(await self._tpm.acquire(est_tokens, stop))
+            except BaseException:  # NotSent, or cancelled: what was taken for it goes back
+                for t in taken:
+                    t.release()
+                raise
             stats = self.stats
             stats.requests += 1
             stats.in_flight += 1
@@ -291,6 +320,8 @@ class ChatClient:
 
     async def _open(self, data: bytes, taken: list[Taken]) -> httpx.Response:
         req = httpx.Request("POST", self._url, headers=self._headers, content=data, extensions=self._extensions)
+        if self.stats.first_sent is None:
+            self.stats.first_sent = time.time()
         resp = await self._transport.handle_async_request(req)
         for t in taken:  # the answer's head is here: the provider has seen the request
             t.seen()

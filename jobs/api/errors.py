@@ -13,6 +13,12 @@ class ApiError(EyrieError):
     """Base of every error this client raises."""
 
 
+class NotSent(Exception):
+    """The run stopped while the request waited for its turn (the provider's rate limits) or for a retry (an
+    attempt that failed in a way a retry could fix): nothing more is sent, and the sender drops it as if the stop
+    had come before it (a resume sends it)."""
+
+
 class RequestFailed(ApiError):
     """The request failed for good: retries exhausted, or an error no retry can fix (e.g. HTTP 400).
 

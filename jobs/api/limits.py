@@ -17,9 +17,30 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from eyrie.jobs.api.errors import NotSent
 from eyrie.jobs.errors import EyrieError
 
 RATE_WINDOW_S = 60.0  # the window providers count requests and tokens per ("requests per minute")
+
+
+async def pause(seconds: float | None, stop: asyncio.Event | None = None, wake: asyncio.Event | None = None) -> None:
+    """Wait `seconds`, or (None) until `wake` is set; NotSent as soon as `stop` is set: a run that stopped
+    sends nothing that was still waiting for its turn. Without `stop`, a plain sleep or wait."""
+    if stop is None:
+        await (asyncio.sleep(seconds) if seconds is not None else wake.wait())  # type: ignore[union-attr]
+        return
+    if stop.is_set():
+        raise NotSent
+    waits = [asyncio.ensure_future(stop.wait())]
+    if seconds is None and wake is not None:
+        waits.append(asyncio.ensure_future(wake.wait()))
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    if stop.is_set():
+        raise NotSent
 
 
 class TokenBucket:
@@ -45,10 +66,14 @@ class TokenBucket:
         self.level -= n
         return 0.0 if self.level >= 0 else -self.level / self.rate
 
-    async def acquire(self, n: float = 1.0) -> None:
+    async def acquire(self, n: float = 1.0, stop: asyncio.Event | None = None) -> None:
         wait = self.reserve(n)
         if wait > 0:
-            await asyncio.sleep(wait)
+            try:
+                await pause(wait, stop)
+            except NotSent:
+                self.level += n  # never sent: its tokens go back
+                raise
 
 
 class Taken:
@@ -65,6 +90,12 @@ class Taken:
         if not self.done:
             self.done = True
             self._limit.settle(self.n)
+
+    def release(self) -> None:
+        """The request was never sent (the run stopped first): its units go back."""
+        if not self.done:
+            self.done = True
+            self._limit.give_back(self.n)
 
 
 class WindowLimit:
@@ -113,14 +144,15 @@ class WindowLimit:
         self.seen_units += n
         self._changed.set()
 
-    async def acquire(self, n: float = 1.0) -> Taken:
+    def give_back(self, n: float) -> None:
+        self.unseen -= n
+        self._changed.set()
+
+    async def acquire(self, n: float = 1.0, stop: asyncio.Event | None = None) -> Taken:
         async with self._lock:  # arrival order: the first waiter is served first
             while (wait := self.wait(n)) != 0:
                 self._changed.clear()
-                if wait is None:
-                    await self._changed.wait()
-                else:
-                    await asyncio.sleep(wait)
+                await pause(wait, stop, self._changed)
             return self.take(n)
 
 
@@ -132,9 +164,10 @@ class RateLimit:
         self.bucket = TokenBucket(limit, window_s=window_s)
         self.window = WindowLimit(limit, window_s)
 
-    async def acquire(self, n: float = 1.0) -> Taken:
-        await self.bucket.acquire(n)
-        return await self.window.acquire(n)
+    async def acquire(self, n: float = 1.0, stop: asyncio.Event | None = None) -> Taken:
+        """The units, once both allow them; NotSent when `stop` is set while waiting."""
+        await self.bucket.acquire(n, stop)
+        return await self.window.acquire(n, stop)
 
 
 class LimitsTooLow(EyrieError, ValueError):

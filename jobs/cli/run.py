@@ -22,6 +22,7 @@ from eyrie.jobs.contract.tally import describe_bad_row
 from eyrie.jobs.pipeline import UNTIL, run_stages
 from eyrie.jobs.spec import load_spec
 from eyrie.jobs.store import Store, open_output
+from eyrie.jobs.timeline import Timeline
 
 EXIT_CODES = {Outcome.DONE: 0, Outcome.FAILED: 1, Outcome.BUDGET_EXHAUSTED: 3,
               Outcome.TOOL_SEMANTICS_DRIFT: 4, Outcome.INSUFFICIENT_CREDITS: 5, Outcome.STOPPED: 6,
@@ -132,7 +133,7 @@ def run_main(argv: list[str]) -> int:
                     help="no live progress (a bar on a terminal, else a line every few seconds)")
     ap.add_argument("--verbose", action="store_true",
                     help="end with every table of the report (default: the summary and the verdict; the tables "
-                         "are `eyrie report OUTPUT`'s)")
+                         "are `eyrie report OUTPUT`'s), and say where the start-up's seconds went")
     ap.add_argument("--accept-changed", nargs="+", default=[], metavar="FIELD",
                     help="keep the answers the output holds although these fingerprint fields changed (a prefix "
                          "such as api.sampling names all under it); new answers are labelled with the new "
@@ -141,8 +142,14 @@ def run_main(argv: list[str]) -> int:
                     help="run workers in this process instead of on Ray (debugging, benchmarks); "
                          "EYRIE_NO_RAY=1 does the same")
     args = ap.parse_args(argv)
-    dg = load_spec(args.spec)
+    timeline = Timeline()
+    timeline.add("interpreter and the command's imports", timeline.origin, time.time() - timeline.origin)
+    with timeline.step("the spec"):
+        dg = load_spec(args.spec)
     ctx = RunContext.from_env()
+    from eyrie.jobs.api.client import raise_open_files
+
+    raise_open_files(dg.spec.api.max_concurrency)  # a socket per request in flight; Ray's workers inherit it
     inline = args.inline or os.environ.get("EYRIE_NO_RAY") == "1"
     if dg.spec.generation.ray.mode == "Local" and not os.environ.get("RAY_ADDRESS"):
         # the private loopback cluster of a local run needs no auth token (DESIGN §9)
@@ -158,9 +165,13 @@ def run_main(argv: list[str]) -> int:
                                           on_pilot=lambda v: _print_verdict(v),
                                           # the summary ends with the audit's verdict; its tables: --verbose
                                           on_audit=(lambda doc: print_audit(doc, err)) if args.verbose else None,
-                                          accept_changed=args.accept_changed)
+                                          accept_changed=args.accept_changed, timeline=timeline)
     except KeyboardInterrupt:  # outside generation's own handling (samples, extraction: rebuilt on resume)
         outcome, message = Outcome.STOPPED, "interrupted; run the same command again to resume"
+    if args.verbose:
+        print("start-up timeline (seconds since the process started; steps side by side overlap):", file=sys.stderr)
+        for line in timeline.lines():
+            print(line, file=sys.stderr)
     try:
         _finish(store, outcome, message, args.verbose)
     except KeyboardInterrupt:  # a Ctrl-C after the run: the summary is cut short, the outcome stands
@@ -195,7 +206,11 @@ def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None
         lines.append(f"why: {message}")
     for line in lines:
         print(fitted(line, err.width if err.is_terminal else None), file=sys.stderr)
-    if prog is not None:
+    if prog is not None and outcome == Outcome.STOPPED:
+        # a user who stopped the run is waiting for the prompt: the verdict and the page (seconds of
+        # reading every record and drawing plots) are one command away, not part of the stop
+        print(f"the verdict and the report: eyrie report {store.uri} (--html FILE for the page)", file=sys.stderr)
+    elif prog is not None:
         try:
             _report(store, verbose)
         except Exception as e:  # a by-product: its failure must not change the run's exit code

@@ -9,12 +9,15 @@ workers own their shards' parts.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -29,6 +32,7 @@ from eyrie.jobs.contract.progress import Outcome, Progress, Stage, load_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.generate.adopt import into_shards, pilot_answers
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
+from eyrie.jobs.generate.budget.coordinator import RunCoordinator
 from eyrie.jobs.generate.budget.forecast import forecaster
 from eyrie.jobs.generate.budget.inflight import AbandonedTotals
 from eyrie.jobs.generate.budget.reconcile import provider_key_usage
@@ -43,6 +47,7 @@ from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
 from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.store import Store
+from eyrie.jobs.timeline import Timeline
 from eyrie.jobs.tools.gate import ToolGate
 
 PROGRESS_EVERY_S = 2.0
@@ -72,6 +77,14 @@ class _Stopper:
         self.signal: int | None = None  # the first one
         self.announced = False
         self._old: dict[int, Any] = {}
+        self._wake: Callable[[], None] | None = None
+
+    def wake_on_signal(self) -> asyncio.Event:
+        """An event of the running loop, set when a signal arrives: the run's loop reacts at once, not at its
+        next poll."""
+        loop, event = asyncio.get_running_loop(), asyncio.Event()
+        self._wake = lambda: loop.call_soon_threadsafe(event.set)
+        return event
 
     def __enter__(self) -> _Stopper:
         self.install()
@@ -93,6 +106,8 @@ class _Stopper:
         if not self.requested:
             self.signal = signum
         self.requested = True
+        if self._wake is not None:
+            self._wake()
 
     def acknowledge(self, in_flight: int, notify: Callable[[str], None]) -> None:
         """The one line a first stop gets, once, from the run's loop (never from the handler)."""
@@ -115,6 +130,25 @@ class _Run:
     stopper: _Stopper
     monitor: _Monitor
     notify: Callable[[str], None] = lambda _m: None
+    timeline: Timeline = field(default_factory=Timeline.off)
+    read_bytes_per_token: Callable[[], int | None] | None = None  # what extraction stores per token (pipeline's)
+    bytes_per_token: concurrent.futures.Future | None = None  # its reading, beside the requests
+    delivered: bool = False  # to the coordinator
+
+    def start_beside(self) -> None:
+        """What extraction stores per token, for the canary's projection: read from the model's config, which
+        can mean importing torch and building a builtin model (seconds), so on a thread beside the requests."""
+        if self.bytes_per_token is None and self.read_bytes_per_token is not None:
+            self.bytes_per_token = _beside(self.timeline, "the forecast's bytes per token (the model's config)",
+                                           self.read_bytes_per_token)
+
+    def bytes_per_token_now(self) -> int | None:
+        """Once (the first call after it is known): what extraction stores per token; None meanwhile."""
+        fut = self.bytes_per_token
+        if fut is None or not fut.done() or self.delivered:
+            return None
+        self.delivered = True
+        return fut.result()
 
     @property
     def spec(self) -> DatasetGenerationSpec:
@@ -124,25 +158,33 @@ class _Run:
 def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_url: str, *, inline: bool = False,
                    on_progress: Callable[[Progress], None] | None = None,
                    notify: Callable[[str], None] = lambda _m: None, accept_changed: Sequence[str] = (),
-                   binding: Binding | None = None, bytes_per_token: int | None = None) -> GenerationResult:
+                   binding: Binding | None = None, bytes_per_token: Callable[[], int | None] | None = None,
+                   timeline: Timeline | None = None) -> GenerationResult:
     """Generate until every prompt is persisted or the run stops; returns the final snapshot.
     `base_url` is the provider's (the caller starts the simulator for `api.baseUrl: simulated`).
     With `api.providerProbe` the probe runs first (generate/probe/run.py) and generation is routed to
     the endpoints that pass. Refuses (FingerprintChanged, before anything is sent) an output whose
     answers were bought under another fingerprint, unless `accept_changed` names every field that
-    changed. `bytes_per_token` is what extraction will store per token (`extract/projection.py`, handed in by
-    `pipeline`: generation sits below extraction), for the forecast's hidden-state bytes; None leaves them out."""
+    changed. `bytes_per_token` reads what extraction will store per token (`extract/projection.py`, handed in by
+    `pipeline`: generation sits below extraction), for the forecast's hidden-state bytes: called on a thread beside
+    the first requests (it may import torch); None leaves them out. `timeline` hears each start-up step and the
+    first request and answer (`eyrie run --verbose`)."""
     spec = dg.spec
+    timeline = timeline or Timeline.off()
     if binding is None:
         binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
                               now=now_iso())
     with _Stopper() as stopper:
-        asyncio.run(preflight(spec, base_url, store, ctx.api_key))
-        # what a kill left in flight, booked before anything is sent
-        news = settle_stops(store, base_url, ctx.api_key).news
-        key_usage = provider_key_usage(base_url, ctx.api_key)  # the provider's own figure, shown after a stop
+        step = timeline.step
+        with step("preflight (store, API, sources, tokenizer)"):
+            asyncio.run(preflight(spec, base_url, store, ctx.api_key))
+        with step("what earlier stops left in flight, booked"):
+            news = settle_stops(store, base_url, ctx.api_key).news
+        with step("the provider's key usage"):
+            key_usage = provider_key_usage(base_url, ctx.api_key)  # its own figure, shown after a stop
         try:
-            plan = plan_shards(spec, store)  # a scan of each source; the driver holds no prompt
+            with step("shard plan (a scan of each source)"):
+                plan = plan_shards(spec, store)  # the driver holds no prompt
         except SourceError as e:
             raise PreflightError(f"sources: {e}") from None
         for i, src in enumerate(spec.sources):
@@ -157,12 +199,12 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         probe, kept, stop = _probe(spec, store, ctx, base_url, plan, notify, binding.fingerprint.id, prev,
                                    on_progress or (lambda s: None))
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
-        ckpt = read_checkpoint(store, gate, resuming=True)
+        with step("checkpoint (what earlier attempts persisted)"):
+            ckpt = read_checkpoint(store, gate, resuming=True)
         coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
                        "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit,
                        "workers": spec.generation.ray.workers, "variants": detector_for(spec),
-                       "forecast": forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens,
-                                              bytes_per_token)}
+                       "forecast": forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens)}
         if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
         # a fresh output only: on a resume a shard's first rows may be persisted already (never sent again)
@@ -175,13 +217,17 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                             "workersLost": start.workers_lost, **_pilot_carried(prev)})
         session = Session(probe.routed(spec) if probe else spec, store, ctx, base_url, coordinator,
                           senders=spec.generation.ray.workers, fingerprint=binding.fingerprint.id)
-        run = _Run(session, plan, stopper, monitor, notify)
+        run = _Run(session, plan, stopper, monitor, notify, timeline, bytes_per_token)
         if stop is not None:  # nothing to generate with: the run ends before its first request
             coord = session.start()
             asyncio.run(coord.stop(*stop))
             snapshot = monitor.merged(coord.snapshot())
+        elif inline:
+            snapshot = monitor.merged(_run_inline(run))
+        elif local_ray(spec):
+            snapshot = monitor.merged(_run_local(run))
         else:
-            snapshot = monitor.merged(_run_inline(run) if inline else _run_ray(run))
+            snapshot = monitor.merged(_run_ray(run))
         # still under the handlers: a signal now (a third Ctrl-C) cannot cut the accounting short
         news += settle_stops(store, base_url, ctx.api_key).news  # a stop's abandoned requests, a lost worker's slots
         monitor.extra.update(_account(spec, store, snapshot, total, stopper.hard, start, news))
@@ -459,10 +505,15 @@ def _run_inline(plan: _Run) -> dict:
     async def main() -> dict:
         session = plan.session
         coord = session.start()
+        plan.start_beside()
         workers = [session.shard_worker(i, plan.plan) for i in range(session.senders)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
+        signalled = plan.stopper.wake_on_signal()
         while not all(t.done() for t in tasks):
-            await asyncio.wait(tasks, timeout=0.5)
+            await _wait_or_signal(tasks, signalled)
+            _mark_first(plan.timeline, workers)
+            if (known := plan.bytes_per_token_now()) is not None:
+                coord.know_bytes_per_token(known)
             if plan.stopper.hard:
                 await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE, abandon=True)
                 for t in tasks:
@@ -471,6 +522,7 @@ def _run_inline(plan: _Run) -> dict:
                 return coord.snapshot()
             if plan.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
+                _stop_here(workers)
                 plan.stopper.acknowledge(sum(len(w.sender.inflight.book.flights) for w in workers), plan.notify)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
             await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
@@ -481,20 +533,263 @@ def _run_inline(plan: _Run) -> dict:
     return run_loop(main())
 
 
+async def _wait_or_signal(aws: Sequence[asyncio.Future], signalled: asyncio.Event, timeout: float = 0.5) -> None:
+    """Until one of `aws` is done, a signal arrives, or `timeout`: the driver's poll."""
+    waiter = asyncio.ensure_future(signalled.wait())
+    try:
+        await asyncio.wait([*aws, waiter], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    signalled.clear()
+
+
+def _stop_here(workers: Sequence[ShardWorker]) -> None:
+    """Workers in this process learn a stop at once (not at their next report): nothing waiting for the rate
+    limits is sent after it."""
+    for w in workers:
+        w.sender.budget.stopped = True
+
+
+def _mark_first(timeline: Timeline, workers: Sequence[ShardWorker]) -> None:
+    """The first request sent and the first answer back, as the in-process workers' clients saw them."""
+    for w in workers:
+        stats = w.sender.client.stats if w.sender.client is not None else None
+        if stats is not None and stats.first_sent is not None:
+            timeline.mark(FIRST_REQUEST, stats.first_sent)
+        if stats is not None and stats.first_answer is not None:
+            timeline.mark(FIRST_ANSWER, stats.first_answer)
+
+
+FIRST_REQUEST, FIRST_ANSWER = "first request sent", "first answer received"
+
+
+def local_ray(spec: DatasetGenerationSpec) -> bool:
+    """`generation.ray.mode: Local` with no cluster named (RAY_ADDRESS): a private Ray on this machine."""
+    return spec.generation.ray.mode == "Local" and not os.environ.get("RAY_ADDRESS")
+
+
+def _init_ray(spec: DatasetGenerationSpec) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Workers inherit this process's environment (a local cluster) or their pod's (RayJob), which is
+    # how the API key reaches them: never through a runtime_env, which Ray records.
+    if local_ray(spec):  # a private cluster bound to loopback for this run only (DESIGN §9)
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    else:
+        ray.init(log_to_driver=True)
+
+
+class _Movable:
+    """The run coordinator as a local run's driver and its in-process worker call it: the object in this
+    process until Ray is up, then the Ray actor it moved into (`move`). A worker's `coordinator_call`
+    awaits these methods whichever it is."""
+
+    def __init__(self, local: RunCoordinator):
+        self.local: RunCoordinator | None = local
+        self.actor: Any = None
+        self._busy = 0
+        self._moved: asyncio.Event | None = None  # set while moving: calls wait for the new home
+
+    async def move(self, actor: Any) -> None:
+        """Carry the whole state into `actor` between two calls: none runs here meanwhile, none is lost."""
+        self._moved = asyncio.Event()
+        while self._busy:  # a local call never waits long: with one worker nothing else holds budget
+            await asyncio.sleep(0.01)
+        await actor.adopt.remote(self.local)
+        self.actor, self.local = actor, None
+        self._moved.set()
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        async def call(*args: Any) -> Any:
+            if self._moved is not None:
+                await self._moved.wait()
+            if self.actor is not None:
+                return await getattr(self.actor, method).remote(*args)
+            self._busy += 1
+            try:
+                res = getattr(self.local, method)(*args)
+                return await res if asyncio.iscoroutine(res) else res
+            finally:
+                self._busy -= 1
+
+        return call
+
+
+def _beside(timeline: Timeline, name: str, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    """`fn(*args)` on a daemon thread, timed as a step: what the first request need not wait for."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            with timeline.step(name):
+                done.set_result(fn(*args))
+        except BaseException as e:
+            done.set_exception(e)
+
+    threading.Thread(target=run, name="eyrie-beside", daemon=True).start()
+    return done
+
+
+def _start_ray_beside(spec: DatasetGenerationSpec, timeline: Timeline) -> concurrent.futures.Future:
+    """Ray's start on a thread of its own, beside the first requests. The thread then stays until the process
+    ends: Ray's processes die with the thread that started them (their parent-death signal is the thread's),
+    so a thread that returned would take the cluster with it. A run that ends before Ray is up still waits,
+    at its exit, for Ray's own exit hook (which waits for the start to finish)."""
+    done: concurrent.futures.Future = concurrent.futures.Future()
+
+    def start() -> None:
+        quiet = logging.getLogger("ray._private.worker")  # "no SIGTERM handler off the main thread": ours stays
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            with timeline.step("Ray's start (beside the first requests)"):
+                _init_ray(spec)
+            done.set_result(None)
+        except BaseException as e:
+            done.set_exception(e)
+            return
+        finally:
+            quiet.setLevel(level)
+        threading.Event().wait()  # never set: see the docstring
+
+    threading.Thread(target=start, name="eyrie-ray-start", daemon=True).start()
+    return done
+
+
+def _run_local(plan: _Run) -> dict:
+    """A local run (`generation.ray.mode: Local`, the default): shard worker 0 runs in this process from
+    the start, with the coordinator, so the first request leaves while Ray starts beside it. Ray is
+    needed only for workers 1.. (their own processes, on the machine's other cores): once it is up, the
+    coordinator moves into a named actor (`_Movable`, its state whole) and they start as actors, as on
+    a cluster; a lost one is replaced (its shards requeued) as `_run_ray` does. With one worker Ray is
+    never started: it would only add processes."""
+
+    actor_coord: list[Any] = []
+
+    async def main() -> dict:
+        session, timeline = plan.session, plan.timeline
+        n = session.senders
+        configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
+        coord = _Movable(session.start())
+        first = ShardWorker(configs[0], coord, plan.plan, session.store, api_key=session.ctx.api_key)
+        here = asyncio.create_task(first.run())
+        ray_up: concurrent.futures.Future | None = None
+        beside = False  # what runs beside the requests has started
+        remote: dict[asyncio.Future, tuple[int, str, Any]] = {}  # a Ray worker's run -> (slot, id, handle)
+        actor_cls: Any = None
+        restarts = 0
+
+        def start(i: int, gen: int) -> None:
+            wid = f"w{i}.{gen}"
+            # no api_key argument: Ray records arguments; the worker reads its own environment
+            w = actor_cls.remote(replace(configs[i], sender_id=wid), coord.actor, plan.plan, None, is_actor=True)
+            remote[asyncio.wrap_future(w.run_blocking.remote().future())] = (i, wid, w)
+
+        signalled = plan.stopper.wake_on_signal()
+        while not here.done() or remote:
+            await _wait_or_signal([here, *remote], signalled)
+            _mark_first(timeline, [first])
+            if not beside and _first_answer_due(first):
+                beside = True
+                plan.start_beside()
+                if n > 1:
+                    ray_up = _start_ray_beside(plan.spec, timeline)
+            if (known := plan.bytes_per_token_now()) is not None:
+                await coord.know_bytes_per_token(known)
+            if ray_up is not None and ray_up.done():
+                ray_up.result()  # Ray that cannot start fails the run (as _run_ray's ray.init would)
+                ray_up = None
+                if not here.done() and not plan.stopper.requested:
+                    import ray
+
+                    plan.stopper.install()
+                    with timeline.step("the coordinator moved into a Ray actor"):
+                        actor_coord.append(session.start_actor(f"eyrie-coordinator-{session.attempt}"))
+                        await coord.move(actor_coord[0])
+                    actor_cls = ray.remote(ShardWorker).options(num_cpus=0, max_concurrency=1, max_restarts=0)
+                    for i in range(1, n):
+                        start(i, 0)
+            for fut in [f for f in remote if f.done()]:
+                i, wid, _w = remote.pop(fut)
+                if _lost(fut):
+                    await coord.worker_lost(wid)
+                    plan.monitor.extra["workersLost"] += 1  # the operator says so (a Warning event)
+                    if restarts < MAX_WORKER_RESTARTS * n:
+                        restarts += 1
+                        start(i, restarts)
+            if plan.stopper.hard:
+                await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE, True)
+                here.cancel()  # the worker here writes down the requests it abandons (ShardWorker.run)
+                # Ray workers hear it on their next report (REPORT_SECONDS) and do the same; one that does
+                # not in time leaves its slots, the bound of the same requests
+                await asyncio.wait([here, *remote], timeout=ABANDON_WAIT_S)
+                _kill(w for _i, _wid, w in remote.values())
+                return await coord.snapshot()
+            snap = await coord.snapshot()
+            if plan.stopper.requested:
+                await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
+                _stop_here([first])
+                plan.stopper.acknowledge(len(first.sender.inflight.book.flights) if not remote else snap["inFlight"],
+                                         plan.notify)
+            await asyncio.to_thread(plan.monitor.tick, snap)  # off the loop: the requests here go on meanwhile
+        here.result()
+        return await coord.snapshot()
+
+    try:
+        return run_loop(main())
+    finally:
+        _kill(actor_coord)
+
+
+QUIET_START_S = 3.0
+
+
+def _first_answer_due(worker: ShardWorker) -> bool:
+    """Whether what runs beside the requests may start: once the first answer is in, or QUIET_START_S after the
+    first request left. On a small machine it would take the cores the first answer needs (the simulator's
+    model, on the quickstart), and the worker here already uses the run's first slots meanwhile."""
+    stats = worker.sender.client.stats if worker.sender.client is not None else None
+    if stats is None or stats.first_sent is None:
+        return False
+    return stats.first_answer is not None or time.time() - stats.first_sent >= QUIET_START_S
+
+
+def _lost(fut: asyncio.Future) -> bool:
+    """Whether a Ray worker's run ended with its process (the worker itself returns normally)."""
+    from ray.exceptions import RayActorError
+
+    exc = fut.exception()
+    if isinstance(exc, RayActorError):
+        return True
+    if exc is not None:
+        raise exc
+    return False
+
+
+def _kill(actors: Any) -> None:
+    actors = list(actors)
+    if actors:  # never an import of Ray for nothing: a run that never started it ends without
+        import ray
+
+        for a in actors:
+            ray.kill(a, no_restart=True)
+
+
 def _run_ray(plan: _Run) -> dict:
+    """A run on a Ray cluster (RayJob, Submit, or Local with RAY_ADDRESS): the coordinator and every worker
+    are actors; the driver watches them."""
     import ray
     from ray.exceptions import RayActorError
 
     spec = plan.spec
-    if not ray.is_initialized():
-        # Workers inherit this process's environment (a local cluster) or their pod's (RayJob),
-        # which is how the API key reaches them: never through a runtime_env, which Ray records.
-        if spec.generation.ray.mode == "Local" and not os.environ.get("RAY_ADDRESS"):
-            # a private cluster bound to loopback for this run only (DESIGN §9)
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                     _node_ip_address="127.0.0.1")
-        else:
-            ray.init(log_to_driver=True)
+    plan.start_beside()
+    with plan.timeline.step("Ray's start"):
+        _init_ray(spec)
     plan.stopper.install()
     session = plan.session
     n = session.senders
@@ -537,6 +832,8 @@ def _run_ray(plan: _Run) -> dict:
                 for _i, _wid, w in running.values():
                     ray.kill(w, no_restart=True)
                 return ray.get(coord.snapshot.remote())
+            if (known := plan.bytes_per_token_now()) is not None:
+                ray.get(coord.know_bytes_per_token.remote(known))
             snap = ray.get(coord.snapshot.remote())
             if plan.stopper.requested:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))

@@ -373,11 +373,34 @@ def _load_tiktoken(name: str, folder: Path, files: dict[str, str], where: str) -
         max_length=_max_length(cfg.get("model_max_length")), files=files)
 
 
-def _load_hf(name: str, folder: Path, files: dict[str, str], trust_remote_code: bool, where: str) -> LoadedTokenizer:
+# transformers' generic fast tokenizer classes: a folder whose config names one gets exactly that class from
+# AutoTokenizer, which imports torch (seconds) only to look the name up; the class itself needs no torch, so the
+# generation path (preflight, the template canary) never imports it.
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _tokenizer_class(folder: Path, trust_remote_code: bool) -> Any:
+    """The class `AutoTokenizer` would build for `folder` when it is a generic one, else AutoTokenizer."""
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    if name in GENERIC_CLASSES and not trust_remote_code and "auto_map" not in config \
+            and (folder / "tokenizer.json").is_file():
+        import transformers
+
+        if (cls := getattr(transformers, name, None)) is not None:
+            return cls
     from transformers import AutoTokenizer
 
+    return AutoTokenizer
+
+
+def _load_hf(name: str, folder: Path, files: dict[str, str], trust_remote_code: bool, where: str) -> LoadedTokenizer:
     try:
-        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+        tok = _tokenizer_class(folder, trust_remote_code).from_pretrained(str(folder),
+                                                                          trust_remote_code=trust_remote_code)
     except Exception as e:
         hint = "" if trust_remote_code else " (if it needs its own code, set target.trustRemoteCode: true)"
         raise TokenizerError(f"{where}: AutoTokenizer cannot load it: {type(e).__name__}: {e}{hint}") from None

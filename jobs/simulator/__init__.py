@@ -21,27 +21,28 @@ One module per provider behaviour (docs/architecture.md, "where a change goes"):
   process    the server as a child process, and the foreground loop `eyrie simulate` runs
 """
 
-from eyrie.jobs.simulator.answers import (
-    UNKNOWN_EXTRA_TOKENS,
-    UNKNOWN_VARIANT,
-    Answer,
-    PromptCounter,
-    make_answer,
-    planned_calls,
-)
-from eyrie.jobs.simulator.config import (
-    DEFAULT_FAULTS,
-    FAULTS,
-    MODEL_ID,
-    PROVIDER,
-    SimulatorBehaviour,
-    SimulatorConfig,
-    SimulatorConfigError,
-    read_behaviour,
-)
-from eyrie.jobs.simulator.process import SimulatorProcess
-from eyrie.jobs.simulator.server import SimulatorServer, start_simulator
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Each name from its module, imported on first use: a run starts the simulator's process from `config` and
+# `process` alone, without the server and answer machinery it will never run itself (start-up seconds).
+_HOMES = {
+    "answers": ("UNKNOWN_EXTRA_TOKENS", "UNKNOWN_VARIANT", "Answer", "PromptCounter", "make_answer", "planned_calls"),
+    "config": ("DEFAULT_FAULTS", "FAULTS", "MODEL_ID", "PROVIDER", "SimulatorBehaviour", "SimulatorConfig",
+               "SimulatorConfigError", "read_behaviour"),
+    "process": ("SimulatorProcess",),
+    "server": ("SimulatorServer", "start_simulator"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = ["DEFAULT_FAULTS", "FAULTS", "MODEL_ID", "PROVIDER", "UNKNOWN_EXTRA_TOKENS", "UNKNOWN_VARIANT", "Answer",
            "PromptCounter", "SimulatorBehaviour", "SimulatorConfig", "SimulatorConfigError", "SimulatorProcess",
            "SimulatorServer", "make_answer", "planned_calls", "read_behaviour", "start_simulator"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME_OF[name]}"), name)

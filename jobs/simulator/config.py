@@ -6,6 +6,8 @@ runs on (JSON across the process boundary: `SimulatorProcess` hands it to `eyrie
 from __future__ import annotations
 
 import json
+import math
+import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
@@ -130,6 +132,24 @@ class SimulatedRateLimit(Model):
     """The window's length (a provider's "per minute": 60)."""
 
 
+class SimulatedLatency(Model):
+    """How long each answer takes, drawn per request (seeded) between `minSeconds` and `maxSeconds`: a real target's
+    spread (a thinking model answers in seconds to minutes), where `api.simulator.latencyMs` is one fixed delay."""
+
+    min_seconds: float = Field(ge=0, le=3600)
+    max_seconds: float = Field(ge=0, le=3600)
+    distribution: Literal["uniform", "logUniform"] = "uniform"
+    """uniform in [min, max]; logUniform: uniform in log(latency), as many short answers as long ones per decade."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SimulatedLatency:
+        if self.max_seconds < self.min_seconds:
+            raise ValueError(f"maxSeconds {self.max_seconds} is below minSeconds {self.min_seconds}")
+        if self.distribution == "logUniform" and self.min_seconds <= 0:
+            raise ValueError("logUniform needs minSeconds above 0")
+        return self
+
+
 class SimulatorBehaviour(Model):
     """A simulator config file (`api.simulator.config`, `eyrie simulate --config`): the provider's behaviours for
     demos and tests, faults first. Not part of the v1alpha1 API: a DatasetGeneration names the file, never these."""
@@ -167,6 +187,8 @@ class SimulatorBehaviour(Model):
     at /models/{author}/{slug}/endpoints; empty: one endpoint, eyrie-simulator."""
     rate_limit: SimulatedRateLimit | None = None
     """A request limit over a sliding window (429 with Retry-After past it); unset: none."""
+    latency: SimulatedLatency | None = None
+    """Each answer's latency drawn from a range (replaces api.simulator.latencyMs); unset: latencyMs."""
 
     @field_validator("providers")
     @classmethod
@@ -212,9 +234,11 @@ def text_behaviour(spec: SimulatedTextCalls | None = None) -> TextBehaviour:
 
 
 def rate_limit(behaviour: SimulatorBehaviour) -> dict[str, Any]:
-    """A file's rateLimit as SimulatorConfig's fields."""
-    r = behaviour.rate_limit
-    return {"rate_limit_requests": r.requests if r else None, "rate_limit_window_s": r.window_seconds if r else 60.0}
+    """A file's rateLimit and latency as SimulatorConfig's fields."""
+    r, lat = behaviour.rate_limit, behaviour.latency
+    return {"rate_limit_requests": r.requests if r else None, "rate_limit_window_s": r.window_seconds if r else 60.0,
+            **({"latency_range_s": (lat.min_seconds, lat.max_seconds), "latency_distribution": lat.distribution}
+               if lat else {})}
 
 
 def check_providers(providers: list[dict[str, Any]]) -> None:
@@ -269,6 +293,8 @@ class SimulatorConfig:
     model: str | None = None  # the model the listing knows (None: any)
     rate_limit_requests: int | None = None  # 429 past this many requests in any rate_limit_window_s (None: no limit)
     rate_limit_window_s: float = 60.0
+    latency_range_s: tuple[float, float] | None = None  # each answer's latency drawn from it (None: latency_ms)
+    latency_distribution: str = "uniform"  # uniform | logUniform
 
     def __post_init__(self) -> None:
         self.input_per_million = Decimal(str(self.input_per_million))
@@ -286,6 +312,13 @@ class SimulatorConfig:
             raise ValueError("simulator latency_ms, retry_after_s must be >= 0, max_completion_tokens >= 1")
         if (self.rate_limit_requests is not None and self.rate_limit_requests < 1) or self.rate_limit_window_s <= 0:
             raise ValueError("simulator rate_limit_requests must be >= 1 and rate_limit_window_s > 0")
+        if self.latency_range_s is not None:
+            self.latency_range_s = (float(self.latency_range_s[0]), float(self.latency_range_s[1]))
+            lo, hi = self.latency_range_s
+            if not 0 <= lo <= hi or self.latency_distribution not in ("uniform", "logUniform") or (
+                    self.latency_distribution == "logUniform" and lo <= 0):
+                raise ValueError(f"simulator latency_range_s {self.latency_range_s} ({self.latency_distribution}): "
+                                 "needs 0 <= min <= max (min > 0 for logUniform)")
         if self.answer_model_calls not in ("simulator", "model"):
             raise ValueError(f"simulator answer_model_calls: {self.answer_model_calls!r} is not simulator or model")
         check_providers(self.providers)
@@ -322,6 +355,15 @@ class SimulatorConfig:
                        text_calls=text_behaviour(behaviour.text_calls),
                        text_calls_by_source={k: text_behaviour(v) for k, v in behaviour.text_calls_by_source.items()},
                        providers=[p.wire() for p in behaviour.providers], **rate_limit(behaviour))
+
+    def draw_latency(self, rng: random.Random) -> float:
+        """One answer's latency in seconds: latency_ms, or a draw from latency_range_s."""
+        if self.latency_range_s is None:
+            return self.latency_ms / 1000
+        lo, hi = self.latency_range_s
+        if self.latency_distribution == "logUniform":
+            return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        return rng.uniform(lo, hi)
 
     def text_behaviour(self, messages: list[Any]) -> tuple[TextBehaviour, str | None]:
         """The text-mode behaviour for this prompt, and the source it was recognised as (None: none

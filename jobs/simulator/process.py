@@ -15,10 +15,12 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eyrie.jobs.simulator.config import SimulatorConfig
-from eyrie.jobs.simulator.server import SimulatorServer, start_simulator
+
+if TYPE_CHECKING:
+    from eyrie.jobs.simulator.server import SimulatorServer
 
 _LISTENING_RE = re.compile(r"listening on (http://\S+)")
 
@@ -42,6 +44,13 @@ class SimulatorProcess:
         return self._proc.pid
 
     def start(self) -> SimulatorProcess:
+        self.spawn()
+        self.wait_ready()
+        return self
+
+    def spawn(self) -> None:
+        """Start the child and return at once (`wait_ready` waits for it to listen): what the caller does
+        meanwhile overlaps the child's start."""
         cmd = [sys.executable, "-m", "eyrie.jobs.cli", "simulate", "--host", self.host, "--port", str(self.port),
                "--config-json", self.config.to_json(), "--parent-pid", str(os.getpid())]
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child; closed in stop()
@@ -49,7 +58,12 @@ class SimulatorProcess:
         # kill the provider those requests are waiting on; stop() ends it by PID.
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._stderr,
                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        assert self._proc.stdout is not None
+
+    def wait_ready(self) -> str:
+        """The base URL once the child listens; RuntimeError (the child stopped) when it does not in time."""
+        if self.base_url:
+            return self.base_url
+        assert self._proc is not None and self._proc.stdout is not None and self._stderr is not None
         deadline = time.monotonic() + self.startup_timeout
         line = b""
         while time.monotonic() < deadline:
@@ -58,7 +72,7 @@ class SimulatorProcess:
                 line = self._proc.stdout.readline()
                 if m := _LISTENING_RE.search(line.decode(errors="replace")):
                     self.base_url = m.group(1)
-                    return self
+                    return self.base_url
                 if not line:
                     break
             elif self._proc.poll() is not None:
@@ -100,13 +114,9 @@ class SimulatorProcess:
 
 def raise_nofile_limit() -> None:
     """Thousands of concurrent connections need as many descriptors as the hard limit allows."""
-    import resource
+    from eyrie.jobs.api.client import raise_open_files
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = 65536 if hard == resource.RLIM_INFINITY else hard
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    raise_open_files(60_000)
 
 
 def warm_own_process(server: SimulatorServer, config: SimulatorConfig) -> None:
@@ -122,6 +132,8 @@ def warm_own_process(server: SimulatorServer, config: SimulatorConfig) -> None:
 
 
 async def serve(config: SimulatorConfig, host: str, port: int, parent_pid: int | None) -> None:
+    from eyrie.jobs.simulator.server import start_simulator
+
     server = await start_simulator(config, host, port)
     print(f"eyrie simulator (a demo/test tool, not a real model) listening on {server.base_url}", flush=True)
     # the tokenizer and answer model load while the client starts (a local run's Ray), not on its first requests

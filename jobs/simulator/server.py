@@ -9,7 +9,7 @@ import contextlib
 import os
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
@@ -36,6 +36,10 @@ _ENDPOINT = web.RequestKey("eyrie_endpoint", object)  # the endpoint a request w
 _GEN_ID = web.RequestKey("eyrie_generation", str)  # the generation's id: one per request, as OpenRouter's
 _EARLY = web.RequestKey("eyrie_early", object)  # a stream whose head went out before the model's latency
 GENERATIONS_KEPT = 200_000  # `GET /generation` answers for the latest this many
+
+
+OCCUPANCY_EVERY_S = 0.25
+OCCUPANCY_SAMPLES = 20_000  # the last 83 minutes of samples
 
 
 class Simulator:
@@ -72,6 +76,10 @@ class Simulator:
         self.fault_counts: Counter[str] = Counter()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.latency_rng = random.Random(f"{self.cfg.seed}/latency")  # its own draws: the faults' stay as they were
+        self.started = time.monotonic()
+        # (seconds since start, requests open, received, completed)
+        self.occupancy: deque[tuple[float, int, int, int]] = deque(maxlen=OCCUPANCY_SAMPLES)
         self.by_provider: Counter[str] = Counter()  # requests routed to each endpoint (several providers)
         cfg = self.cfg
         self.window = None if cfg.rate_limit_requests is None else RequestWindow(cfg.rate_limit_requests,
@@ -80,9 +88,19 @@ class Simulator:
     def stats(self) -> dict[str, Any]:
         return {"requests": self.requests, "completed": self.completed, "billedUSD": str(self.billed),
                 "faults": dict(self.fault_counts), "inFlight": self.in_flight,
-                "maxInFlight": self.max_in_flight,
+                "maxInFlight": self.max_in_flight, "occupancy": list(self.occupancy),
+                "startedMonotonic": self.started,
                 **({"byProvider": dict(self.by_provider)} if self.endpoints.items else {}),
                 **({"rateLimit": self.window.stats()} if self.window is not None else {})}
+
+    async def sample_occupancy(self) -> None:
+        """Every OCCUPANCY_EVERY_S, how many requests are open (received, not yet answered): what a client keeps in
+        flight, seen from the provider's side (`occupancy` in the stats, with the requests received and answered
+        so far)."""
+        while True:
+            self.occupancy.append((round(time.monotonic() - self.started, 3), self.in_flight, self.requests,
+                                   self.completed))
+            await asyncio.sleep(OCCUPANCY_EVERY_S)
 
     def _cost(self, ans: Answer, cfg: SimulatorConfig | None = None) -> float:
         cfg = cfg or self.cfg
@@ -224,15 +242,16 @@ class Simulator:
         if self.cfg.fault_rate and self.rng.random() < self.cfg.fault_rate:
             fault = self.rng.choice(self.faults)
             self.fault_counts[fault] += 1
-        if cfg.latency_ms and body.get("stream") and endpoint is None and fault in (None, "leak", "byok"):
+        delay = cfg.draw_latency(self.latency_rng)
+        if delay and body.get("stream") and endpoint is None and fault in (None, "leak", "byok"):
             # as OpenRouter streams: the head (and the generation's id) at once, the model's tokens later
             early = web.StreamResponse(headers={**_SSE_HEADERS, "X-Generation-Id": request[_GEN_ID]})
             await early.prepare(request)
             await early.write(_COMMENT + self._chunk(self._head(body, "chat.completion.chunk", request),
                                                      {"role": "assistant", "content": ""}))
             request[_EARLY] = early
-        if cfg.latency_ms:
-            await asyncio.sleep(cfg.latency_ms / 1000)
+        if delay:
+            await asyncio.sleep(delay)
         if fault in HTTP_FAULTS:
             status, msg = HTTP_FAULTS[fault]
             meta: dict[str, Any] = {"provider_name": PROVIDER}
@@ -267,7 +286,10 @@ class Simulator:
         if counter is not None:
             counted = await asyncio.to_thread(counter, body, ans)
             ans = replace(ans, prompt_tokens=ans.prompt_tokens if counted is None else counted)
-        ans = await asyncio.to_thread(count_completion, counter, cut or body, ans, cfg)
+        if counter is not None:  # a tokenizer's count: off the loop; without one a few arithmetic steps, here
+            ans = await asyncio.to_thread(count_completion, counter, cut or body, ans, cfg)
+        else:
+            ans = count_completion(None, cut or body, ans, cfg)
         if endpoint is not None:
             ans = endpoint.degrade(body, ans)
         if fault in ("leak", "length-empty"):
@@ -412,6 +434,7 @@ class SimulatorServer:
         self._runner = runner
         self.base_url = base_url
         self.config = sim.cfg
+        self._sampler = asyncio.ensure_future(sim.sample_occupancy())
 
     @property
     def port(self) -> int:
@@ -430,6 +453,7 @@ class SimulatorServer:
             self._sim.warm()
 
     async def close(self) -> None:
+        self._sampler.cancel()
         await self._runner.cleanup()
 
     async def __aenter__(self) -> SimulatorServer:

@@ -104,6 +104,28 @@ class RunCoordinator:
         self.forecast = forecast  # seeded with earlier attempts' costs: may judge before any spend
         self._judge_forecast()
 
+    # -- moving: the driver's coordinator into a Ray actor (generate/driver.py, a local run) ---------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_changed"]  # bound to this process's event loop: the new home makes its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._changed = asyncio.Condition()
+
+    def adopt(self, other: RunCoordinator) -> None:
+        """Become `other` (its ledger, gate, counters, shards and stop, whole): a local run's coordinator
+        starts in the driver's process, so that the first request need not wait for Ray, and moves
+        into a Ray actor once Ray is up and other workers need to reach it."""
+        self.__setstate__(other.__getstate__())
+
+    def know_bytes_per_token(self, n: int) -> None:
+        """What extraction stores per token (the forecast's projection of the hidden states), once the driver
+        has read it from the model's config beside the first requests."""
+        if self.forecast is not None:
+            self.forecast.bytes_per_token = n
+
     # -- shards ------------------------------------------------------------------------------
     def next_shard(self, worker: str) -> int | None:
         self.calls += 1

@@ -126,12 +126,22 @@ class LeaseHolder:
         self.concurrency = concurrency
         self.inflight = inflight
         self.lease = Lease()
-        self.stopped = False
+        self.stop_event = asyncio.Event()  # set once the run stops: requests still waiting to go out never do
         self.abandoning = False
         self._observations: list[RequestResult] = []
         self._renewing = asyncio.Lock()
         self._settled = asyncio.Event()
         self._closing = asyncio.Event()
+
+    @property
+    def stopped(self) -> bool:
+        """The run stopped (any reason): nothing more is dispatched or sent."""
+        return self.stop_event.is_set()
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        if value:
+            self.stop_event.set()
 
     async def reserve(self, amount: Decimal) -> int | None:
         """A reservation id for `amount` (the request's worst case), renewing the lease as needed;
@@ -186,6 +196,12 @@ class LeaseHolder:
 
     def durable(self, rid: int) -> None:
         """Request `rid`'s record is in the store: no longer in flight."""
+        if self.inflight is not None:
+            self.inflight.book.close(rid)
+
+    def unsent(self, rid: int) -> None:
+        """A request the run stopped before it was sent (it waited for the rate limits): as if never reserved."""
+        self.lease.release(rid)
         if self.inflight is not None:
             self.inflight.book.close(rid)
 

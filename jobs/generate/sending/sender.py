@@ -25,6 +25,7 @@ from typing import Any
 
 from eyrie.jobs.api import AuthError, ChatClient, InsufficientCredits, RequestFailed, reported_cost
 from eyrie.jobs.api.client import Completion
+from eyrie.jobs.api.errors import NotSent
 from eyrie.jobs.api.limits import Limits, Pacer
 from eyrie.jobs.api.sse import parse_completion
 from eyrie.jobs.context import api_key_from_env
@@ -283,8 +284,11 @@ class Sender:
             raise RuntimeError(f"sender {self.sender_id}: send inside `async with sender.open_client()`")
         self.budget.sending(rid)
         try:
-            return await self.client.complete(body, est_tokens=est,
-                                              on_id=lambda gen: self.budget.identify(rid, gen))
+            return await self.client.complete(body, est_tokens=est, on_id=lambda gen: self.budget.identify(rid, gen),
+                                              stop=self.budget.stop_event)
+        except NotSent:  # the run stopped while it waited for the rate limits: never sent, nothing paid
+            self.budget.unsent(rid)
+            return None
         except RequestFailed as e:  # this sample fails (retries spent, a refusal, a 4xx); the run goes on
             return e
         except InsufficientCredits as e:  # out of credits, a spent key or budget: the run stops
