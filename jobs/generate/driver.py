@@ -42,6 +42,7 @@ from eyrie.jobs.generate.probe.run import ProbeOutcome, ProbeSettings, adopt, ru
 from eyrie.jobs.generate.sending.actor import ShardWorkerActor, run_loop
 from eyrie.jobs.generate.sending.conversation import AgenticSummary
 from eyrie.jobs.generate.sending.session import Session
+from eyrie.jobs.generate.sending.worker import ShardWorker
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
@@ -676,7 +677,8 @@ def _run_local(plan: _Run) -> dict:
         n = session.senders
         configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
         coord = _Movable(session.start())
-        first = ShardWorker(configs[0], coord, plan.plan, session.store, api_key=session.ctx.api_key)
+        session.coordinator = coord  # the worker here calls it wherever it lives
+        first = session.shard_worker(0, plan.plan)
         here = asyncio.create_task(first.run())
         ray_up: concurrent.futures.Future | None = None
         beside = False  # what runs beside the requests has started
@@ -687,7 +689,7 @@ def _run_local(plan: _Run) -> dict:
         def start(i: int, gen: int) -> None:
             wid = f"w{i}.{gen}"
             # no api_key argument: Ray records arguments; the worker reads its own environment
-            w = actor_cls.remote(replace(configs[i], sender_id=wid), coord.actor, plan.plan, None, is_actor=True)
+            w = actor_cls.remote(replace(configs[i], sender_id=wid), coord.actor, plan.plan)
             remote[asyncio.wrap_future(w.run_blocking.remote().future())] = (i, wid, w)
 
         signalled = plan.stopper.wake_on_signal()
@@ -711,7 +713,7 @@ def _run_local(plan: _Run) -> dict:
                     with timeline.step("the coordinator moved into a Ray actor"):
                         actor_coord.append(session.start_actor(f"eyrie-coordinator-{session.attempt}"))
                         await coord.move(actor_coord[0])
-                    actor_cls = ray.remote(ShardWorker).options(num_cpus=0, max_concurrency=1, max_restarts=0)
+                    actor_cls = ray.remote(ShardWorkerActor).options(num_cpus=0, max_concurrency=1, max_restarts=0)
                     for i in range(1, n):
                         start(i, 0)
             for fut in [f for f in remote if f.done()]:

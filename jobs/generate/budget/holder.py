@@ -130,6 +130,7 @@ class LeaseHolder:
         self.abandoning = False
         self._observations: list[RequestResult] = []
         self._renewing = asyncio.Lock()
+        self._queue = asyncio.Lock()  # requests waiting for budget, first come first served (`reserve`)
         self._settled = asyncio.Event()
         self._closing = asyncio.Event()
 
@@ -145,22 +146,36 @@ class LeaseHolder:
 
     async def reserve(self, amount: Decimal) -> int | None:
         """A reservation id for `amount` (the request's worst case), renewing the lease as needed;
-        None when the run stops (budget exhausted, or any other stop reason)."""
+        None when the run stops (budget exhausted, or any other stop reason).
+
+        Requests the lease cannot cover queue (FIFO, `_queue`): only the first renews or waits for a settlement,
+        the others wait their turn. Woken all together on each settlement, thousands of them (10,000 allowed in
+        flight, a budget that holds fewer) each renewed in turn: work for every waiter on every answer. A request
+        that arrives while others queue joins the queue, so none is overtaken for ever."""
+        rid = None if self._queue.locked() or self.stopped else self.lease.reserve(amount)
+        if rid is None:
+            async with self._queue:
+                rid = await self._reserve_queued(amount)
+            if rid is None:
+                return None
+        if self.inflight is not None:
+            try:
+                await self.inflight.open(rid, self.lease.amount(rid))
+            except BaseException:
+                self.lease.release(rid)
+                self.inflight.book.close(rid)
+                raise
+        return rid
+
+    async def _reserve_queued(self, amount: Decimal) -> int | None:
         while not self.stopped:
             rid = self.lease.reserve(amount)
             if rid is not None:
-                if self.inflight is not None:
-                    try:
-                        await self.inflight.open(rid, self.lease.amount(rid))
-                    except BaseException:
-                        self.lease.release(rid)
-                        self.inflight.book.close(rid)
-                        raise
                 return rid
             want = self.lease.price(amount)
             grant = await self._renew(want, self.hint(want))
             if grant is None or grant.renewal is Renewal.GRANTED:
-                continue  # another request renewed meanwhile, or we did: try the lease again
+                continue  # the periodic report renewed meanwhile, or we did: try the lease again
             if grant.renewal is Renewal.EXHAUSTED:
                 self.stopped = True
             elif self.lease.in_flight:  # WAIT: our own reservations must settle first
