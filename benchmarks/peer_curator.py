@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +44,29 @@ INSTALL = ("bespokelabs-curator is not installed in this Python. Run this benchm
            "pyyaml uvloop\n"
            "  .venv-peer/bin/pip install --no-deps -e .\n"
            "  .venv-peer/bin/python benchmarks/peer_curator.py")
+
+
+PEER_VENV = Path(__file__).resolve().parents[1] / ".venv-peer"
+PEER_PACKAGES = ("bespokelabs-curator", "httpx-aiohttp", "orjson", "minio", "pyarrow", "jsonschema", "pyyaml", "uvloop")
+
+
+def peer_python() -> str | None:
+    """$EYRIE_PEER_PYTHON, else .venv-peer's Python, made here when missing (the README's three commands, from
+    PyPI: a few minutes once); None when it cannot be made (offline)."""
+    if os.environ.get("EYRIE_PEER_PYTHON"):
+        return os.environ["EYRIE_PEER_PYTHON"]
+    python = PEER_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"peer_curator: building curator's venv in {PEER_VENV} (once)", file=sys.stderr, flush=True)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PEER_VENV.parent)],
+                           check=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            print(f"peer_curator: the venv could not be built: {e}", file=sys.stderr)
+            return None
+    return str(python)
 
 
 def register_stand_in_cl100k() -> None:
@@ -146,9 +170,12 @@ def main() -> int:
     try:
         import bespokelabs.curator  # noqa: F401
     except ImportError:
-        print(INSTALL, file=sys.stderr)
-        print("RESULT peer_curator SKIPPED (bespokelabs-curator not installed)")
-        return 2
+        peer = peer_python()  # curator's own venv, built on first use (a fresh machine runs this as it is)
+        if peer is None or Path(sys.executable).resolve() == Path(peer).resolve():
+            print(INSTALL, file=sys.stderr)
+            print("RESULT peer_curator SKIPPED (bespokelabs-curator not installed)")
+            return 2
+        return subprocess.call([peer, __file__, *sys.argv[1:]])
     register_stand_in_cl100k()
     import logging
 

@@ -143,13 +143,25 @@ class _Run:
             self.bytes_per_token = _beside(self.timeline, "the forecast's bytes per token (the model's config)",
                                            self.read_bytes_per_token)
 
+    def bytes_per_token_at_end(self) -> int | None:
+        """What extraction stores per token for the final figures of a run that was not stopped: waited for if
+        still being read (it overlapped the run; a stop does not wait for it), None when delivered already."""
+        fut = self.bytes_per_token
+        if fut is None or self.delivered or self.stopper.requested:
+            return None
+        self.delivered = True
+        try:
+            return fut.result()
+        except Exception:  # the projection is a by-product: no figure rather than a failed run
+            return None
+
     def bytes_per_token_now(self) -> int | None:
         """Once (the first call after it is known): what extraction stores per token; None meanwhile."""
         fut = self.bytes_per_token
         if fut is None or not fut.done() or self.delivered:
             return None
         self.delivered = True
-        return fut.result()
+        return None if fut.exception() is not None else fut.result()  # no projection rather than a failed run
 
     @property
     def spec(self) -> DatasetGenerationSpec:
@@ -175,6 +187,9 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
     if binding is None:
         binding = bind_output(store, spec, ctx.attempt, accept=accept_changed, accept_id=ctx.accept_fingerprint,
                               now=now_iso())
+    early = None  # off a local run's first-request path, what runs beside starts now, beside preflight too
+    if bytes_per_token is not None and (inline or not local_ray(spec)):
+        early = _beside(timeline, "the forecast's bytes per token (the model's config)", bytes_per_token)
     with _Stopper() as stopper:
         step = timeline.step
         with step("preflight (store, API, sources, tokenizer)"):
@@ -218,7 +233,7 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
                             "workersLost": start.workers_lost, **_pilot_carried(prev)})
         session = Session(probe.routed(spec) if probe else spec, store, ctx, base_url, coordinator,
                           senders=spec.generation.ray.workers, fingerprint=binding.fingerprint.id)
-        run = _Run(session, plan, stopper, monitor, notify, timeline, bytes_per_token)
+        run = _Run(session, plan, stopper, monitor, notify, timeline, bytes_per_token, early)
         if stop is not None:  # nothing to generate with: the run ends before its first request
             coord = session.start()
             asyncio.run(coord.stop(*stop))
@@ -529,6 +544,8 @@ def _run_inline(plan: _Run) -> dict:
             await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
         for t in tasks:
             t.result()
+        if (known := await asyncio.to_thread(plan.bytes_per_token_at_end)) is not None:
+            coord.know_bytes_per_token(known)
         return coord.snapshot()
 
     return run_loop(main())
@@ -740,6 +757,8 @@ def _run_local(plan: _Run) -> dict:
                                          plan.notify)
             await asyncio.to_thread(plan.monitor.tick, snap)  # off the loop: the requests here go on meanwhile
         here.result()
+        if (known := await asyncio.to_thread(plan.bytes_per_token_at_end)) is not None:
+            await coord.know_bytes_per_token(known)
         return await coord.snapshot()
 
     try:
@@ -841,6 +860,8 @@ def _run_ray(plan: _Run) -> dict:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
                 plan.stopper.acknowledge(snap["inFlight"], plan.notify)
             plan.monitor.tick(snap)
+        if (known := plan.bytes_per_token_at_end()) is not None:
+            ray.get(coord.know_bytes_per_token.remote(known))
         return ray.get(coord.snapshot.remote())
     finally:
         ray.kill(coord)

@@ -124,7 +124,7 @@ class RunCoordinator:
         """What extraction stores per token (the forecast's projection of the hidden states), once the driver
         has read it from the model's config beside the first requests."""
         if self.forecast is not None:
-            self.forecast.bytes_per_token = n
+            self.forecast.know_bytes_per_token(n)
 
     # -- shards ------------------------------------------------------------------------------
     def next_shard(self, worker: str) -> int | None:

@@ -15,7 +15,7 @@ shows at the canary, before any extraction starts (the alternative: `eyrie expor
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from eyrie.jobs.contract.money import dollars
@@ -121,6 +121,13 @@ class Forecaster:
     def add(self, cost: Decimal, tokens: int = 0) -> None:
         self.costs.add(cost)
         self.tokens += tokens
+
+    def know_bytes_per_token(self, n: int) -> None:
+        """What extraction stores per token, once read (beside the first requests): later projections carry the
+        hidden-state bytes, and so does the canary's, if it was taken before (its projected tokens times `n`)."""
+        self.bytes_per_token = n
+        if self.at_canary is not None and self.at_canary.hidden_bytes is None:
+            self.at_canary = replace(self.at_canary, hidden_bytes=self.at_canary.tokens * n)
 
     def current(self, spent: Decimal, prompts_left: int) -> Forecast | None:
         if self.costs.count < self.canary:
