@@ -15,6 +15,7 @@ EyrieError
         RequestFailed  (jobs/api/errors.py)
             SampleRefused  (jobs/api/errors.py)
     Retryable  (jobs/api/errors.py)
+    NotSent  (jobs/api/errors.py)
     LimitsTooLow  (jobs/api/limits.py)
     ExtractionError  (jobs/contract/extraction.py)
         VocabMismatch  (jobs/extract/run.py)

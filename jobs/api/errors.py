@@ -13,7 +13,7 @@ class ApiError(EyrieError):
     """Base of every error this client raises."""
 
 
-class NotSent(Exception):
+class NotSent(EyrieError):
     """The run stopped while the request waited for its turn (the provider's rate limits) or for a retry (an
     attempt that failed in a way a retry could fix): nothing more is sent, and the sender drops it as if the stop
     had come before it (a resume sends it)."""
