@@ -97,9 +97,11 @@ class Cluster:
 
 
 @contextmanager
-def running_cluster(node: Node, release: Release, s3_server: Any, ns: str, latency_ms: int) -> Iterator[Cluster]:
+def running_cluster(node: Node, release: Release, s3_server: Any, ns: str, latency_ms: int,
+                    sim_image: str = RAY_IMAGE, sim_args: tuple[str, ...] = ()) -> Iterator[Cluster]:
     """The Ray worker image on the node, namespace `ns` with the Secrets, MinIO's Service and the simulator's
-    Deployment answering each request after `latency_ms`; the namespace deleted on the way out."""
+    Deployment answering each request after `latency_ms` (from `sim_image`, with `sim_args` more: the extractor
+    image's torch serves a builtin model's answers); the namespace deleted on the way out."""
     node.import_image(images_archive("ray-worker"))
     cp = node.cp
     cp.ensure_namespace(ns)
@@ -111,9 +113,9 @@ def running_cluster(node: Node, release: Release, s3_server: Any, ns: str, laten
     cp.create(DEPLOYMENTS, ns, {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "sim"},
                                 "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
                                     "metadata": {"labels": labels}, "spec": {"containers": [{
-                                        "name": "sim", "image": RAY_IMAGE,
+                                        "name": "sim", "image": sim_image,
                                         "command": ["eyrie", "simulate", "--host", "0.0.0.0", "--port",
-                                                    str(SIM_PORT), "--latency-ms", str(latency_ms)],
+                                                    str(SIM_PORT), "--latency-ms", str(latency_ms), *sim_args],
                                         "ports": [{"containerPort": SIM_PORT}],
                                         "readinessProbe": {"httpGet": {"path": "/sim/stats", "port": SIM_PORT},
                                                            "periodSeconds": 2}}]}}}})
