@@ -55,17 +55,20 @@ def peer_python() -> str | None:
     PyPI: a few minutes once); None when it cannot be made (offline)."""
     if os.environ.get("EYRIE_PEER_PYTHON"):
         return os.environ["EYRIE_PEER_PYTHON"]
-    python = PEER_VENV / "bin" / "python"
-    if not python.exists():
+    python, built = PEER_VENV / "bin" / "python", PEER_VENV / ".built"
+    if not built.exists():
         print(f"peer_curator: building curator's venv in {PEER_VENV} (once)", file=sys.stderr, flush=True)
+        # pip runs outside the repository: its folder `operator/` would shadow the standard library's module
+        elsewhere = {"cwd": tempfile.gettempdir(), "check": True}
         try:
-            subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+            subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], **elsewhere)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], **elsewhere)
             subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PEER_VENV.parent)],
-                           check=True)
+                           **elsewhere)
         except (OSError, subprocess.CalledProcessError) as e:
             print(f"peer_curator: the venv could not be built: {e}", file=sys.stderr)
             return None
+        built.touch()
     return str(python)
 
 
