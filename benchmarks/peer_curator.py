@@ -63,7 +63,8 @@ def peer_python() -> str | None:
         try:
             subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], **elsewhere)
             subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], **elsewhere)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PEER_VENV.parent)],
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PEER_VENV.parent),
+                            "--config-settings", "editable_mode=strict"],
                            **elsewhere)
         except (OSError, subprocess.CalledProcessError) as e:
             print(f"peer_curator: the venv could not be built: {e}", file=sys.stderr)
