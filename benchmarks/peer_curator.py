@@ -8,7 +8,8 @@ curator pins older pydantic/rich/tiktoken/huggingface-hub than eyrie's environme
 own venv (see benchmarks/README.md):
 
     python -m venv .venv-peer
-    .venv-peer/bin/pip install bespokelabs-curator httpx-aiohttp orjson minio pyarrow jsonschema pyyaml uvloop
+    .venv-peer/bin/pip install bespokelabs-curator httpx-aiohttp orjson minio pyarrow jsonschema jsonschema-rs \
+        pyyaml uvloop
     .venv-peer/bin/pip install --no-deps -e .
     .venv-peer/bin/python benchmarks/peer_curator.py
 
@@ -41,13 +42,14 @@ PRICE_IN, PRICE_OUT = Decimal("0.15"), Decimal("0.60")  # LiteLLM's gpt-4o-mini,
 INSTALL = ("bespokelabs-curator is not installed in this Python. Run this benchmark from its own venv:\n"
            "  python -m venv .venv-peer\n"
            "  .venv-peer/bin/pip install bespokelabs-curator httpx-aiohttp orjson minio pyarrow jsonschema "
-           "pyyaml uvloop\n"
+           "jsonschema-rs pyyaml uvloop\n"
            "  .venv-peer/bin/pip install --no-deps -e .\n"
            "  .venv-peer/bin/python benchmarks/peer_curator.py")
 
 
 PEER_VENV = Path(__file__).resolve().parents[1] / ".venv-peer"
-PEER_PACKAGES = ("bespokelabs-curator", "httpx-aiohttp", "orjson", "minio", "pyarrow", "jsonschema", "pyyaml", "uvloop")
+PEER_PACKAGES = ("bespokelabs-curator", "httpx-aiohttp", "orjson", "minio", "pyarrow", "jsonschema", "jsonschema-rs",
+                 "pyyaml", "uvloop")
 
 
 def peer_python() -> str | None:
