@@ -203,6 +203,7 @@ def test_a_require_pilot_suspends_with_its_verdict_and_the_other_mode_resumes_pa
     assert Decimal(st["spentUSD"]) == Decimal(brief(billed))
     assert st["outputReport"] == store.url(layout.REPORT)
     manifest = json.loads(store.get(layout.MANIFEST))
-    assert manifest["reconstruction"]["samples"]["kept"] == ROWS
+    assert manifest["reconstruction"]["samples"]["kept"] == ROWS, manifest["reconstruction"]["samples"]
+    assert manifest["extraction"]["samples"] == ROWS, manifest["extraction"]
     # the pilot's progress.json of the same attempt is no restart of the generation job's
     assert not {"GenerationRestarted", "GenerationRetried"} & {e["reason"] for e in cp.events(NS, name)}
