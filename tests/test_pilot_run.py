@@ -6,8 +6,8 @@ sources' tool-declaring prompts is refused before any spend.
 
 Affordable: 20 pilot prompts of the example's 120 rows (5 held out), 10 training steps per drafter. At so small
 a budget the ranking is the seed's and the sample's (with the rows cut to 30, another sample of 20, the text
-drafter came out ahead: +0.02 [0.01-0.03]); this sample and seed give the ranking the example's full budget
-gives (text worse, separated): 1.23 [1.19-1.26] against 1.27 [1.23-1.30] accepted tokens per step, measured
+drafter came out ahead: +0.02 [0.01, 0.03]); this sample and seed give the ranking the example's full budget
+gives (text worse, separated): 1.23 [1.19, 1.26] against 1.27 [1.23, 1.30] accepted tokens per step, measured
 here (CPU, one thread, deterministic). If a change to training moves it, the first test says so.
 """
 

@@ -39,7 +39,7 @@ def test_require_suspends_a_run_whose_own_data_is_worse():
                        "'{\"spec\":{\"suspend\":false,\"tools\":{\"mode\":\"structured\"}}}'")
     assert "policy require: the run is suspended" in v.sentence and v.patch in v.sentence
     assert "set tools.mode: structured and run again" in v.sentence
-    assert "2.75 [2.65-2.85] more than the run's own" in v.sentence
+    assert "2.75 [2.65, 2.85] more than the run's own" in v.sentence
     assert v.adopted == 0  # nothing of the run's own mode is kept by a run that does not go on
 
 

@@ -21,7 +21,7 @@ from decimal import Decimal
 from eyrie.jobs.contract.money import dollars
 from eyrie.jobs.contract.pilot import Option, OptionResult, PilotVerdict, Span
 from eyrie.jobs.evaluate.figures import samples_to_separate, separates
-from eyrie.jobs.intervals import Estimate
+from eyrie.jobs.intervals import Estimate, bracket
 
 
 @dataclass(frozen=True)
@@ -121,15 +121,16 @@ def _sentence(own: Option, best: Option, by: Mapping[Option, Measured], gap: Est
     o, b = by[own], by[best]
     assert o.accepted.value is not None and b.accepted.value is not None
     assert gap.value is not None and gap.low is not None and gap.high is not None
-    acc = f"{_n(o.accepted.value)} [{_n(o.accepted.low or 0)}-{_n(o.accepted.high or 0)}]"
-    acc_b = f"{_n(b.accepted.value)} [{_n(b.accepted.low or 0)}-{_n(b.accepted.high or 0)}]"
+    acc = f"{_n(o.accepted.value)} {bracket(_n(o.accepted.low or 0), _n(o.accepted.high or 0))}"
+    acc_b = f"{_n(b.accepted.value)} {bracket(_n(b.accepted.low or 0), _n(b.accepted.high or 0))}"
     if separates(gap):
         word = "more" if gap.value > 0 else "fewer"
         near, far = (gap.low, gap.high) if gap.value > 0 else (-gap.high, -gap.low)
-        diff = f"{_n(abs(gap.value))} [{_n(near)}-{_n(far)}] {word} than the run's own"
+        diff = f"{_n(abs(gap.value))} {bracket(_n(near), _n(far))} {word} than the run's own"
     else:
         more = more_prompts(gap, prompts, heldout)
-        diff = (f"{gap.value:+.2f} [{gap.low:+.2f}, {gap.high:+.2f}] against the run's own, not separated"
+        span = bracket(f"{gap.low:+.2f}", f"{gap.high:+.2f}")
+        diff = (f"{gap.value:+.2f} {span} against the run's own, not separated"
                 + (f": about {more:,} more pilot prompts would separate a difference this size" if more else ""))
     head = (f"pilot of {prompts:,} tool-declaring prompts ({heldout:,} held out: the target's own structured "
             f"answers): a drafter trained on the run's own data ({own.describe()}) accepts {acc} tokens per step; "

@@ -8,7 +8,7 @@ for the new settings buying nothing, the generation RayJob and the extraction Jo
 the pilot's answers is paid for again (the simulator's own count).
 
 Small: 30 rows, 20 pilot prompts of which 5 held out, 60 training steps per drafter, the smallest budget measured
-here whose verdict is separated (text 2.60 [1.97-3.54] against structured 4.28 [2.75-7.89] tokens per step, the same
+here whose verdict is separated (text 2.60 [1.97, 3.54] against structured 4.28 [2.75, 7.89] tokens per step, the same
 figures in the pod as with `eyrie pilot` on this machine; at 10 steps the two are 1.29 and 1.27, and text passes).
 The resumed attempt's pilot reuses the first one's answers and drafters: it buys and trains nothing."""
 
