@@ -44,8 +44,9 @@ def evaluated(tmp_path_factory) -> dict:
         main(["evaluate", str(ref), "--against", str(imp), "--control", "--steps", str(STEPS),
               "--json", str(base / "evaluation.json")])
     assert done.value.code == 0, err.getvalue()[-3000:]
-    return {"ref": ref, "impostor": imp, "stdout": out.getvalue(), "stderr": err.getvalue(),
-            "doc": json.loads((ref / "evaluation.json").read_text()),
+    stored = json.loads((ref / "evaluation.json").read_text())
+    return {"ref": ref, "impostor": imp, "stdout": out.getvalue(), "stderr": err.getvalue(), "stored": stored,
+            "doc": {k: v for k, v in stored.items() if k != "history"},
             "json": json.loads((base / "evaluation.json").read_text())}
 
 
@@ -58,7 +59,8 @@ def test_evaluation_json_holds_every_drafters_acceptance_consistent_by_the_chain
     doc = evaluated["doc"]
     kept = json.loads((evaluated["ref"] / "progress.json").read_text())["samples"]["done"]
     heldout = kept // 5  # the default: a fifth of the reference's samples
-    assert evaluated["json"] == doc  # --json writes the stored document
+    assert evaluated["json"] == doc  # --json writes the stored document's latest evaluation
+    assert evaluated["stored"]["history"] == []  # the first evaluation of this output: nothing earlier kept
     assert doc["target"]["model"] == "builtin:tiny-chat" and doc["specforgeVersion"] == "0.2.0"
     assert [d["kind"] for d in doc["drafters"]] == ["reference", "against", "control"]
     assert [d["name"] for d in doc["drafters"][:2]] == ["structured", "impostor"]

@@ -470,7 +470,7 @@ def test_refused_engine_args_are_the_ones_that_split_rows(pin):
 def test_the_gpu_check_imports_and_declines_cleanly_without_cuda(tmp_path):
     """It runs the issue's checks in order on a GPU; here it must import and write `notRun`."""
     gpu = load_gpu_check()
-    assert [n for n, _ in gpu.CHECKS] == ["imports", "shm", "llama", "fidelity", "chunked", "moe", "throughput"]
+    assert [n for n, _ in gpu.CHECKS] == ["imports", "shm", "llama", "fidelity", "chunked", "moe", "throughput", "hf"]
     out = tmp_path / "gpu.json"
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_extraction.py"), "--out", str(out)],
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)

@@ -394,8 +394,14 @@ async def test_plain_answer_shape_usage_cost_and_billing(start_sim: StartSim) ->
     assert (generation["tokens_prompt"], generation["tokens_completion"]) == (ans.prompt_tokens, ans.completion_tokens)
     assert Decimal(str(key["usage"])) == 2 * Decimal(str(u["cost"])) and key["limit"] is None
     stats = await sim.stats()
+    occupancy, started = stats.pop("occupancy"), stats.pop("startedMonotonic")
     assert stats == {"requests": 2, "completed": 2, "billedUSD": str(2 * expected), "faults": {},
                      "inFlight": 0, "maxInFlight": 1}
+    # the provider-side samples: (seconds since start, open, received, answered), in time order, never more open
+    # than received nor more answered than received
+    assert occupancy and isinstance(started, float)
+    assert [t for t, *_ in occupancy] == sorted(t for t, *_ in occupancy)
+    assert all(0 <= open_ <= received <= 2 and done <= received for _, open_, received, done in occupancy)
     assert models["data"][0]["id"] == "eyrie/simulated"
 
 

@@ -59,13 +59,18 @@ def test_every_example_applies_and_get_shows_the_printer_columns(control_plane: 
     assert len(dsgs) >= 2
     first = dsgs[0]["metadata"]["name"]
     # the server's own table conversion (what `kubectl get` prints), from the CRD's additionalPrinterColumns
-    status = {"phase": "Generating", "spentUSD": "0.42", "samples": {"done": 17}}
+    status = {"phase": "Generating", "spentUSD": "0.42", "samples": {"done": 17},
+              "pilot": {"runAccepted": 3.33, "bestOption": "structured", "bestAccepted": 7.06}}
     control_plane.patch(DSG, ns, first, {"status": status}, sub="status")
     out = control_plane.kubectl("get", "dsg", namespace=ns, check=True).stdout.splitlines()
-    assert out[0].split() == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "AGE"], out
+    assert out[0].split() == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "ACCEPTED", "ALTACCEPTED", "AGE"], out
     rows = {line.split()[0]: line.split() for line in out[1:]}
     assert sorted(rows) == sorted(d["metadata"]["name"] for d in dsgs)
-    assert rows[first][1:5] == ["Generating", "0.42", dsgs[0]["spec"]["budget"]["maxUSD"], "17"], out
+    assert rows[first][1:7] == ["Generating", "0.42", dsgs[0]["spec"]["budget"]["maxUSD"], "17", "3.33", "7.06"], out
+    # the alternative's name is a wide column (priority 1): `-o wide` shows it
+    wide = control_plane.kubectl("get", "dsg", first, "-o", "wide", namespace=ns, check=True).stdout.splitlines()
+    assert wide[0].split() == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "ACCEPTED", "ALT", "ALTACCEPTED", "AGE"]
+    assert wide[1].split()[5:8] == ["3.33", "structured", "7.06"], wide
 
 
 def test_describe_shows_conditions_and_events(control_plane: ControlPlane, chart: Installed) -> None:

@@ -199,7 +199,7 @@ def test_kubectl_apply_waits_for_a_missing_secret_shows_columns_and_lowered_budg
     (out / "report.html").write_text("<!DOCTYPE html><title>eyrie report</title>")  # as `eyrie run` ends
     wait_for("Canary", phase_is(cluster, "kc", "Canary"))
     table = [line.split() for line in kubectl(cluster, "get", "dsg").splitlines()]
-    assert table[0] == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "AGE"]
+    assert table[0] == ["NAME", "PHASE", "SPENT", "BUDGET", "DONE", "ACCEPTED", "ALTACCEPTED", "AGE"]
     assert table[1][:5] == ["kc", "Canary", "0.42", "5", "7"]
 
     kubectl(cluster, "patch", "dsg", "kc", "--type", "merge", "-p", '{"spec":{"budget":{"maxUSD":"0.40"}}}')
