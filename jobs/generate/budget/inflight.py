@@ -20,7 +20,9 @@ so a kill -9 books at most `concurrency x the largest worst case` above the bill
 than the bill. A request is sent only once its slot's cap is on disk: a new slot or a raised cap
 costs one write, shared by every request that needs one while it is under way (group commit); a
 slot freed by a durable answer is reused with no write while its cap covers the next reservation,
-which is every request of a steady run. Slots left free for a whole period are dropped, and every
+which is every request of a steady run: a slot created or raised gets the largest reservation made so
+far, not the request's own (reservations vary with the prompt; caps that follow each request are raised
+again and again, and at 10,000 in flight each write lists 10,000 slots). Slots left free for a whole period are dropped, and every
 free slot once the worker stops dispatching, so the persisted bound follows the requests really in
 flight (a drain after the first Ctrl-C lowers it as answers come in).
 
@@ -80,6 +82,7 @@ class InflightBook:
     flights: dict[int, Flight] = field(default_factory=dict)
     _snapshot: dict[int, Decimal] | None = None  # the write under way: slot -> cap
     _next_slot: int = 0
+    _largest: Decimal = Decimal(0)  # the largest reservation made: what a slot created or raised gets
     _free: list[tuple[Decimal, int]] = field(default_factory=list)  # (durable, slot) of free slots not dropping
 
     def _unfree(self, i: int) -> None:
@@ -92,16 +95,17 @@ class InflightBook:
         """Give request `rid` (reservation `amount`) a slot; True when the slot's persisted cap
         already covers it (send at once), False when a write must land first (`covered`)."""
         free = self._free
+        self._largest = max(self._largest, amount)
         k = bisect.bisect_left(free, (amount, -1))
         if k < len(free):
             i = free.pop(k)[1]  # the smallest cap that covers it: large caps stay for large requests
         elif free:
-            i = free.pop()[1]  # raise the largest free cap: the least the bound grows
-            self.slots[i].cap = max(self.slots[i].cap, amount)
+            i = free.pop()[1]  # raise the largest free cap: the fewest slots raised
+            self.slots[i].cap = max(self.slots[i].cap, self._largest)
         else:
             i = self._next_slot
             self._next_slot += 1
-            self.slots[i] = _Slot(cap=amount)
+            self.slots[i] = _Slot(cap=self._largest)
         slot = self.slots[i]
         slot.occupant, slot.used = rid, True
         self.flights[rid] = Flight(amount, i)
@@ -202,8 +206,10 @@ BOUND, FINAL = "bound", "final"
 
 
 def bound_doc(caps: dict[int, Decimal], meta: dict[str, Any]) -> dict[str, Any]:
-    """The object a worker keeps while it sends (`layout.inflight_key`): its persisted slots."""
-    return {**meta, "kind": BOUND, "slots": [usd(c) for c in caps.values()]}
+    """The object a worker keeps while it sends (`layout.inflight_key`): its persisted slots. Their caps take few
+    distinct values (`InflightBook.open`): each is written out once."""
+    text: dict[Decimal, str] = {}
+    return {**meta, "kind": BOUND, "slots": [text.get(c) or text.setdefault(c, usd(c)) for c in caps.values()]}
 
 
 def final_doc(flights: list[Flight], meta: dict[str, Any]) -> dict[str, Any]:
