@@ -47,6 +47,7 @@ INSTALL = ("bespokelabs-curator is not installed in this Python. Run this benchm
            "  .venv-peer/bin/python benchmarks/peer_curator.py")
 
 
+SIM_PYTHON = "EYRIE_SIMULATOR_PYTHON"  # the Python the simulator runs in (eyrie's own), when this runs in curator's
 PEER_VENV = Path(__file__).resolve().parents[1] / ".venv-peer"
 PEER_PACKAGES = ("bespokelabs-curator", "httpx-aiohttp", "orjson", "minio", "pyarrow", "jsonschema", "jsonschema-rs",
                  "pyyaml", "uvloop")
@@ -181,7 +182,8 @@ def main() -> int:
             print(INSTALL, file=sys.stderr)
             print("RESULT peer_curator SKIPPED (bespokelabs-curator not installed)")
             return 2
-        return subprocess.call([peer, __file__, *sys.argv[1:]])
+        # the simulator stays in this Python: curator pins an aiohttp older than the simulator's server needs
+        return subprocess.call([peer, __file__, *sys.argv[1:]], env={**os.environ, SIM_PYTHON: sys.executable})
     register_stand_in_cl100k()
     import logging
 
@@ -191,7 +193,7 @@ def main() -> int:
 
     n, c = args.requests, args.concurrency
     cfg = SimulatorConfig(latency_ms=0, input_per_million=PRICE_IN, output_per_million=PRICE_OUT)
-    with SimulatorProcess(cfg) as sim, tempfile.TemporaryDirectory() as tmp:
+    with SimulatorProcess(cfg, python=os.environ.get(SIM_PYTHON)) as sim, tempfile.TemporaryDirectory() as tmp:
         # warm both paths once (imports, connection pools), then measure
         curator_run(sim.base_url, 100, c, args.max_tokens, f"{tmp}/cw")
         eyrie_run(sim.base_url, 100, c, args.max_tokens, Path(tempfile.mkdtemp(dir=tmp)))
@@ -208,7 +210,7 @@ def main() -> int:
     # different prices): curator's cost comes from the map, eyrie's from the provider's usage.cost.
     m = max(100, n // 4)
     off = SimulatorConfig(latency_ms=0, input_per_million=Decimal("0.60"), output_per_million=Decimal("2.50"))
-    with SimulatorProcess(off) as sim, tempfile.TemporaryDirectory() as tmp:
+    with SimulatorProcess(off, python=os.environ.get(SIM_PYTHON)) as sim, tempfile.TemporaryDirectory() as tmp:
         _, e_spent2, _ = eyrie_run(sim.base_url, m, c, args.max_tokens, Path(tempfile.mkdtemp(dir=tmp)))
         e_billed2 = Decimal(sim.stats()["billedUSD"])
         _, c_cost2, _ = curator_run(sim.base_url, m, c, args.max_tokens, f"{tmp}/cm")

@@ -29,8 +29,9 @@ class SimulatorProcess:
     """The simulator in a child process on loopback (reachable from Ray workers); stopped by PID."""
 
     def __init__(self, config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 startup_timeout: float = 30.0):
+                 startup_timeout: float = 30.0, python: str | None = None):
         self.config = config or SimulatorConfig()
+        self.python = python or sys.executable  # another venv's eyrie serves a peer tool (its pins are not eyrie's)
         self.host, self.port = host, port
         self.startup_timeout = startup_timeout
         self.base_url = ""
@@ -51,7 +52,7 @@ class SimulatorProcess:
     def spawn(self) -> None:
         """Start the child and return at once (`wait_ready` waits for it to listen): what the caller does
         meanwhile overlaps the child's start."""
-        cmd = [sys.executable, "-m", "eyrie.jobs.cli", "simulate", "--host", self.host, "--port", str(self.port),
+        cmd = [self.python, "-m", "eyrie.jobs.cli", "simulate", "--host", self.host, "--port", str(self.port),
                "--config-json", self.config.to_json(), "--parent-pid", str(os.getpid())]
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the child; closed in stop()
         # its own session: a Ctrl-C meant for the run (which drains in-flight requests) must not
