@@ -307,9 +307,10 @@ def test_a_steady_worker_reuses_its_slots_without_writing():
 
 
 def test_reservations_that_vary_cost_a_write_per_slot_once_the_largest_stops_growing():
-    """Reservations vary with the prompt: a slot created or raised gets the largest reservation made so far, so once
-    no larger one comes each slot is written at most once more (at 10,000 in flight a write lists every slot; caps
-    that followed each request were raised again and again: 19 writes for 8 slots, 6,939 for 2,000 here)."""
+    """Reservations vary with the prompt: a slot created or raised gets the largest reservation made so far and every
+    write takes every slot to it, so once no larger one comes, one write at most follows (at 10,000 in flight a
+    write lists every slot; caps that followed each request were raised again and again: 19 writes for 8 slots,
+    6,939 for 2,000 here; raised to the largest one slot at a time, 6 and 1,881, a write every 6 ms at 10,000)."""
     import random
 
     rng = random.Random(7)
@@ -328,4 +329,4 @@ def test_reservations_that_vary_cost_a_write_per_slot_once_the_largest_stops_gro
         assert book.covered(rid)
         open_.append(rid)
     assert len(book.slots) == slots and all(s.durable <= largest for s in book.slots.values())  # B2 still
-    assert since_growth <= slots, since_growth
+    assert since_growth <= 1, since_growth

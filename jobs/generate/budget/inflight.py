@@ -21,8 +21,9 @@ than the bill. A request is sent only once its slot's cap is on disk: a new slot
 costs one write, shared by every request that needs one while it is under way (group commit); a
 slot freed by a durable answer is reused with no write while its cap covers the next reservation,
 which is every request of a steady run: a slot created or raised gets the largest reservation made so
-far, not the request's own (reservations vary with the prompt; caps that follow each request are raised
-again and again, and at 10,000 in flight each write lists 10,000 slots). Slots left free for a whole period are dropped, and every
+far, not the request's own, and every write takes every kept slot to it (reservations vary with the
+prompt: caps that followed each request were raised again and again, and at 10,000 in flight each write
+lists 10,000 slots; so once the largest reservation stops growing, no slot needs a write again). Slots left free for a whole period are dropped, and every
 free slot once the worker stops dispatching, so the persisted bound follows the requests really in
 flight (a drain after the first Ctrl-C lowers it as answers come in).
 
@@ -157,7 +158,8 @@ class InflightBook:
         for i in gone:
             self._unfree(i)
             self.slots[i].dropping = True
-        self._snapshot = {i: s.cap for i, s in self.slots.items() if i not in gone}
+        largest = self._largest  # every kept slot goes to it: once it stops growing, no slot needs a write again
+        self._snapshot = {i: max(s.cap, largest) for i, s in self.slots.items() if i not in gone}
         if drop is Drop.IDLE:
             self.new_period()
         return dict(self._snapshot)
