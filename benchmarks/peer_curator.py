@@ -1,7 +1,7 @@
 """Peer: the same N chat requests to the same simulator at the same concurrency, through
 bespokelabs-curator's online OpenAI processor and through eyrie: as a user runs it (`eyrie run`, a
-process of its own with local Ray, the default path: the headline ratio) and its generation stage
-inline in this process. Figures: requests/s end to end, ratio eyrie/curator (target >= 1.5), and
+process of its own on the spec's defaults: one worker, no Ray; the headline ratio) and its generation
+stage inline in this process. Figures: requests/s end to end, ratio eyrie/curator (target >= 1.5), and
 each tool's spend accuracy against what the simulator billed (`/sim/stats`, reset between runs).
 
 curator pins older pydantic/rich/tiktoken/huggingface-hub than eyrie's environment, so it runs in its
@@ -149,7 +149,7 @@ def eyrie_run(base_url: str, n: int, concurrency: int, max_tokens: int, workdir:
 
 
 def eyrie_cli(base_url: str, n: int, concurrency: int, max_tokens: int, workdir: Path) -> tuple[float, Decimal, int]:
-    """(requests/s, spentUSD, records) of `eyrie run` with its defaults (local Ray), whole process:
+    """(requests/s, spentUSD, records) of `eyrie run` with its defaults (one worker: no Ray), whole process:
     start-up, preflight, planning, Ray, generation, the final recount, exit."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import cli_spec, run_eyrie
@@ -178,7 +178,8 @@ def main() -> int:
         import bespokelabs.curator  # noqa: F401
     except ImportError:
         peer = peer_python()  # curator's own venv, built on first use (a fresh machine runs this as it is)
-        if peer is None or Path(sys.executable).resolve() == Path(peer).resolve():
+        # not resolved: every venv's python links to the same interpreter
+        if peer is None or os.path.abspath(sys.executable) == os.path.abspath(peer):
             print(INSTALL, file=sys.stderr)
             print("RESULT peer_curator SKIPPED (bespokelabs-curator not installed)")
             return 2
@@ -219,7 +220,7 @@ def main() -> int:
     print(f"peer_curator: {n} requests at concurrency {c}, simulator at zero latency, {os.cpu_count()} cores")
     print(f"  curator (online OpenAI processor): {c_rps:8.1f} req/s  {c_n} responses  "
           f"cost ${c_cost:.7f} vs billed ${c_billed:.7f} ({accuracy(c_cost, c_billed)})")
-    print(f"  eyrie run (local Ray, whole process): {d_rps:8.1f} req/s  {d_n} records    "
+    print(f"  eyrie run (its defaults, whole process):{d_rps:8.1f} req/s  {d_n} records    "
           f"spent ${d_spent} vs billed ${d_billed} ({accuracy(d_spent, d_billed)})")
     print(f"  eyrie (run_generation, inline):     {e_rps:8.1f} req/s  {e_n} records    "
           f"spent ${e_spent} vs billed ${e_billed} ({accuracy(e_spent, e_billed)})")

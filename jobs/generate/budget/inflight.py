@@ -23,9 +23,10 @@ slot freed by a durable answer is reused with no write while its cap covers the 
 which is every request of a steady run: a slot created or raised gets the largest reservation made so
 far, not the request's own, and every write takes every kept slot to it (reservations vary with the
 prompt: caps that followed each request were raised again and again, and at 10,000 in flight each write
-lists 10,000 slots; so once the largest reservation stops growing, no slot needs a write again). Slots left free for a whole period are dropped, and every
-free slot once the worker stops dispatching, so the persisted bound follows the requests really in
-flight (a drain after the first Ctrl-C lowers it as answers come in).
+lists 10,000 slots; so once the largest reservation stops growing, no slot needs a write again). Slots
+left free for a whole period are dropped, and every free slot once the worker stops dispatching, so the
+persisted bound follows the requests really in flight (a drain after the first Ctrl-C lowers it as
+answers come in).
 
 A stop that leaves the worker alive (Ctrl-C twice, a failure) writes the exact requests it abandons
 instead (`abandoned`): each sent request's reservation, its cost when its answer had come (paid,
