@@ -9,6 +9,8 @@ freed before its commit, since the write would be done before the next answer ca
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sys
 import threading
 import time
@@ -78,9 +80,13 @@ def run(tmp_path: Path, store: FileStore, n: int, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.integration
-def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatch):
+@pytest.mark.parametrize("company", ["default", "every slot"])
+def test_paid_but_not_durable_never_exceeds_max_concurrency(tmp_path, monkeypatch, company):
     # each journal write takes 10x the provider's 30 ms: with the slot freed before its commit, a
-    # worker would collect about 3 slots x 10 answers paid but not durable during every write
+    # worker would collect about 3 slots x 10 answers paid but not durable during every write.
+    # "every slot": each journal waits (up to LINGER_S) for as many records as its worker has slots
+    if company == "every slot":
+        monkeypatch.setattr("eyrie.jobs.generate.sending.sender.company_for", lambda slots: slots)
     store = WatchedStore(tmp_path / "out", write_s=0.3)
     paid, gaps = [0], []
     original = ChatClient.complete
@@ -248,3 +254,32 @@ def test_a_second_start_of_the_same_attempt_is_a_restart_that_keeps_its_lost_wor
     # the pilot's progress of the same attempt (its Job in a cluster, the first stage locally): the job's first start
     assert Resume.disruptions_of(found(attempt="1", runId=run, stage="pilot", outcome="PilotPassed"), "1", run) == (
         0, 0)
+
+
+async def test_a_journal_waits_for_company_at_most_its_linger_and_never_returns_before_the_write(tmp_path):
+    """`company` records share a write even when they come a few ms apart; a lone record waits no longer than
+    LINGER_S; a commit returns only once its object is in the store."""
+    from eyrie.jobs.generate.sending.journal import LINGER_S, Journal
+
+    store = WatchedStore(tmp_path / "out")
+    journal = Journal(store, company=4)
+    writer = asyncio.create_task(journal.run())
+
+    async def spaced(i: int) -> None:
+        await asyncio.sleep(0.004 * i)
+        await journal.commit(0, record(f"r{i}"))
+        assert store.durable >= i + 1  # returned: its record is in the store
+
+    try:
+        await asyncio.gather(*(spaced(i) for i in range(4)))  # 12 ms apart in all: one write
+        assert (journal.writes, store.journal_writes, store.durable) == (1, 1, 4)
+        t0 = time.monotonic()
+        await journal.commit(0, record("r9"))  # alone: waits for company, then writes anyway
+        waited = time.monotonic() - t0
+        assert journal.writes == 2 and store.durable == 5
+        assert LINGER_S * 0.8 <= waited < LINGER_S + 1.0, waited
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+    assert_exactly_once(list(records.iter_records(store)), [0, 1, 2, 3, 9])

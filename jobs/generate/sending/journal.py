@@ -13,8 +13,12 @@ the requests that were in flight.
 
 Group commit: records that arrive while a write is under way wait for the next write and share it
 (one journal object per shard per write, however many records). Under load a write carries about as
-many records as arrived during the previous one, so writes per answer fall as the rate rises, and
-no timer holds a paid answer in memory.
+many records as arrived during the previous one, so writes per answer fall as the rate rises. With many
+requests in flight and slow answers that is still a write per one or two answers (at 10,000 in flight
+and 2-60 s: 12,500 objects for 20,000 answers, each created, fsynced, read back and deleted), so a
+journal may wait for company (`company`): up to `LINGER_S` for that many records before it writes. The
+answers waiting hold their slots meanwhile, so the bound above holds as it is; `company` 1 (the
+default, and what a sender with few slots gets) writes at once.
 
 When a shard ends, `compact_shard` rewrites its journal objects as the final parts
 (`generations/shard-NNNNN/part-NNNNN.jsonl.gz`, `generation.partRecords` records each) and then
@@ -25,6 +29,7 @@ reads each sample once (parts first) and the next compaction skips what a part a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,18 +37,30 @@ from dataclasses import dataclass, field
 from eyrie.jobs.contract import layout, records
 from eyrie.jobs.store import Store
 
+LINGER_S = 0.025  # the longest a write waits for company: nothing beside a model's seconds per answer
+COMPANY_MAX = 64  # records a write waits for at most
+
+
+def company_for(slots: int) -> int:
+    """The records a sender's journal waits for: a sixteenth of its slots, 1 (no wait) below 32 slots, at most
+    COMPANY_MAX. Few slots fill a write by themselves or not at all; 10,000 fill 64 in well under LINGER_S."""
+    return max(1, min(COMPANY_MAX, slots // 16))
+
 
 class Journal:
     """One worker's group committer; `run` is its writer loop (a task in the worker's TaskGroup)."""
 
     def __init__(self, store: Store, writer: str | None = None,
-                 key: Callable[[int, str, int], str] = layout.journal_key):
+                 key: Callable[[int, str, int], str] = layout.journal_key, company: int = 1):
         self.store = store
+        self.company = company  # a write waits up to LINGER_S for this many records (1: it writes at once)
         self.writer = writer or secrets.token_hex(4)  # names this worker instance's objects
         self._key = key  # (shard, writer, seq) -> object key: a shard's journal, or the probe's answers
         self._seq = 0
         self._pending: dict[int, list[tuple[records.Record, asyncio.Future[None]]]] = {}
+        self._pending_n = 0
         self._wake = asyncio.Event()
+        self._enough = asyncio.Event()  # `company` records are pending
         self.writes = 0  # journal objects written
         self.durable = 0  # records made durable
 
@@ -51,7 +68,10 @@ class Journal:
         """Return once `rec` is durable in the store."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.setdefault(shard, []).append((rec, done))
+        self._pending_n += 1
         self._wake.set()
+        if self._pending_n >= self.company:
+            self._enough.set()
         await done
 
     async def run(self) -> None:
@@ -59,8 +79,13 @@ class Journal:
         (cancels) every commit waiting on it and raises, which stops the worker's TaskGroup."""
         while True:
             await self._wake.wait()
+            if self._pending_n < self.company:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LINGER_S):
+                        await self._enough.wait()
             self._wake.clear()
-            batch, self._pending = self._pending, {}
+            self._enough.clear()
+            batch, self._pending, self._pending_n = self._pending, {}, 0
             try:
                 # compress and write off the event loop: answers keep arriving meanwhile
                 await asyncio.to_thread(self._write, {s: [r for r, _ in items] for s, items in batch.items()})

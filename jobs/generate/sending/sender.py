@@ -35,7 +35,7 @@ from eyrie.jobs.contract.progress import Outcome, now_iso
 from eyrie.jobs.generate.budget.coordinator import RequestResult
 from eyrie.jobs.generate.budget.holder import InflightLog, LeaseHolder
 from eyrie.jobs.generate.budget.pricing import Pricing, UnpriceableRequest, actual_cost, usd, worst_case
-from eyrie.jobs.generate.sending.journal import Journal
+from eyrie.jobs.generate.sending.journal import Journal, company_for
 from eyrie.jobs.generate.sending.requests import build_body, estimate_prompt_tokens, max_output_tokens, prepare_row
 from eyrie.jobs.sources import BadRow, Prompt
 from eyrie.jobs.spec import DatasetGenerationSpec, GenerationSpec
@@ -126,7 +126,7 @@ class Sender:
     @property
     def journal(self) -> Journal:
         if self._journal is None:
-            self._journal = Journal(self.open_store())
+            self._journal = Journal(self.open_store(), company=company_for(self.concurrency))
         return self._journal
 
     def open_store(self) -> Store:
