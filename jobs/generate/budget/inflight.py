@@ -141,9 +141,6 @@ class InflightBook:
                 bisect.insort(self._free, (slot.durable, f.slot))
 
     # -- writes ------------------------------------------------------------------------------
-    def needs_write(self) -> bool:
-        return any(s.cap > s.durable for s in self.slots.values())
-
     def droppable(self, drop: Drop) -> list[int]:
         if drop is Drop.NONE:
             return []
