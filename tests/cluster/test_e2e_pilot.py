@@ -108,15 +108,17 @@ def test_a_require_pilot_suspends_on_its_verdict_and_the_other_mode_resumes_thro
     cluster.kubectl(*shlex.split(line)[1:], check=True)
     wait_for("the next attempt's pilot Job", lambda: (cluster.get(JOBS, NS, job_name) or {}).get(
         "metadata", {}).get("annotations", {}).get(children.ATTEMPT_ANNOTATION) == "2", timeout=60)
-    assert status_of(cluster, name)["attempt"] == "2" and cluster.list(RAYJOBS, NS) == []
+    wait_for("attempt 2 in the status", lambda: status_of(cluster, name).get("attempt") == "2")
+    assert cluster.list(RAYJOBS, NS) == []
     structured = {**spec, "tools": {"mode": "structured"}}
     piloted(out, "2", "PilotPassed")
     write_verdict(open_store(f"file://{out}"), verdict(structured, "structured", "text", passed=True))
     end_pilot_pod(cluster, player, job_name, 0)
     rj = player.rayjob(children.generation_name(name, "2"), timeout=60)
     assert rj["metadata"]["annotations"][children.ATTEMPT_ANNOTATION] == "2"
-    passed = condition(cluster, name, "PilotPassed")
-    assert (passed["status"], passed["reason"]) == ("True", "PilotPassed")
+    # the pass that creates the RayJob patches the status after it (kopf writes a handler's status on return)
+    wait_for("PilotPassed True", lambda: (condition(cluster, name, "PilotPassed") or {}).get("status") == "True")
+    assert condition(cluster, name, "PilotPassed")["reason"] == "PilotPassed"
     st = status_of(cluster, name)
     assert st["pilot"]["passed"] is True and (st["pilot"]["runOption"], st["pilot"]["runAccepted"]) == (
         "structured", 1.27)
