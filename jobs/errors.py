@@ -66,8 +66,8 @@ EyrieError
     TextCallError  (jobs/tools/textcalls.py)
     ChildSpecError  (operator/children.py)
     ChildRejected  (operator/handlers.py)
-    SecretMissing  (operator/handlers.py)
     KubeError  (operator/kube.py)
+    SecretMissing  (operator/secret_refs.py)
 ```
 """
 

@@ -1,5 +1,8 @@
 """Thin kopf handlers: observe (API server, Ray, store), call `reconcile`, carry out its actions.
 
+Each outside party has a module of its own: the API server `kube`, the referenced Secrets `secret_refs`, Ray's
+job API `ray_submission`, the output store `output`; this module only calls them in order.
+
 A timer polls every resource; an event handler reacts at once to spec changes (a new
 `metadata.generation`). Both go through one lock per resource, so passes never interleave.
 """
@@ -7,14 +10,11 @@ A timer polls every resource; an event handler reacts at once to spec changes (a
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -22,26 +22,17 @@ import orjson
 
 from eyrie.jobs.contract import layout
 from eyrie.jobs.contract.fingerprint import ACCEPT_ANNOTATION, pilot_key
-from eyrie.jobs.contract.fingerprint import read_doc as read_fingerprint
 from eyrie.jobs.contract.manifest import finalize_manifest
-from eyrie.jobs.contract.pilot import read_verdict
-from eyrie.jobs.contract.progress import Outcome, Progress, ProgressError, load_progress
+from eyrie.jobs.contract.progress import ProgressError
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.spec import GROUP, PLURAL, VERSION, DatasetGenerationSpec, SpecError, parse_spec
-from eyrie.jobs.store import NotFound, S3Credentials, S3Store, Store, StoreError, open_store
+from eyrie.jobs.store import S3Store, StoreError, open_store
 
-from . import children, conditions, metrics
+from . import children, conditions, metrics, ray_submission
 from .config import OperatorConfig
 from .kube import Kind, Kube, KubeError
-from .observed import (
-    job_child,
-    neighbour_attempts,
-    pilot_child,
-    pilot_judgement,
-    pod_problems,
-    rayjob_child,
-    submission_child,
-)
+from .observed import job_child, neighbour_attempts, pilot_child, pod_problems, rayjob_child, submission_child
+from .output import read_output
 from .passes import PassGate
 from .reconcile import (
     TERMINAL_PHASES,
@@ -57,7 +48,6 @@ from .reconcile import (
     FinalizeManifest,
     GenerationChild,
     Observation,
-    PilotJudgement,
     PodProblem,
     SetExtractionSuspend,
     StopGeneration,
@@ -66,12 +56,7 @@ from .reconcile import (
     invalid_spec,
     reconcile,
 )
-
-RAY_TIMEOUT = 10.0
-
-
-class SecretMissing(EyrieError, LookupError):
-    """A referenced Secret or key is absent; the message names the spec field, never a value."""
+from .secret_refs import SecretMissing, api_key, s3_credentials
 
 
 class ChildRejected(EyrieError):
@@ -93,84 +78,7 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-# ------------------------------------------------------------------------------------ Ray access
-
-
-def _ray_client(address: str) -> Any:
-    from ray.job_submission import JobSubmissionClient
-
-    return JobSubmissionClient(address)
-
-
-def _ray_status(address: str, submission_id: str) -> str | None:
-    try:
-        return str(_ray_client(address).get_job_status(submission_id).value)
-    except RuntimeError as e:  # the client raises RuntimeError for an unknown submission id
-        if "does not exist" in str(e) or "404" in str(e):
-            return None
-        raise
-
-
 # --------------------------------------------------------------------------------------- observe
-
-
-async def _secret(kube: Kube, namespace: str, name: str, keys: list[tuple[str, str]]) -> dict[str, str]:
-    """The Secret's values for `keys` ([(field, key)]); SecretMissing names the field otherwise."""
-    doc = await kube.get(Kind.SECRET, namespace, name)
-    field0 = keys[0][0]
-    if doc is None:
-        raise SecretMissing(f"{field0}: Secret {name!r} not found in namespace {namespace!r}")
-    data = doc.get("data") or {}
-    out = {}
-    for spec_field, key in keys:
-        if key not in data:
-            raise SecretMissing(f"{spec_field}: Secret {name!r} has no key {key!r}")
-        out[key] = base64.b64decode(data[key]).decode()
-    return out
-
-
-async def _credentials(kube: Kube, namespace: str, spec: DatasetGenerationSpec) -> S3Credentials | None:
-    ref = spec.output.credentials_secret_ref
-    if ref is None:
-        return None
-    vals = await _secret(kube, namespace, ref.name, [
-        ("spec.output.credentialsSecretRef.accessKeyKey", ref.access_key_key),
-        ("spec.output.credentialsSecretRef.secretKeyKey", ref.secret_key_key)])
-    return S3Credentials(vals[ref.access_key_key], vals[ref.secret_key_key])
-
-
-@dataclass(frozen=True)
-class OutputState:
-    progress: Progress | None
-    manifest_url: str | None
-    summaries: int
-    extraction_bytes: int
-    fidelity: dict[str, Any] | None = None
-    report_url: str | None = None
-    fingerprint: dict[str, Any] | None = None
-    pilot: PilotJudgement | None = None
-
-
-def _read_output(store: Store, spec: DatasetGenerationSpec) -> OutputState:
-    """progress.json, whether a complete manifest (and the report) exists, how many pods have finished."""
-    prog = load_progress(store)  # ProgressError, a JSON error: the caller says the output is unreadable
-    manifest_url, nbytes, fidelity = None, 0, None
-    try:
-        manifest = orjson.loads(store.get(layout.MANIFEST))
-        # with extraction on, only a manifest that includes it closes the run
-        if not spec.extraction.enabled or manifest.get("extraction"):
-            manifest_url = store.url(layout.MANIFEST)
-            nbytes = int((manifest.get("extraction") or {}).get("bytes") or 0)
-            fidelity = manifest.get("fidelity")
-    except NotFound:
-        pass
-    summaries = 0
-    if spec.extraction.enabled and prog is not None and prog.outcome == Outcome.DONE:
-        n = children.extraction_count(spec)
-        summaries = sum(1 for i in range(n) if store.exists(layout.summary_key(i, n)))
-    report_url = store.url(layout.REPORT) if store.exists(layout.REPORT) else None
-    pilot = pilot_judgement(read_verdict(store), spec) if spec.pilot is not None else None
-    return OutputState(prog, manifest_url, summaries, nbytes, fidelity, report_url, read_fingerprint(store), pilot)
 
 
 async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerationSpec) -> Observation:
@@ -178,15 +86,13 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     name, ns = meta["name"], meta["namespace"]
     status = dict(body.get("status") or {})
     missing: list[str] = []
-    ref = spec.api.api_key_secret_ref
-    if ref is not None:
-        try:
-            await _secret(kube, ns, ref.name, [("spec.api.apiKeySecretRef", ref.key)])
-        except SecretMissing as e:
-            missing.append(str(e))
+    try:
+        await api_key(kube, ns, spec)
+    except SecretMissing as e:
+        missing.append(str(e))
     creds = None
     try:
-        creds = await _credentials(kube, ns, spec)
+        creds = await s3_credentials(kube, ns, spec)
     except SecretMissing as e:
         missing.append(str(e))
 
@@ -209,7 +115,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
     elif ray.mode == "Submit" and ray.address:
         for a in neighbour_attempts(attempt, resuming):
             sid = children.submission_id(ns, name, a)
-            st = await asyncio.wait_for(asyncio.to_thread(_ray_status, ray.address, sid), RAY_TIMEOUT)
+            st = await ray_submission.job_status(ray.address, sid)
             if st is not None:
                 gens.append(submission_child(a, sid, st, memo.stops.get(sid)))
     ext = None
@@ -235,7 +141,7 @@ async def observe(kube: Kube, memo: Memo, body: kopf.Body, spec: DatasetGenerati
             store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
             if isinstance(store, S3Store):
                 store.RETRY_SECONDS = 0.0  # one try: the next poll retries; a dead endpoint must not stall a pass
-            out = await asyncio.to_thread(_read_output, store, spec)
+            out = await asyncio.to_thread(read_output, store, spec)
             prog = out.progress
             manifest, summaries, nbytes = out.manifest_url, out.summaries, out.extraction_bytes
             fidelity, report, bound = out.fidelity, out.report_url, out.fingerprint
@@ -269,41 +175,6 @@ async def _rayjob_pod_problems(kube: Kube, ns: str, doc: dict[str, Any], child: 
 # ----------------------------------------------------------------------------------------- act
 
 
-def _submit(address: str, sid: str, spec_yaml: str, env: dict[str, str]) -> None:
-    """Submit one attempt unless Ray already knows its id (a restart must not submit twice)."""
-    if _ray_status(address, sid) is not None:
-        return
-    with tempfile.TemporaryDirectory(prefix="eyrie-submit-") as d:
-        Path(d, children.SPEC_KEY).write_text(spec_yaml)
-        _ray_client(address).submit_job(
-            entrypoint=f"eyrie run {children.SPEC_KEY} --until samples", submission_id=sid,
-            runtime_env={"working_dir": d, "env_vars": env})
-
-
-def _stop_ray(address: str, job_id: str) -> None:
-    _ray_client(address).stop_job(job_id)
-
-
-async def _submit_env(kube: Kube, ns: str, spec: DatasetGenerationSpec, attempt: str,
-                      uid: str) -> dict[str, str]:
-    """Env of a submission. An existing cluster has no pod env of ours, so the API key and S3 keys go
-    in the job's runtime_env: Ray keeps them in its job table, readable by whoever can reach that
-    cluster's dashboard (who can run code there anyway). RayJob mode keeps them in Secrets only."""
-    env = {"EYRIE_ATTEMPT": attempt, **children.stop_env(spec)}
-    if uid:
-        env["EYRIE_RUN_ID"] = uid
-    if spec.output.endpoint:
-        env["EYRIE_S3_ENDPOINT"] = spec.output.endpoint
-    ref = spec.api.api_key_secret_ref
-    if ref is not None:
-        vals = await _secret(kube, ns, ref.name, [("spec.api.apiKeySecretRef", ref.key)])
-        env["EYRIE_API_KEY"] = vals[ref.key]
-    creds = await _credentials(kube, ns, spec)
-    if creds is not None:
-        env["EYRIE_S3_ACCESS_KEY"], env["EYRIE_S3_SECRET_KEY"] = creds.access_key, creds.secret_key
-    return env
-
-
 async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerationSpec, decision: Decision,
               logger: logging.Logger) -> None:
     meta = body["metadata"]
@@ -323,12 +194,13 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
                                 f"(attempt {action.attempt})")
             else:
                 sid = children.submission_id(ns, name, action.attempt)
-                env = await _submit_env(kube, ns, spec, action.attempt, str(meta.get("uid") or ""))
+                env = await ray_submission.submission_env(kube, ns, spec, action.attempt,
+                                                         str(meta.get("uid") or ""))
                 if action.accept_fingerprint:
                     env["EYRIE_ACCEPT_FINGERPRINT"] = action.accept_fingerprint
                 spec_yaml = children.resolved_spec_yaml(name, ns, spec)
                 assert spec.generation.ray.address is not None  # the spec model requires it for Submit
-                await asyncio.to_thread(_submit, spec.generation.ray.address, sid, spec_yaml, env)
+                await ray_submission.submit(spec.generation.ray.address, sid, spec_yaml, env)
                 logger.info(f"submitted Ray job {sid} (attempt {action.attempt})")
         elif isinstance(action, StopGeneration):
             await _stop_generation(kube, memo, ns, spec, action, logger)
@@ -359,7 +231,7 @@ async def act(kube: Kube, memo: Memo, body: dict[str, Any], spec: DatasetGenerat
         elif isinstance(action, Event):
             kopf.event(body, type=action.type, reason=action.reason, message=action.message)
         elif isinstance(action, FinalizeManifest):
-            creds = await _credentials(kube, ns, spec)
+            creds = await s3_credentials(kube, ns, spec)
             store = open_store(spec.output.uri, spec.output.endpoint, creds, spec.output.region)
             await asyncio.to_thread(finalize_manifest, spec, store)
             logger.info(f"wrote {store.url(layout.MANIFEST)}")
@@ -372,7 +244,7 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
     now = time.time()
     try:
         if ray.mode == "Submit" and ray.address:
-            await asyncio.wait_for(asyncio.to_thread(_stop_ray, ray.address, action.name), RAY_TIMEOUT)
+            await ray_submission.stop_job(ray.address, action.name)
             memo.stops[action.name] = now
             return
         doc = await kube.get(Kind.RAYJOB, ns, action.name) or {}
@@ -380,7 +252,7 @@ async def _stop_generation(kube: Kube, memo: Memo, ns: str, spec: DatasetGenerat
         if st.get("dashboardURL") and st.get("jobId"):
             url = st["dashboardURL"]
             url = url if "://" in url else f"http://{url}"
-            await asyncio.wait_for(asyncio.to_thread(_stop_ray, url, st["jobId"]), RAY_TIMEOUT)
+            await ray_submission.stop_job(url, st["jobId"])
     except Exception as e:  # the deletion after the grace period still stops it
         logger.warning(f"graceful stop of {action.name} failed ({type(e).__name__}: {e}); "
                        "it is deleted after the grace period")
@@ -551,7 +423,7 @@ async def deleted(body: kopf.Body, memo: Any, logger: logging.Logger, **_: Any) 
     if ray.mode == "Submit" and ray.address and attempt:
         sid = children.submission_id(meta["namespace"], meta["name"], attempt)
         try:
-            await asyncio.wait_for(asyncio.to_thread(_stop_ray, ray.address, sid), RAY_TIMEOUT)
+            await ray_submission.stop_job(ray.address, sid)
             logger.info(f"stopped Ray job {sid}: its DatasetGeneration was deleted")
         except Exception as e:
             logger.warning(f"could not stop Ray job {sid} ({type(e).__name__}: {e})")
