@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import bisect
 import gzip
-import io
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlparse
 
 import orjson
 
@@ -35,7 +32,7 @@ from eyrie.jobs.contract.prompt import BadRow, Prompt
 from eyrie.jobs.errors import EyrieError
 from eyrie.jobs.jsonvalues import json_depth, json_type_name
 from eyrie.jobs.spec import SourceSpec
-from eyrie.jobs.store import NotFound, StoreError, open_store, split_uri
+from eyrie.jobs.store import NotFound, StoreError, open_uri
 from eyrie.jobs.tools import textcalls
 
 PARQUET_BATCH_ROWS = 1024
@@ -52,92 +49,27 @@ class _RowError(EyrieError, ValueError):
 # ------------------------------------------------------------------------------------------ I/O
 
 
-def _is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
-
-
-def _local_path(uri: str) -> Path:
-    return Path(urlparse(uri).path if uri.startswith("file://") else uri).expanduser()
-
-
 def _is_parquet(uri: str) -> bool:
     return uri.rstrip("/").lower().endswith(".parquet")
 
 
 def check_source(source: SourceSpec, endpoint: str | None = None) -> None:
-    """Raise SourceError if the source's file is missing or unreadable; cheap (a stat, no download).
+    """Raise SourceError if the source's file is missing or unreadable; cheap (an open, no download).
 
     Call it for every source before the first paid request so a typo in a URI costs nothing.
     """
-    uri = source.uri
-    try:
-        if _is_local(uri):
-            path = _local_path(uri)
-            if not path.is_file():
-                raise SourceError(f"source {source.name!r}: {uri} does not exist or is not a file")
-            with path.open("rb") as f:
-                f.read(1)
-            return
-        folder, name = split_uri(uri)
-        if not name:
-            raise SourceError(f"source {source.name!r}: {uri} names a bucket, not a file")
-        open_store(folder, endpoint).size(name)
-    except NotFound:
-        raise SourceError(f"source {source.name!r}: {uri} does not exist") from None
-    except StoreError as e:
-        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e}") from None
-    except OSError as e:
-        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e.strerror or e}") from None
-
-
-class _RangeReader(io.RawIOBase):
-    """A seekable read-only stream over a stored object, fetched range by range (buffered by the
-    caller): reading a slice of a large prompt file neither downloads nor holds the whole of it."""
-
-    def __init__(self, store: Any, key: str, size: int):
-        self._store, self._key, self._size, self._pos = store, key, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def readinto(self, b: Any) -> int:
-        n = min(len(b), self._size - self._pos)
-        if n <= 0:
-            return 0
-        data = self._store.get_range(self._key, self._pos, n)
-        b[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-
-STREAM_BUFFER = 8 << 20  # bytes fetched per range request from S3
+    _open_binary(source, endpoint).close()
 
 
 def _open_binary(source: SourceSpec, endpoint: str | None) -> IO[bytes]:
-    """A seekable binary stream over the file: local files from disk, S3 objects range by range."""
-    check_source(source, endpoint)
+    """A seekable binary stream over the file (`store.open_uri`: from disk, or from S3 range by range)."""
     uri = source.uri
     try:
-        if _is_local(uri):
-            return _local_path(uri).open("rb")
-        folder, name = split_uri(uri)
-        store = open_store(folder, endpoint)
-        return io.BufferedReader(_RangeReader(store, name, store.size(name)), STREAM_BUFFER)
+        return open_uri(uri, endpoint)
+    except NotFound:
+        raise SourceError(f"source {source.name!r}: {uri} does not exist or is not a file") from None
     except StoreError as e:
         raise SourceError(f"source {source.name!r}: cannot read {uri}: {e}") from None
-    except OSError as e:
-        raise SourceError(f"source {source.name!r}: cannot read {uri}: {e.strerror or e}") from None
 
 
 MARK_ROWS = 4096  # a scan notes where every MARK_ROWS-th row starts; a shard's reader seeks there

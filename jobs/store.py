@@ -2,7 +2,8 @@
 
 Every write is atomic: a local write goes to a temporary file that is renamed into place, and an S3
 write is a single PUT, so a reader never sees half an object. Keys are '/'-separated and relative
-to the store's root (the run's output URI).
+to the store's root (the run's output URI). A large object (a prompt file) is read as a stream
+(`open`, `open_uri`): from disk, or range by range from S3, never held whole.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import IO, Any, Protocol, TypeVar
 from urllib.parse import urlparse
 
 from eyrie.jobs.errors import EyrieError
@@ -40,6 +41,7 @@ class Store(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def get(self, key: str) -> bytes: ...
     def get_range(self, key: str, offset: int, length: int) -> bytes: ...
+    def open(self, key: str) -> IO[bytes]: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def delete(self, key: str) -> None: ...
@@ -125,6 +127,15 @@ class FileStore:
         except FileNotFoundError:
             raise NotFound(f"{self.url(key)} does not exist") from None
 
+    def open(self, key: str) -> IO[bytes]:
+        """The file itself, opened for reading; a folder is no object (`exists` says the same)."""
+        try:
+            return self._path(key).open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"{self.url(key)} does not exist or is not a file") from None
+        except OSError as e:
+            raise StoreError(f"cannot read {self.url(key)}: {e.strerror or e}") from None
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -172,6 +183,7 @@ class S3Store:
 
     RETRY_SECONDS = 60.0
     BACKOFF_BASE, BACKOFF_CAP = 0.25, 8.0
+    READ_BUFFER = 8 << 20  # bytes per range request of a stream (`open`)
 
     def __init__(self, uri: str, endpoint: str | None, credentials: S3Credentials | None,
                  region: str | None = None):
@@ -258,6 +270,11 @@ class S3Store:
 
         return self._retry(f"get {self.url(key)}", read)
 
+    def open(self, key: str) -> IO[bytes]:
+        """A seekable stream fetched `READ_BUFFER` bytes at a time: a Parquet reader seeking to its footer
+        and row groups, or a shard reading its slice of a JSONL file, downloads only what it reads."""
+        return io.BufferedReader(_RangeReader(self, key, self.size(key)), self.READ_BUFFER)
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)
@@ -300,6 +317,37 @@ class S3Store:
         self.delete(probe)
 
 
+class _RangeReader(io.RawIOBase):
+    """A seekable read-only stream over a stored object of `size` bytes, each read a `get_range` (buffered
+    by the caller)."""
+
+    def __init__(self, store: Store, key: str, size: int):
+        self._store, self._key, self._size, self._pos = store, key, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), self._size - self._pos)
+        if n <= 0:
+            return 0
+        data = self._store.get_range(self._key, self._pos, n)
+        b[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
 class PrefixedStore:
     """The part of a store under one folder, seen as a store of its own: code written for a run's
     output (the journal, parts, `records.iter_records`) works unchanged on a sub-tree of it, such as
@@ -318,6 +366,9 @@ class PrefixedStore:
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         return self.inner.get_range(self.prefix + key, offset, length)
+
+    def open(self, key: str) -> IO[bytes]:
+        return self.inner.open(self.prefix + key)
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(self.prefix + key)
@@ -369,11 +420,23 @@ def split_uri(uri: str) -> tuple[str, str]:
         path = parsed.path.strip("/")
         head, _, name = path.rpartition("/")
         return f"s3://{parsed.netloc}" + (f"/{head}" if head else ""), name
-    path = Path(urlparse(uri).path if uri.startswith("file://") else uri).expanduser()
-    return f"file://{path.parent.resolve()}", path.name
+    if uri.startswith("file://"):
+        path = Path(urlparse(uri).path).expanduser()
+        return f"file://{path.parent.resolve()}", path.name
+    path = Path(uri).expanduser()  # a plain path stays one: a '#' or '?' in it is no URL syntax
+    return str(path.parent.resolve()), path.name
 
 
 def read_uri(uri: str, endpoint: str | None = None) -> bytes:
-    """Read one object given its full URI (prompt files, tokenizer files)."""
+    """Read one small object given its full URI (a SpecForge draft config)."""
     folder, name = split_uri(uri)
     return open_store(folder, endpoint).get(name)
+
+
+def open_uri(uri: str, endpoint: str | None = None) -> IO[bytes]:
+    """A seekable stream over one object given its full URI (prompt files: see `Store.open`); a URI that
+    names a bucket or a folder is NotFound."""
+    folder, name = split_uri(uri)
+    if not name:
+        raise NotFound(f"{uri} names a bucket or a folder, not an object")
+    return open_store(folder, endpoint).open(name)

@@ -198,7 +198,7 @@ def test_parquet_from_s3_and_missing_s3_object(s3_bucket, tmp_path):
     open_store(s3_bucket).put("p.parquet", (tmp_path / "p.parquet").read_bytes())
     got = list(iter_source(src(f"{s3_bucket}/p.parquet")))
     assert [(p.row, p.messages) for p in got] == [(i, r["messages"]) for i, r in enumerate(rows)]
-    with pytest.raises(SourceError, match=rf"^source 's': {s3_bucket}/missing.jsonl does not exist$"):
+    with pytest.raises(SourceError, match=rf"^source 's': {s3_bucket}/missing.jsonl does not exist or is not a file$"):
         check_source(src(f"{s3_bucket}/missing.jsonl"))
 
 

@@ -34,6 +34,28 @@ def test_put_get_list_range_delete(store):
     assert not store.exists("progress.json")
 
 
+@pytest.mark.integration
+def test_open_streams_an_object_and_seeks_in_it(store, monkeypatch):
+    body = bytes(range(256)) * 40
+    store.put("prompts/p.jsonl", body)
+    reads: list[tuple[int, int]] = []
+    get_range = store.get_range
+    monkeypatch.setattr(store, "get_range", lambda k, o, n: reads.append((o, n)) or get_range(k, o, n))
+    if hasattr(store, "READ_BUFFER"):
+        monkeypatch.setattr(store, "READ_BUFFER", 1000)
+    with store.open("prompts/p.jsonl") as f:
+        assert f.read(10) == body[:10]
+        f.seek(-6, 2)
+        assert f.read() == body[-6:]
+        f.seek(5000)
+        assert f.read(3) == body[5000:5003]
+    if hasattr(store, "READ_BUFFER"):  # S3: only the ranges read, never the whole object
+        assert reads and sum(n for _o, n in reads) <= 3000 and all(n <= 1000 for _o, n in reads)
+    for missing in ("prompts/nope.jsonl", "prompts"):  # a folder is no object either
+        with pytest.raises(NotFound):
+            store.open(missing)
+
+
 def test_file_store_never_lists_unfinished_writes(tmp_path):
     s = FileStore(tmp_path)
     (tmp_path / ".x.json.abc.tmp").write_bytes(b"half")
@@ -89,6 +111,7 @@ def test_split_uri():
     assert split_uri("s3://b/f.jsonl") == ("s3://b", "f.jsonl")
     folder, name = split_uri("file:///tmp/a/b.parquet")
     assert folder == "file:///tmp/a" and name == "b.parquet"
+    assert split_uri("/tmp/a#1/b?.jsonl") == ("/tmp/a#1", "b?.jsonl")  # a plain path is no URL
 
 
 # ------------------------------------------------------------------------------ the S3 retry policy
