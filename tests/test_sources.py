@@ -34,6 +34,17 @@ def summary(items: list[Prompt | BadRow]) -> list[tuple]:
             else (i.row, i.reason) for i in items]
 
 
+def test_the_packages_public_face():
+    """Callers import from `eyrie.jobs.sources`; its rooms (reading, formats, calls, errors) are behind it."""
+    from eyrie.jobs import sources
+
+    assert sorted(sources.__all__) == [
+        "BadRow", "MARK_ROWS", "Mark", "Prompt", "SourceError", "SourceIndex", "check_source", "decode_line",
+        "glaive_first_user", "iter_source", "original_answer", "outside_calls", "prompt_from_row", "scan_source",
+        "whole_conversation"]
+    assert all(hasattr(sources, name) for name in sources.__all__)
+
+
 def test_openai_prompt_ends_at_the_last_user_turn(tmp_path):
     row = {"messages": [
         {"role": "system", "content": "Be brief."},

@@ -1,7 +1,7 @@
 """What a source yields, row by row: a `Prompt` to answer or a `BadRow` never sent.
 
 Below every stage (the tool declarations, the request builder, the simulator all take a `Prompt`); the readers
-that make them are `jobs/sources.py`.
+that make them are `jobs/sources/`.
 """
 
 from __future__ import annotations

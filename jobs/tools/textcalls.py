@@ -1,7 +1,7 @@
 """Tool calls a model wrote as text, read in the formats models write them: one reading per format.
 
 Answers of `tools.mode: text` (`checks.check_response`) and dataset rows whose assistant turns carry
-calls as text (`sources.py`: glaive `<functioncall>`, Hermes `<tool_call>`) both go through this
+calls as text (`sources/`: glaive `<functioncall>`, Hermes `<tool_call>`) both go through this
 module, so a format is read one way. Pure: no I/O.
 
 The formats (`CallFormat`), each with its own parser:

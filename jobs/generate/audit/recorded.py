@@ -36,6 +36,7 @@ from eyrie.jobs.api.errors import Retryable  # what parse_completion raises for 
 from eyrie.jobs.api.sse import parse_completion
 from eyrie.jobs.contract.records import Response
 from eyrie.jobs.errors import InputError
+from eyrie.jobs.jsonvalues import json_type_name
 from eyrie.jobs.tools import textcalls
 
 MAX_LINE_BYTES = 64 << 20  # one recorded row; longer ones are named, not read
@@ -188,7 +189,7 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
     if isinstance(raw, ValueError):
         return RowProblem(line, str(raw))
     if not isinstance(raw, dict):
-        return RowProblem(line, f"row is a JSON {sources.json_type_name(raw)}, not an object")
+        return RowProblem(line, f"row is a JSON {json_type_name(raw)}, not an object")
     if not any(k in raw for k in ("response", "choices", *_MESSAGE_KEYS)):
         raw = _last_turn_answer(raw) or raw
     got = _prompt(raw, name, line)
@@ -212,7 +213,7 @@ def parse_row(raw: Any, name: str, line: int) -> RecordedRow | RowProblem:
         return RowProblem(line, f"answer: {e.message}")
     for key in ("content", "reasoning"):
         if response.get(key) is not None and not isinstance(response.get(key), str):
-            return RowProblem(line, f"answer: {key} is a JSON {sources.json_type_name(response[key])}, not a string")
+            return RowProblem(line, f"answer: {key} is a JSON {json_type_name(response[key])}, not a string")
     return RecordedRow(line, prompt, mode, response, usage, model=model)
 
 
