@@ -41,7 +41,7 @@ import orjson
 from _common import eyrie_python
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from fake_provider import TEXT_ANSWERS
+from fake_openrouter import TEXT_ANSWERS
 from tool_validation import best_of
 
 from eyrie.jobs import sources

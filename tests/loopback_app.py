@@ -1,6 +1,6 @@
 """An aiohttp application served on 127.0.0.1 from a thread with its own event loop, so that a whole
-run (which owns its own loop) can talk to it: the fake providers of the OpenRouter and provider-probe
-tests. Stopped and its thread joined on exit."""
+run (which owns its own loop) can talk to it: fake_openrouter.py (the tests' fake provider),
+slow_provider.py and the OpenRouter-docs tests. Stopped and its thread joined on exit."""
 
 from __future__ import annotations
 

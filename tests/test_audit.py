@@ -1,5 +1,5 @@
 """`eyrie audit` end to end: against an independent fake provider whose text answers use each call
-format (tests/fake_provider.py), and against the simulator for the budget and the CLI."""
+format (tests/fake_openrouter.py), and against the simulator for the budget and the CLI."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_provider import CASES_IN_ORDER, CATEGORY, TOOLS, FakeProvider
+from fake_openrouter import CASES_IN_ORDER, CATEGORY, TOOLS, scripted
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
@@ -73,11 +73,11 @@ def fake_spec(tmp_path: Path, base_url: str, cases: list[str], **over) -> Path:
 def test_each_text_format_is_counted_exactly(tmp_path):
     """Every case once per source: the format of each text answer, its validity and whether it made
     the structured answer's calls are known by construction."""
-    with FakeProvider() as fake:
+    with scripted().running() as fake:
         dg = load_spec(fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER))
         doc = run_audit(dg, 100, RunContext("t"), fake.base_url)
     n = 2 * len(CASES_IN_ORDER)
-    assert doc["samples"] == n and doc["sent"] == 2 * n and fake.requests == 2 * n
+    assert doc["samples"] == n and doc["sent"] == 2 * n and len(fake.log) == 2 * n
     t, s = doc["figures"]["modes"]["text"], doc["figures"]["modes"]["structured"]
     want = Counter(CATEGORY[c] for c in CASES_IN_ORDER for _ in range(2))
     assert {c: f["count"] for c, f in t["formats"].items()} == dict(want)
@@ -117,33 +117,33 @@ def test_each_text_format_is_counted_exactly(tmp_path):
 
 @pytest.mark.integration
 def test_a_repeated_audit_pays_nothing_and_samples_extend(tmp_path):
-    with FakeProvider() as fake:
+    with scripted().running() as fake:
         path = fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER)
         dg = load_spec(path)
         first = run_audit(dg, 5, RunContext("t"), fake.base_url)
-        assert fake.requests == 10 and first["sent"] == 10
+        assert len(fake.log) == 10 and first["sent"] == 10
         again = run_audit(dg, 5, RunContext("t"), fake.base_url)
-        assert fake.requests == 10 and again["sent"] == 0 and again["reused"] == 10  # nothing paid twice
+        assert len(fake.log) == 10 and again["sent"] == 0 and again["reused"] == 10  # nothing paid twice
         assert again["figures"] == first["figures"]
         more = run_audit(dg, 8, RunContext("t"), fake.base_url)
-        assert fake.requests == 16 and more["sent"] == 6
+        assert len(fake.log) == 16 and more["sent"] == 6
         assert set(first["sampleIds"]) < set(more["sampleIds"])  # the sample of 8 holds the sample of 5
         other = run_audit(dg, 8, RunContext("t"), fake.base_url, seed=1)
-        assert other["sampleIds"] != more["sampleIds"] and fake.requests == 16 + other["sent"]
+        assert other["sampleIds"] != more["sampleIds"] and len(fake.log) == 16 + other["sent"]
         assert other["sent"] == 2 * len(set(other["sampleIds"]) - set(more["sampleIds"]))
-        billed_before_change = fake.requests
+        billed_before_change = len(fake.log)
         doc = yaml.safe_load(path.read_text())
         doc["api"]["sampling"]["temperature"] = 1.0  # a changed setting: old answers do not count
         path.write_text(yaml.safe_dump(doc))
         changed = run_audit(load_spec(path), 5, RunContext("t"), fake.base_url)
-        assert changed["sent"] == 10 and fake.requests == billed_before_change + 10
+        assert changed["sent"] == 10 and len(fake.log) == billed_before_change + 10
         assert changed["fingerprint"]["id"] != first["fingerprint"]["id"]
         assert changed["changedSince"] == ["api.sampling.temperature: 0.6 -> 1.0"]  # named, old -> new
     store = open_store(f"file://{tmp_path}/out")
     history = stored.read_audit(store)["history"]
     assert [h["sent"] for h in history] == [10, 6, other["sent"], 10]  # the repeat added nothing
     kept = list(stored.iter_audit_records(store))
-    assert len(kept) == fake.requests  # every answer bought is kept, each once
+    assert len(kept) == len(fake.log)  # every answer bought is kept, each once
     assert stored.audit_spend(store) == fake.billed
 
 
@@ -152,7 +152,7 @@ def test_audit_spend_is_in_the_report_and_the_budget_at_once(tmp_path):
     from eyrie.jobs.report import collect
     from eyrie.jobs.report.terminal import run_table
 
-    with FakeProvider() as fake:
+    with scripted().running() as fake:
         dg = load_spec(fake_spec(tmp_path, fake.base_url, CASES_IN_ORDER))
         run_audit(dg, 6, RunContext("t"), fake.base_url)
     store = open_store(f"file://{tmp_path}/out")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_provider import CASES_IN_ORDER, CATEGORY, TEXT_ANSWERS, TOOLS, FakeProvider, structured_message, text_message
+from fake_openrouter import CASES_IN_ORDER, CATEGORY, TEXT_ANSWERS, TOOLS, scripted, structured_message, text_message
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import audit as stored
@@ -116,11 +116,11 @@ def test_the_reader_names_each_bad_row_and_reads_the_rest(tmp_path):
 @pytest.mark.integration
 def test_from_counts_like_a_run_and_sends_nothing(tmp_path):
     path, expect = recorded_file(tmp_path)
-    with FakeProvider(refuse=True) as fake:
+    with scripted(refuse=True).running() as fake:
         spec = spec_file(tmp_path, fake.base_url)
         r = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "audit", str(spec), "--from", str(path)],
                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
-        assert fake.requests == 0  # nothing sent: no preflight, no request
+        assert len(fake.log) == 0  # nothing sent: no preflight, no request
     assert r.returncode == 0, r.stderr
     doc = stored.read_audit(open_store(f"file://{tmp_path}/answers-audit"))  # its own output, next to the file
     assert not (tmp_path / "out").exists()  # never the dataset's
@@ -173,15 +173,15 @@ def test_from_without_a_spec_is_written_next_to_the_file(tmp_path):
 @pytest.mark.integration
 def test_rerun_buys_the_other_mode_once_under_the_budget(tmp_path):
     path, _ = recorded_file(tmp_path)
-    with FakeProvider() as fake:
+    with scripted().running() as fake:
         dg = load_spec(spec_file(tmp_path, fake.base_url))
         opts = FromOptions(rerun=4, rerun_model="moonshotai/kimi-k2.5")  # the model the file's rows name
         doc = run_audit_from(path, dg, RunContext("t"), fake.base_url, opts)
-        assert fake.requests == 4 and doc["sent"] == 4
-        assert all(b.get("tools") for b in fake.bodies)  # text rows rerun with structured tools
-        assert {b["model"] for b in fake.bodies} == {"moonshotai/kimi-k2.5"}
+        assert len(fake.log) == 4 and doc["sent"] == 4
+        assert all(b.get("tools") for b in fake.bodies())  # text rows rerun with structured tools
+        assert {b["model"] for b in fake.bodies()} == {"moonshotai/kimi-k2.5"}
         again = run_audit_from(path, dg, RunContext("t"), fake.base_url, opts)
-        assert fake.requests == 4 and again["sent"] == 0 and again["reused"] == 4  # kept, not bought again
+        assert len(fake.log) == 4 and again["sent"] == 0 and again["reused"] == 4  # kept, not bought again
     p = doc["figures"]["paired"]
     assert p["prompts"] == 4
     s = doc["figures"]["modes"]["structured"]
@@ -315,15 +315,15 @@ def test_rerun_refuses_to_compare_another_models_answers_unless_told(tmp_path):
     from eyrie.jobs.generate.audit.run import AuditError
 
     path, _ = recorded_file(tmp_path)
-    with FakeProvider() as fake:
+    with scripted().running() as fake:
         dg = load_spec(spec_file(tmp_path, fake.base_url))  # target.model: fake/model
         with pytest.raises(AuditError) as e:
             run_audit_from(path, dg, RunContext("t"), fake.base_url, FromOptions(rerun=3))
         assert f"moonshotai/kimi-k2.5 ({len(CASES_IN_ORDER) + 2} rows) answered" in str(e.value)
         assert "'fake/model'" in str(e.value)
-        assert "--rerun-model MODEL" in str(e.value) and fake.requests == 0  # refused before anything is sent
+        assert "--rerun-model MODEL" in str(e.value) and len(fake.log) == 0  # refused before anything is sent
         doc = run_audit_from(path, dg, RunContext("t"), fake.base_url, FromOptions(rerun=3, accept_other_model=True))
-        assert fake.requests == 3 and {b["model"] for b in fake.bodies} == {"fake/model"}
+        assert len(fake.log) == 3 and {b["model"] for b in fake.bodies()} == {"fake/model"}
     s = doc["figures"]["modes"]["structured"]
     assert doc["sent"] == 3 and s["answers"] + s["failed"] == 3 and doc["model"] == "fake/model"
     assert "and the 3 bought structured (3 requests sent now, 0 answers reused)" in doc["verdict"]

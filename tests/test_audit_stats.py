@@ -24,7 +24,7 @@ from eyrie.jobs.tools.checks import check_response
 from eyrie.jobs.tools.declarations import prepare_prompt
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_provider import CASES_IN_ORDER, TEXT_ANSWERS, TOOLS
+from fake_openrouter import CASES_IN_ORDER, TEXT_ANSWERS, TOOLS
 
 Z = NormalDist().inv_cdf(0.975)  # computed here, not taken from the module under test
 

@@ -156,20 +156,20 @@ def test_rerun_sends_earlier_calls_structured_not_as_text(tmp_path):
     """--rerun of multi-turn text rows in structured mode: the earlier assistant turn's call goes as
     `tool_calls`, its result as a `tool` message answering it; never the native markers as text
     beside `tools`, nor the result as a user turn."""
-    from fake_provider import FakeProvider
+    from fake_openrouter import scripted
 
     from eyrie.jobs.spec import load_spec
 
     path = write(tmp_path, "openai")
     (tmp_path / "unused.jsonl").write_text("")  # the spec's source: preflight checks it is there
-    with FakeProvider() as fake:
+    with scripted().running() as fake:
         p = spec(tmp_path)
         doc = yaml.safe_load(p.read_text())
         doc["api"] = {"baseUrl": fake.base_url, "maxConcurrency": 4, "stream": False, "maxRetries": 0}
         p.write_text(yaml.safe_dump(doc))
         opts = FromOptions(rerun=EXPECT["answers"], output=str(tmp_path / "audit-out"))
         got = run_audit_from(path, load_spec(p), RunContext("t"), fake.base_url, opts)
-        bodies = list(fake.bodies)
+        bodies = list(fake.bodies())
     assert got["sent"] == len(bodies) == EXPECT["answers"]
     multi = [b for b in bodies if any(m["role"] == "assistant" for m in b["messages"])]
     assert len(multi) == 2

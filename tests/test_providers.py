@@ -1,4 +1,4 @@
-"""The provider probe (issue 26) against an independent multi-provider fake (provider_fake.py): its
+"""The provider probe (issue 26) against an independent multi-provider fake of OpenRouter (fake_openrouter.py): its
 measures equal what each endpoint was told to do, count for count; generation goes only to the
 endpoints that pass; the probe's answers are paid once; bad input costs nothing."""
 
@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+from fake_openrouter import MODEL, Behaviour, FakeOpenRouter, rows
 from fault_helpers import API_KEY, persisted, progress, run_inline, spec_doc, write_rows, write_spec
-from provider_fake import MODEL, Behaviour, ProviderFake, rows
 
 from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import layout, records
@@ -70,7 +70,7 @@ def four() -> list[Behaviour]:
 
 @pytest.mark.integration
 def test_measures_equal_what_each_endpoint_was_told(tmp_path, monkeypatch):
-    with ProviderFake(four()).running() as fake:
+    with FakeOpenRouter(four()).running() as fake:
         out, store = probe_only(probe_spec(tmp_path, fake.base_url), monkeypatch)
     doc = out.doc
     c = by_tag(doc)
@@ -112,7 +112,7 @@ def test_passing_endpoints_are_ordered_cheapest_first(tmp_path, monkeypatch):
            Behaviour("mid", calls={0, 1}, cost=Decimal("0.002")),
            Behaviour("low", calls={0, 1}, cost=Decimal("0.001")),
            Behaviour("low/turbo", calls={0}, cost=Decimal("0.0005"))]  # F1 2/3: dropped
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         out, _ = probe_only(probe_spec(tmp_path, fake.base_url), monkeypatch)
     assert out.passing == ["low", "mid", "acme"]
     # "low" as a base slug would also match low/turbo: the routing ignores the dropped variant
@@ -129,7 +129,7 @@ def test_a_template_revision_alone_fails_on_template_fit(tmp_path, monkeypatch):
     counted = _faithful_counter()
     same = {"calls": set(range(N)), "prompt_tokens": counted}
     eps = [Behaviour("acme", **same), Behaviour("twin", **same), Behaviour("shifted", prompt_offset=3, **same)]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         out, _ = probe_only(probe_spec(tmp_path, fake.base_url, extra={
             "target.tokenizer": "bundled:deepseek-v4", "target.chatFormat": "deepseek-v4"}), monkeypatch)
     c = by_tag(out.doc)
@@ -147,7 +147,7 @@ def test_reasoning_errors_and_parameters_are_judged(tmp_path, monkeypatch):
            Behaviour("summ", calls={0, 1}, reasoning="summarised"),
            Behaviour("flaky", calls={0, 1}, errors={2, 3}),
            Behaviour("noseed", calls={0, 1}, supported=("max_tokens", "temperature", "tools", "reasoning"))]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         out, _ = probe_only(probe_spec(tmp_path, fake.base_url, extra={
             "api.sampling": {"maxTokens": 256, "seed": 7, "reasoning": {"effort": "high"}}}), monkeypatch)
     c = by_tag(out.doc)
@@ -159,7 +159,7 @@ def test_reasoning_errors_and_parameters_are_judged(tmp_path, monkeypatch):
     assert c["noseed"]["unsupportedParameters"] == ["seed"]
     assert [f["measure"] for f in c["noseed"]["failures"]] == ["parameters"]
     # reported, not judged when told so
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         out, _ = probe_only(probe_spec(tmp_path / "b", fake.base_url, probe={"thresholds": {
             "requireParameters": False, "maxErrorRate": 0.3, "maxOpaqueReasoningRate": 1}}, extra={
             "api.sampling": {"maxTokens": 256, "seed": 7, "reasoning": {"effort": "high"}}}), monkeypatch)
@@ -172,7 +172,7 @@ def test_spend_per_answer_counts_byok_upstream_cost(tmp_path, monkeypatch):
     what the provider charged the user's key; an endpoint's spend per answer is their sum."""
     eps = [Behaviour("acme", calls={0}, cost=Decimal("0.004")),
            Behaviour("byok", calls={0}, cost=Decimal("0.0002"), byok_upstream=Decimal("0.004"))]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         out, _ = probe_only(probe_spec(tmp_path, fake.base_url), monkeypatch)
     c = by_tag(out.doc)
     assert c["byok"]["costPerAnswerUSD"] == "0.0042" and c["acme"]["costPerAnswerUSD"] == "0.004"
@@ -183,7 +183,7 @@ def test_spend_per_answer_counts_byok_upstream_cost(tmp_path, monkeypatch):
 @pytest.mark.integration
 def test_an_endpoint_whose_listed_limits_cannot_hold_the_answer_is_judged_unsent(tmp_path, monkeypatch):
     eps = [Behaviour("acme", calls={0}), Behaviour("short", calls={0}, max_completion_tokens=128)]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         out, _ = probe_only(probe_spec(tmp_path, fake.base_url), monkeypatch)
     short = by_tag(out.doc)["short"]
     assert fake.served() == {"acme": N}  # nothing sent to it: OpenRouter would route none there
@@ -197,7 +197,7 @@ def test_an_endpoint_whose_listed_limits_cannot_hold_the_answer_is_judged_unsent
 @pytest.mark.integration
 def test_a_run_routes_only_to_passing_endpoints_and_pays_probe_answers_once(tmp_path, monkeypatch):
     total = 20
-    with ProviderFake(four()).running() as fake:
+    with FakeOpenRouter(four()).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=total, probe={"thresholds": {"maxTruncationRate": 0.2}})
         result, store = run_inline(path, monkeypatch)
         assert result.outcome == "Done", result.message
@@ -229,7 +229,7 @@ def test_a_run_routes_only_to_passing_endpoints_and_pays_probe_answers_once(tmp_
 @pytest.mark.integration
 def test_no_passing_endpoint_stops_the_run_before_generation(tmp_path, monkeypatch):
     eps = [Behaviour("acme", calls={0, 1, 2}, invalid={0, 1, 2}), Behaviour("lazy", calls={0}, invalid={0})]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=12)
         result, store = run_inline(path, monkeypatch)
     assert result.outcome == "NoProviderPasses"
@@ -249,7 +249,7 @@ def test_the_cli_exits_9_when_no_endpoint_passes_and_prints_the_routing_otherwis
     eps = [Behaviour("acme", calls={0, 1}, cost=Decimal("0.002")), Behaviour("other", calls={0, 1}),
            Behaviour("bad", calls={0, 1}, invalid={0, 1})]
     env = {"EYRIE_API_KEY": API_KEY, "PATH": str(Path(sys.executable).parent)}
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url)
         run = subprocess.run([sys.executable, "-m", "eyrie.jobs.cli", "providers", str(path), "--samples", "4",
                               "--json", str(tmp_path / "probe.json")], capture_output=True, text=True, env=env,
@@ -267,7 +267,7 @@ def test_the_cli_exits_9_when_no_endpoint_passes_and_prints_the_routing_otherwis
 
 @pytest.mark.integration
 def test_an_api_without_a_listing_is_probed_as_its_one_endpoint_and_nothing_is_routed(tmp_path, monkeypatch):
-    with ProviderFake([Behaviour("vllm", calls={0, 1})], listing=False).running() as fake:
+    with FakeOpenRouter([Behaviour("vllm", calls={0, 1})], listing=False).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=10)
         result, store = run_inline(path, monkeypatch)
         assert result.outcome == "Done", result.message
@@ -289,7 +289,7 @@ def test_answers_kept_as_samples_count_in_the_runs_template_detection(tmp_path, 
     for the endpoint comes from the kept answers (as a worker's canary would give it), so the samples
     stage rebuilds them with the variant the provider renders."""
     counted = _faithful_counter()
-    with ProviderFake([Behaviour("acme", "Acme", calls=set(range(N)), prompt_tokens=counted)]).running() as fake:
+    with FakeOpenRouter([Behaviour("acme", "Acme", calls=set(range(N)), prompt_tokens=counted)]).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=N, probe={"samples": N}, extra={
             "target.tokenizer": "bundled:deepseek-v4", "target.chatFormat": "deepseek-v4",
             "tools.gate.canarySamples": N})
@@ -326,7 +326,7 @@ def _faithful_counter():
 
 @pytest.mark.integration
 def test_changed_thresholds_rejudge_the_stored_answers_and_more_samples_send_only_the_new(tmp_path, monkeypatch):
-    with ProviderFake(four()).running() as fake:
+    with FakeOpenRouter(four()).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=12)
         out, _ = probe_only(path, monkeypatch)
         assert out.passing == ["acme"] and len(fake.log) == 4 * N
@@ -363,7 +363,7 @@ def test_a_probe_killed_mid_way_resumes_paying_at_most_what_was_in_flight(tmp_pa
     durable (at most the requests in flight), and the spend it starts from covers what was billed."""
     eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.15) for t in ("acme", "b", "c")]
     env = {"EYRIE_API_KEY": API_KEY, "PATH": str(Path(sys.executable).parent)}
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=30, probe={"samples": 30})
         cmd = [sys.executable, "-m", "eyrie.jobs.cli", "providers", str(path)]
         out = open_output(load_spec(path).spec)
@@ -404,7 +404,7 @@ def test_progress_json_shows_the_probe_while_it_sends(tmp_path):
     from eyrie.operator.reconcile import GenerationChild, Observation, reconcile
 
     eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.4) for t in ("acme", "b", "c")]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=14, probe={"samples": 10})
         out = open_output(load_spec(path).spec)
         # as the operator's job runs it: attempt 1 of DatasetGeneration uid-1
@@ -450,7 +450,7 @@ def test_eyrie_run_killed_mid_probe_resumes_paying_at_most_what_was_in_flight(tm
     sends only the probe requests no stored answer has, generation does not send the probe's prompts
     again, and the budget starts from at least what was billed."""
     eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.15) for t in ("acme", "b", "c")]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=36, probe={"samples": 30})
         out = open_output(load_spec(path).spec)
         durable = kill_mid_probe(_eyrie_run(path), RUN_ENV, out, of=90)
@@ -483,7 +483,7 @@ def test_eyrie_run_killed_mid_probe_resumes_paying_at_most_what_was_in_flight(tm
 def test_probe_spend_counts_against_the_budget(tmp_path, monkeypatch):
     """A budget that holds part of the probe: it stops with BudgetExhausted, spend within maxUSD."""
     eps = [Behaviour(t, calls={0}, cost=Decimal("0.0002")) for t in ("acme", "b", "c", "d")]
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, max_usd="0.004", extra={"budget.pricing": {
             "inputPerMillion": "0.5", "outputPerMillion": "2.0"}})
         result, store = run_inline(path, monkeypatch)
@@ -506,7 +506,7 @@ def test_probe_spend_counts_against_the_budget(tmp_path, monkeypatch):
     ({"samples": 50}, {}, MODEL, "spec.api.providerProbe.samples: 50 prompts asked, the sources hold 12"),
 ], ids=["unknown-tag", "reference-not-a-candidate", "unknown-model", "too-many-samples"])
 def test_bad_input_is_refused_before_anything_is_paid(tmp_path, monkeypatch, probe, flags, model, says):
-    with ProviderFake([Behaviour("acme"), Behaviour("other")]).running() as fake:
+    with FakeOpenRouter([Behaviour("acme"), Behaviour("other")]).running() as fake:
         path = probe_spec(tmp_path, fake.base_url, n_rows=12, probe=probe, extra={"target.model": model})
         with pytest.raises((ProbeError, Exception)) as e:
             probe_only(path, monkeypatch, **flags)
@@ -538,7 +538,7 @@ def test_the_progress_bar_shows_the_probe_then_generation(tmp_path, monkeypatch)
     eps = [Behaviour(t, calls={0, 1, 2}, latency_s=0.2) for t in ("acme", "b")]
     monkeypatch.setenv("EYRIE_API_KEY", API_KEY)
     snaps: list[Any] = []  # contract.progress.Progress, as the CLI's bar gets them
-    with ProviderFake(eps).running() as fake:
+    with FakeOpenRouter(eps).running() as fake:
         dg = load_spec(probe_spec(tmp_path, fake.base_url, n_rows=12, probe={"samples": 6}))
         result = run_generation(dg, open_output(dg.spec), RunContext("bar", api_key=API_KEY), fake.base_url,
                                 inline=True, on_progress=snaps.append)
