@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from eyrie.jobs.generate.plan import ShardPlan
+from eyrie.jobs.generate.sending.full_collections import full_collections_scheduled
 from eyrie.jobs.generate.sending.sender import Call, SenderConfig
 from eyrie.jobs.generate.sending.session import Session
 from eyrie.jobs.generate.sending.worker import ShardWorker
@@ -29,12 +30,19 @@ def actor_call(handle: Any) -> Call:
 
 
 def run_loop(coro: Any) -> Any:
-    """Run a coroutine on uvloop where available: ~20% less CPU per request than asyncio's loop."""
+    """Run a coroutine on uvloop where available (~20% less CPU per request than asyncio's loop), with full
+    garbage collections on the loop's schedule (full_collections.py: CPython's own come every few thousand answers
+    at scale)."""
+
+    async def scheduled() -> Any:
+        with full_collections_scheduled():
+            return await coro
+
     try:
         import uvloop  # optional: not on every platform
     except ImportError:  # e.g. Windows
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        return asyncio.run(scheduled())
+    return uvloop.run(scheduled())
 
 
 class ShardWorkerActor:
