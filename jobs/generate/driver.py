@@ -32,7 +32,7 @@ from eyrie.jobs.contract.progress import Outcome, Progress, Stage, load_progress
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.generate.adopt import into_shards, pilot_answers
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
-from eyrie.jobs.generate.budget.coordinator import RunCoordinator
+from eyrie.jobs.generate.budget.coordinator import CoordinatorArgs, RunCoordinator
 from eyrie.jobs.generate.budget.forecast import forecaster
 from eyrie.jobs.generate.budget.inflight import AbandonedTotals
 from eyrie.jobs.generate.budget.reconcile import provider_key_usage
@@ -217,11 +217,11 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         gate = ToolGate(spec.tools.gate)  # a disabled gate still measures; it never stops
         with step("checkpoint (what earlier attempts persisted)"):
             ckpt = read_checkpoint(store, gate, resuming=True)
-        coordinator = {"max_usd": spec.budget.max_usd, "spent": ckpt.spent, "counts": ckpt.counts, "total": total,
-                       "shards": sorted(plan.shards), "gate": gate, "audit_usd": ckpt.audit,
-                       "workers": spec.generation.ray.workers, "variants": detector_for(spec),
-                       "forecast": forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens)}
-        if stop is None and (mismatch := seed_variants(spec, coordinator["variants"], kept)):
+        coordinator = CoordinatorArgs(
+            max_usd=spec.budget.max_usd, spent=ckpt.spent, counts=ckpt.counts, total=total, shards=sorted(plan.shards),
+            gate=gate, audit_usd=ckpt.audit, workers=spec.generation.ray.workers, variants=detector_for(spec),
+            forecast=forecaster(spec, ckpt.costs, ckpt.counts.input_tokens + ckpt.counts.output_tokens))
+        if stop is None and (mismatch := seed_variants(spec, coordinator.variants, kept)):
             stop = (Outcome.TEMPLATE_MISMATCH, mismatch)
         # a fresh output only: on a resume a shard's first rows may be persisted already (never sent again)
         if stop is None and not ckpt.costs and (

@@ -77,6 +77,24 @@ class Counts:
         return self.prompts.model_copy(update={"total": total})
 
 
+@dataclass(frozen=True)
+class CoordinatorArgs:
+    """What a run's coordinator starts from: the run's cap and what earlier attempts spent and counted, the prompts
+    and shards to hand out, and the run's judges. Plain data, so it crosses into the coordinator's Ray actor as it
+    is (`Session.start_actor`)."""
+
+    max_usd: Decimal
+    spent: Decimal  # what earlier attempts paid (checkpoint.py)
+    counts: Counts  # and what their records say
+    total: int  # prompts of the run
+    shards: list[int]  # to hand out, in order
+    gate: Any = None  # eyrie.jobs.tools.gate.ToolGate (the canary's judge), or None
+    audit_usd: Decimal = Decimal(0)  # part of `spent`, paid by `eyrie audit`
+    workers: int = 1  # senders sharing the cap (each holds a lease)
+    variants: Any = None  # eyrie.jobs.reconstruct.variants.VariantDetector, or None
+    forecast: Forecaster | None = None  # seeded with earlier attempts' costs
+
+
 class RunCoordinator:
     """The ledger, gate and stop of one run. What a stop may leave paid and unrecorded is not its
     business: each worker keeps its requests in flight bounded in the store (inflight.py), and the
@@ -103,6 +121,10 @@ class RunCoordinator:
         self._active: dict[int, str] = {}  # shard -> worker id
         self.forecast = forecast  # seeded with earlier attempts' costs: may judge before any spend
         self._judge_forecast()
+
+    @classmethod
+    def start(cls, args: CoordinatorArgs) -> RunCoordinator:
+        return cls(**vars(args))
 
     # -- moving: the driver's coordinator into a Ray actor (generate/driver.py, a local run) ---------------
     def __getstate__(self) -> dict[str, Any]:

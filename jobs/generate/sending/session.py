@@ -27,7 +27,7 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import records
 from eyrie.jobs.errors import InputError
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
-from eyrie.jobs.generate.budget.coordinator import Counts, RunCoordinator
+from eyrie.jobs.generate.budget.coordinator import CoordinatorArgs, Counts, RunCoordinator
 from eyrie.jobs.generate.plan import ShardPlan
 from eyrie.jobs.generate.sending.journal import Journal
 from eyrie.jobs.generate.sending.sender import Call, Sender, SenderConfig, coordinator_call
@@ -54,11 +54,11 @@ class Ask:
 
 
 class Session:
-    """One provider's senders (see the module docstring). `coordinator` holds RunCoordinator's arguments;
+    """One provider's senders (see the module docstring): `coordinator` is what the run's coordinator starts from;
     `senders` is how many share the limits."""
 
     def __init__(self, spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str,
-                 coordinator: dict[str, Any], *, senders: int, fingerprint: str | None = None,
+                 coordinator: CoordinatorArgs, *, senders: int, fingerprint: str | None = None,
                  attempt: str | None = None):
         self.spec, self.store, self.ctx, self.base_url = spec, store, ctx, base_url
         self.attempt = attempt or ctx.attempt  # every record's and in-flight object's (the audit's: "audit")
@@ -80,9 +80,9 @@ class Session:
         (`checkpoint`), so no kill at any moment lets the next attempt spend past maxUSD."""
         settle_stops(store, base_url, ctx.api_key)
         ckpt = read_checkpoint(store)
-        session = cls(spec, store, ctx, base_url, {"max_usd": spec.budget.max_usd, "spent": ckpt.spent,
-                                                   "counts": Counts(), "total": requests, "shards": [],
-                                                   "workers": senders}, senders=senders, attempt=attempt)
+        args = CoordinatorArgs(max_usd=spec.budget.max_usd, spent=ckpt.spent, counts=Counts(), total=requests,
+                               shards=[], workers=senders)
+        session = cls(spec, store, ctx, base_url, args, senders=senders, attempt=attempt)
         session.checkpoint = ckpt
         session.start()
         return session
@@ -90,7 +90,7 @@ class Session:
     # -- the coordinator -------------------------------------------------------------------------------
     def start(self) -> RunCoordinator:
         """The coordinator, in this process."""
-        self.coordinator = RunCoordinator(**self.coordinator_args)
+        self.coordinator = RunCoordinator.start(self.coordinator_args)
         return self.coordinator
 
     def start_actor(self, name: str) -> Any:
@@ -104,7 +104,8 @@ class Session:
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.coordinator = ray.remote(RunCoordinator).options(
-            name=name, num_cpus=0, max_concurrency=100_000, scheduling_strategy=here).remote(**self.coordinator_args)
+            name=name, num_cpus=0, max_concurrency=100_000, scheduling_strategy=here).remote(
+            **vars(self.coordinator_args))
         return self.coordinator
 
     # -- senders ---------------------------------------------------------------------------------------
