@@ -55,24 +55,24 @@ PEER_PACKAGES = ("bespokelabs-curator", "httpx-aiohttp", "orjson", "minio", "pya
 
 def peer_python() -> str | None:
     """$EYRIE_PEER_PYTHON, else .venv-peer's Python, made here when missing (the README's three commands, from
-    PyPI: a few minutes once); None when it cannot be made (offline)."""
+    PyPI: a few minutes once); None when it cannot be made (offline). eyrie itself is linked again on every run:
+    a strict editable install is a tree of links to the files there were, and a module added since is missing."""
     if os.environ.get("EYRIE_PEER_PYTHON"):
         return os.environ["EYRIE_PEER_PYTHON"]
     python, built = PEER_VENV / "bin" / "python", PEER_VENV / ".built"
-    if not built.exists():
-        print(f"peer_curator: building curator's venv in {PEER_VENV} (once)", file=sys.stderr, flush=True)
-        # pip runs outside the repository: its folder `operator/` would shadow the standard library's module
-        elsewhere = {"cwd": tempfile.gettempdir(), "check": True}
-        try:
+    # pip runs outside the repository: its folder `operator/` would shadow the standard library's module
+    elsewhere = {"cwd": tempfile.gettempdir(), "check": True}
+    try:
+        if not built.exists():
+            print(f"peer_curator: building curator's venv in {PEER_VENV} (once)", file=sys.stderr, flush=True)
             subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], **elsewhere)
             subprocess.run([str(python), "-m", "pip", "install", "-q", *PEER_PACKAGES], **elsewhere)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PEER_VENV.parent),
-                            "--config-settings", "editable_mode=strict"],
-                           **elsewhere)
-        except (OSError, subprocess.CalledProcessError) as e:
-            print(f"peer_curator: the venv could not be built: {e}", file=sys.stderr)
-            return None
-        built.touch()
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(PEER_VENV.parent),
+                        "--config-settings", "editable_mode=strict"], **elsewhere)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"peer_curator: the venv could not be built: {e}", file=sys.stderr)
+        return None
+    built.touch()
     return str(python)
 
 
