@@ -78,9 +78,16 @@ class FakeLoop:
 
 
 def test_full_collections_are_spaced_by_what_they_cost(monkeypatch):
-    clock = iter([0.0, 0.5, 10.0, 10.001])  # a collection of 0.5 s, then one of 1 ms
-    monkeypatch.setattr(full_collections.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(full_collections.gc, "collect", lambda *a: 0)
+    # a collection of 0.5 s, then one of 1 ms: the clock moves only when a collection runs, so any other caller of
+    # perf_counter meanwhile reads the same time and changes nothing
+    now, takes = [0.0], iter([0.5, 0.001])
+
+    def collect(*_: object) -> int:
+        now[0] += next(takes)
+        return 0
+
+    monkeypatch.setattr(full_collections.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(full_collections.gc, "collect", collect)
     loop = FakeLoop()
     policy = FullCollections(loop, min_interval=10.0, max_share=0.02)  # type: ignore[arg-type]
     policy.start()
