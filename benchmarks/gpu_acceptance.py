@@ -23,7 +23,7 @@ than its estimate is left of --budget-s:
             trained there), its verdict;
   cpu       the evaluation and the pilot on the CPU at the same budget (eyrie's torch loss, float32): every
             drafter's accepted length within the two 95% intervals of the device's (|a - b| <= half a + half b).
-`--cpu` runs the second half on the CPU with the kernel phase left out (what tests/test_gpu_acceptance.py runs,
+`--cpu` runs the second half on the CPU with the kernel phase left out (what tests/house/test_gpu_acceptance.py runs,
 with a few steps, so that this script cannot rot unseen). Exit 1 when a phase failed.
 
 Run: python benchmarks/gpu_acceptance.py --make DIR [--inline]

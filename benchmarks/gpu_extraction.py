@@ -64,7 +64,7 @@ THROUGHPUT_SAMPLES = 128
 SPECFORGE_TOKENS_PER_S: float | None = None
 MFU_MIN = 0.15
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "A100": 312.0}
-# every engine argument this script passes (tests/test_sglang_pin.py checks they exist at the pin)
+# every engine argument this script passes (tests/extract/test_sglang_pin.py checks they exist at the pin)
 ENGINE_ARGS_USED = ("mem_fraction_static", "chunked_prefill_size", "load_format")
 ENGINE = {"mem_fraction_static": 0.6}
 

@@ -3,7 +3,7 @@
 One script, no network, no Ray, no SGLang. On a GPU it needs only torch, transformers, triton and
 eyrie, plus one small wheel: orjson (eyrie's store keys module imports it); numpy, pyarrow, safetensors,
 pyyaml and typing-extensions are on the lent machine's image, and nothing here imports pydantic
-(tests/test_gpu_extraction_hf.py checks the import closure against what that image lacks).
+(tests/extract/test_gpu_extraction_hf.py checks the import closure against what that image lacks).
 It runs in phases, writes its JSON after each (a failed phase is recorded and the next one runs;
 one that would not finish in the time left is skipped), and prints:
 
@@ -34,7 +34,7 @@ Issue 42's bar on an H200: whole extraction of the varied samples >= 0.55 of the
 batch >= 0.6; store writes keeping up or named as the limit.
 
 CPU mode (`--cpu`, or no CUDA): the same phases on a tiny model and small batches, in ~20 s; the test
-suite runs it (tests/test_gpu_extraction_hf.py) so the script cannot rot.
+suite runs it (tests/extract/test_gpu_extraction_hf.py) so the script cannot rot.
 
 The next session's device run (from the repository root; the tree travels, eyrie is put on the path as
 `eyrie.jobs` by a link, the wheels travel in .whl/). Here, once:

@@ -2,7 +2,7 @@
 quickstart (examples/quickstart-agentic.yaml). Written by the project; the dataset's tool calls are
 the ones the simulator plans for each user turn (`simulator.planned_calls`), so a simulated run
 follows the dataset except where its simulator config file's `divergenceRate` makes it leave. Rerun after changing
-the simulator's planning; tests/test_conversation_run.py checks the file is current.
+the simulator's planning; tests/generate/test_agentic_run.py checks the file is current.
 """
 
 from __future__ import annotations

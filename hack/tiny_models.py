@@ -11,7 +11,7 @@ result: the models are then the same on every machine.
 compares with the shipped files (byte for byte, and per weight tensor by how much), writing nothing:
 training is deterministic on one machine, but 1,600 steps carry a last-bit difference of another CPU's
 (or another instruction set's) kernels into the weights, so elsewhere it measures another model of
-the same recipe (tests/test_builtin_models.py).
+the same recipe (tests/extract/test_builtin_models.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The acceptance experiment's datasets, which tests/test_evaluate_drafters.py and
+"""The acceptance experiment's datasets, which tests/evaluate/test_evaluate_drafters.py and
 `benchmarks/acceptance.py --experiment` share: tool-declaring prompts of builtin:tiny-chat's training
 distribution answered four ways by `eyrie run` (docs/operating.md, "The four-dataset experiment").
 

@@ -107,7 +107,8 @@ def test_the_operators_pod_is_admitted_under_the_restricted_pod_security_standar
     admitted = control_plane.create(PODS, ns, pod, dry_run=True)
     [container] = admitted["spec"]["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert admitted["spec"]["securityContext"]["runAsUser"] == 10001  # the image's USER (tests/test_image_archives.py)
+    # the image's USER (tests/house/test_image_archives.py)
+    assert admitted["spec"]["securityContext"]["runAsUser"] == 10001
 
     loose = copy.deepcopy(pod)
     loose["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True

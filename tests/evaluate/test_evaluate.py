@@ -1,7 +1,7 @@
 """`eyrie evaluate`'s pure parts and its SpecForge glue: the chain formula, intervals and verdict, the
 held-out split and its leakage guard, the equal budgets, the CPU loss against SpecForge's kernel, the
 errors a user meets, and the process state training leaves. The end-to-end drafter ranking (own
-answers above an impostor's, the shuffled control last) is tests/test_evaluate_drafters.py."""
+answers above an impostor's, the shuffled control last) is tests/evaluate/test_evaluate_drafters.py."""
 
 from __future__ import annotations
 

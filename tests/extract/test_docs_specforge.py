@@ -132,7 +132,7 @@ def test_the_docs_commands_do_what_they_say_eyrie_then_specforge(tmp_path, monke
 
 def test_the_custom_kimi_template_in_the_docs_is_the_one_the_tests_check():
     """The template the docs give for calling SpecForge's data code yourself is the one
-    tests/test_specforge_online.py shows rebuilding Kimi K2.5 exactly."""
+    tests/extract/test_specforge_online.py shows rebuilding Kimi K2.5 exactly."""
     (block,) = blocks("python")
     tests = (Path(__file__).parent / "test_specforge_online.py").read_text()
     for field in re.findall(r'(\w+)=("[^"]*"|None|True|False)', block):

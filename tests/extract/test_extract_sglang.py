@@ -1,6 +1,6 @@
 """The SGLang capture glue, exercised on CPU with stand-ins for SGLang's objects (SGLang needs CUDA).
 
-The stand-ins mirror sglang 0.5.23 where it matters (tests/test_sglang_pin.py checks the names
+The stand-ins mirror sglang 0.5.23 where it matters (tests/extract/test_sglang_pin.py checks the names
 against the pinned wheel): `sglang.srt.distributed` does not re-export the deprecated rank getters,
 the rank comes from `sglang.srt.runtime_context.get_parallel()`, plugins are found through
 `importlib.metadata` entry points, and hook exceptions never reach the driver by themselves.

@@ -4,8 +4,8 @@ really produces that wheel, and the extractor's two variants (GPU: SGLang's imag
 same wheel with the same entry point. Layer caching: each image installs its dependencies, listed from
 pyproject.toml alone by images/requirements.py (what the wheel's metadata requires, checked here), in a layer before
 the wheel's, and the wheel on top with --no-index. hack/images.sh builds them with buildah
-(tests/test_image_archives.py runs what it built); the GPU extractor cannot be built here (its base is SGLang's CUDA
-image), hence the static checks.
+(tests/house/test_image_archives.py runs what it built); the GPU extractor cannot be built here (its base is SGLang's
+CUDA image), hence the static checks.
 """
 
 from __future__ import annotations

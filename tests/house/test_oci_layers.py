@@ -1,7 +1,8 @@
 """hack/oci_layers.py on OCI layouts made here: an archive takes the layers buildah compressed from the layout and,
 byte for byte, the ones it skipped (the placeholders named after the previous archive's diff IDs) from the previous
 archive; a blob whose content does not match its digest, or a skipped layer the previous archive lacks, writes no
-archive; and a store keeps exactly the images a later build can reuse. The real builds: tests/test_image_archives.py.
+archive; and a store keeps exactly the images a later build can reuse. The real builds:
+tests/house/test_image_archives.py.
 """
 
 from __future__ import annotations

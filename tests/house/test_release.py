@@ -2,7 +2,7 @@
 
 Its steps are run here as GitHub runs them (`bash --noprofile --norc -eo pipefail`, the job's env with its
 expressions resolved from the matrix and the version job's output), with a stand-in `buildah` that records its
-arguments; hack/images.sh is run the same way (tests/test_images.py does it for its disk check). So: `helm template`
+arguments; hack/images.sh is run the same way (house/test_images.py does it for its disk check). So: `helm template`
 of the chart with default values, and every example, names only images the workflow pushes, at the chart's
 appVersion; a tag that is not v<appVersion> pushes nothing; and each image is built as hack/images.sh builds what
 the tests' node runs (same Dockerfile, target, build context, tag), apart from the bases and index that script

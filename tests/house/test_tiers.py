@@ -76,8 +76,8 @@ def test_under_xdist_the_node_and_the_cluster_each_go_to_one_worker_and_modules_
     assert xdist_scope("tests/cluster/test_node_e2e.py::test_a_run") == "node"
     assert xdist_scope("tests/cluster/test_node.py::test_ready[x]") == "node"
     assert xdist_scope("tests/cluster/test_e2e.py::test_b") == xdist_scope("tests/cluster/test_helm.py::t") == "cluster"
-    assert xdist_scope("tests/test_fidelity.py::test_a") == xdist_scope("tests/test_fidelity.py::test_b[1]") == (
-        "tests/test_fidelity.py")
+    fidelity = "tests/extract/test_fidelity.py"
+    assert xdist_scope(f"{fidelity}::test_a") == xdist_scope(f"{fidelity}::test_b[1]") == fidelity
     assert xdist_scope("tests/operator/test_kube.py::test_c") == "tests/operator/test_kube.py"
 
 

@@ -41,7 +41,7 @@ def test_rayjob_cluster_from_generation_ray() -> None:
     assert env["EYRIE_S3_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "minio", "key": "accessKey"}}
     assert env["EYRIE_S3_SECRET_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "minio", "key": "secretKey"}}
     head = s["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
-    # Ray's own node drain off in every Ray container: the pods leave at once (tests/test_ray_pod_stop.py)
+    # Ray's own node drain off in every Ray container: the pods leave at once (tests/operator/test_ray_pod_stop.py)
     for container in (worker, head["containers"][0]):
         assert {"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "0"} in container["env"]
     assert head["terminationGracePeriodSeconds"] == group["template"]["spec"]["terminationGracePeriodSeconds"] == 630
