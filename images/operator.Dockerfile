@@ -1,6 +1,6 @@
 # The eyrie operator: `eyrie operator` (kopf), run by the Helm chart's Deployment.
 # Build from the repository root:  docker build -f images/operator.Dockerfile -t ghcr.io/eyrie-dev/eyrie-operator:0.1.0 .
-# EYRIE_VERSION must equal `version` in pyproject.toml and the chart's appVersion (tests/test_images.py).
+# EYRIE_VERSION must equal `version` in pyproject.toml and the chart's appVersion (tests/house/test_images.py).
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 

@@ -2,7 +2,7 @@
 message (written for the user: it names the field, row, file or setting and what to do); anything
 else is a bug and keeps its traceback. `InputError`s are caught before anything was paid (exit 2).
 
-The whole tree, as httpx's `_exceptions.py` draws its own (tests/test_architecture.py keeps it true: a new
+The whole tree, as httpx's `_exceptions.py` draws its own (tests/house/test_architecture.py keeps it true: a new
 exception class goes under `EyrieError` and onto this drawing, in the same change):
 
 ```

@@ -133,7 +133,7 @@ def drain_seconds(spec: DatasetGenerationSpec) -> int:
 # ray start ..."`, and bash execs its last command) and Ray 2.60 handles SIGTERM by draining the node first: it
 # waits, up to RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S (default 30 s), for the node to become idle, which a node
 # running a shard worker (a live actor) never does; with the head already gone (a deleted RayCluster's head pod
-# leaves in about 4 s) its drain call to the GCS hangs that long instead. Measured (tests/test_ray_pod_stop.py:
+# leaves in about 4 s) its drain call to the GCS hangs that long instead. Measured (tests/operator/test_ray_pod_stop.py:
 # Ray 2.60, each node PID 1 of its own PID and network namespace, as in a pod): a worker node with an actor left
 # 31-35 s after SIGTERM, an idle one with the head gone 33 s, against 1.4-2.5 s with 0. The drain is for Ray
 # Serve's proxies; eyrie drains the job itself before the pods go (the operator's graceful stop, StopGeneration),

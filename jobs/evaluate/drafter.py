@@ -19,7 +19,7 @@ every piece it calls is SpecForge's:
 - the evaluator `Evaluator` (per-position accuracy, `simulated_acc_len`).
 
 On a CPU, `specforge_backend` swaps the Triton loss for SpecForge's own torch formula of it
-(`core.loss._compute_loss`, the kernel's reference, run eagerly): tests/test_evaluate.py shows it equal
+(`core.loss._compute_loss`, the kernel's reference, run eagerly): tests/evaluate/test_evaluate.py shows it equal
 to the kernel's forward and backward as the kernel's source computes them, and
 benchmarks/gpu_acceptance.py compares it with the kernel itself where a GPU is lent. It also runs
 `torch.compile`d helpers eagerly (inductor's first CPU compile of them costs minutes). Both are undone

@@ -1,7 +1,7 @@
 """Which samples each drafter trains on and which are the serving traffic, and what each training step
 holds. Pure: sample facts in, index lists out.
 
-The promises, each checked by `tests/test_evaluate.py`:
+The promises, each checked by `tests/evaluate/test_evaluate.py`:
 - the held-out set is a seeded choice of the reference output's samples (a sample's place is a hash of
   the seed and its id, the N lowest kept), so a larger held-out set holds the smaller one;
 - no drafter trains on a held-out prompt: a training sample is left out when its id (the turn-less

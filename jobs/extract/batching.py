@@ -14,7 +14,7 @@ not by count, and take one of three shapes:
 Samples are bucketed by length (longest first, ties in input order) before they are grouped, so
 equal lengths meet in uniform batches and a padded batch holds similar lengths. A batch lists the
 positions of its samples in the input; callers put results back by position, so the output's order
-never depends on the batching (tests/test_extract_batching.py breaks this on purpose).
+never depends on the batching (tests/extract/test_extract_batching.py breaks this on purpose).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The SGLang backend: prefill-only runs in an `sglang.Engine`, hidden states captured inside it.
 
 How the capture works (written against sglang 0.5.23, the `eyrie[sglang]` pin; every SGLang name used
-here is checked against that wheel's source by tests/test_sglang_pin.py, without a GPU):
+here is checked against that wheel's source by tests/extract/test_sglang_pin.py, without a GPU):
 
 - SGLang models already know how to collect EAGLE-3 auxiliary hidden states: after
   `model.set_eagle3_layers_to_capture(ids)` their decoder loop collects the residual stream entering
@@ -71,7 +71,7 @@ RID_PREFIX = "eyrie-"
 SHM = Path("/dev/shm")
 _PIECE_RE = re.compile(r"^(?P<rid>.+)\.(?P<start>\d{10})\.safetensors$")
 
-# What the backend touches in SGLang; tests/test_sglang_pin.py verifies each against the pinned source.
+# What the backend touches in SGLang; tests/extract/test_sglang_pin.py verifies each against the pinned source.
 HOOK_INIT = "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends"
 HOOK_LOGITS = "sglang.srt.layers.logits_processor.LogitsProcessor.forward"
 HOOKS = (HOOK_INIT, HOOK_LOGITS)

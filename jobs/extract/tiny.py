@@ -43,7 +43,7 @@ again (`python hack/tiny_models.py` retrains both and rewrites the shipped files
 bump VERSION with the recipe): deterministic on one machine (one thread, fixed seeds), yet 1,600 steps
 of training carry a difference in the last bit of one sum into the weights themselves, so another CPU
 (or torch's kernels for another instruction set) trains another model of the same recipe, not these
-bits (tests/test_builtin_models.py measures by how much). The int8 and fp8 impostors are derived
+bits (tests/extract/test_builtin_models.py measures by how much). The int8 and fp8 impostors are derived
 from the shipped tiny-chat on first use (`quantize`: elementwise IEEE arithmetic, exact on any CPU),
 into the cache (`$EYRIE_CACHE_DIR/models`, a temporary folder renamed into place so concurrent
 builders never see half a model), and their weights checked against the manifest's digest too.

@@ -1,7 +1,7 @@
 """The pilot's decision, pure: what each option's drafter accepts per step, the run's own against the best
 alternative, the policy and the margin in; the verdict document (contract/pilot.py) out.
 
-What it promises (tests/test_pilot_verdict.py):
+What it promises (tests/pilot/test_pilot_verdict.py):
 - `passed` exactly when the run's own drafter accepts no fewer tokens per step than EVERY alternative's less
   `margin` (the best alternative is the one the own falls shortest of; ties go to the first compared);
 - `proceed` = passed, or policy report: a require policy never lets a worse option through;

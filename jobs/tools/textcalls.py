@@ -666,7 +666,7 @@ Reader = Callable[[str, Collection[str], TextCallLimits, Spans], tuple[list[Text
 class TextFormat:
     """Everything eyrie knows of one way models write a tool call as text: one entry of `FORMATS`, which every
     reader takes it from (`find_calls`, a verdict's messages, leak detection, the audit's table, the simulator's
-    formats and weights; tests/test_textcalls.py fails for a format one of them lacks)."""
+    formats and weights; tests/tools/test_textcalls.py fails for a format one of them lacks)."""
 
     name: CallFormat
     subject: str

@@ -31,7 +31,7 @@ answers come in).
 A stop that leaves the worker alive (Ctrl-C twice, a failure) writes the exact requests it abandons
 instead (`abandoned`): each sent request's reservation, its cost when its answer had come (paid,
 never made durable) and the provider's generation id when known, which the next accounting asks the
-provider about (`eyrie.jobs.api.ChatClient.generation_cost`). tests/test_budget.py checks B1, B2 and
+provider about (`eyrie.jobs.api.ChatClient.generation_cost`). tests/budget/test_budget.py checks B1, B2 and
 the booking that follows from them (bill <= booked <= bill + what was in flight) with hypothesis.
 """
 

@@ -24,7 +24,7 @@ leased to anyone and the request still does not fit:
     exhausted  =>  maxUSD - spent  <  the refused request's worst case     (the early-stop bound)
 
 so the run stops early by less than ONE worst-case reservation, however many workers there are
-(tests/test_budget.py checks both bounds with hypothesis over random interleavings).
+(tests/budget/test_budget.py checks both bounds with hypothesis over random interleavings).
 
 The canary: while the tool gate has not judged its first `canarySamples` answers, a lease also
 carries a request quota, and the book never allows more requests than the canary still needs:

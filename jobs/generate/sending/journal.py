@@ -1,7 +1,7 @@
 """Durable before release: a worker's answers reach the store in group commits, before their slots
 are freed, and are compacted into the shard's parts when the shard ends.
 
-The invariant (DESIGN §3; tests/test_durability.py checks it at every write): at every moment,
+The invariant (DESIGN §3; tests/generate/test_durability.py checks it at every write): at every moment,
 
     answers paid but not durable  <=  requests holding a slot  <=  maxConcurrency.
 
