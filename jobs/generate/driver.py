@@ -57,7 +57,7 @@ from eyrie.jobs.generate.sending.worker import ShardWorker
 from eyrie.jobs.reconstruct.variants import detector_for
 from eyrie.jobs.sources import SourceError
 from eyrie.jobs.spec import DatasetGeneration, DatasetGenerationSpec
-from eyrie.jobs.status import SampleCounts, TokenCounts
+from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.store import Store
 from eyrie.jobs.timeline import Timeline
 from eyrie.jobs.tools.gate import ToolGate
@@ -358,7 +358,7 @@ def _account(spec: DatasetGenerationSpec, store: Store, progress: Progress, tota
         "outcome": outcome, "message": message, "spent": final.spent, "reserved": Decimal(0), "in_flight": 0,
         "abandoned": final.abandoned.figures(news) if final.abandoned.requests else None,
         "discarded": c.discarded_usd, "failures": dict(c.failures), "resend_on_resume": c.resend,
-        "tokens": TokenCounts(input=c.input_tokens, output=c.output_tokens), "tools": final_gate.metrics(),
+        "tokens": c.tokens(), "tools": final_gate.metrics(),
         "samples": samples, "agentic": agentic, **start.final(final, final.spent)})
 
 

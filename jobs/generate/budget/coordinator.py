@@ -75,6 +75,10 @@ class Counts:
         """progress.json's `samples`: the prompts of `total` by outcome."""
         return self.prompts.model_copy(update={"total": total})
 
+    def tokens(self) -> TokenCounts:
+        """progress.json's `tokens`."""
+        return TokenCounts(input=self.input_tokens, output=self.output_tokens)
+
 
 @dataclass(frozen=True)
 class CoordinatorArgs:
@@ -283,7 +287,7 @@ class RunCoordinator:
             max_usd=self.book.max_usd, audit=self.audit_usd, price_factor=self.book.price_factor,
             forecast=forecast.mean if forecast else None, forecast_figures=forecast,
             discarded=c.discarded_usd, samples=c.samples(self.total),
-            tokens=TokenCounts(input=c.input_tokens, output=c.output_tokens),
+            tokens=c.tokens(),
             tools=self.gate.metrics() if self.gate is not None else ToolFigures(),
             failures=dict(c.failures), resend_on_resume=c.resend, requests=self.requests, retries=self.retries,
             errors=dict(self.errors), in_flight=sum(self.book.in_flight.values()), coordinator_calls=self.calls,
