@@ -264,10 +264,8 @@ def _counts(obs: Observation) -> dict[str, Any]:
         out["samples"] = p.samples.dump()
         out["tokens"] = p.tokens.dump()
         tools = p.tools
-        out["tools"] = {"declaredPrompts": int(tools.get("declaredPrompts", 0)),
-                        "callRate": float(tools.get("callRate", 0.0)),
-                        "invalidCalls": int(tools.get("invalidCalls", 0)),
-                        "leaks": int(tools.get("leaks", 0))}
+        out["tools"] = {"declaredPrompts": tools.declared_prompts or 0, "callRate": tools.call_rate or 0.0,
+                        "invalidCalls": tools.invalid_calls or 0, "leaks": tools.leaks or 0}
     else:
         for key in ("samples", "tokens", "tools"):
             if key in st:

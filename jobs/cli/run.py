@@ -194,14 +194,14 @@ def _finish(store: Store, outcome: Outcome, message: str, verbose: bool) -> None
         prog = None
     lines = summary_lines(prog, store.uri) if prog is not None else []
     variants = prog.template_variants if prog is not None else None
-    if variants and variants.get("byProvider"):
-        chosen = ", ".join(f"{p}: {c['variant']} ({c['how']}, {c['answers']} counted"
-                           + (f"; thinking {'on' if c['thinking'] else 'off'} where the request did not say"
-                              if isinstance(c.get("thinking"), bool) else "") + ")"
-                           for p, c in variants["byProvider"].items())
-        lines.append(f"template variant of {variants['format']} per provider: {chosen}")
-        lines += [f"warning: {c['message']}" for c in variants["byProvider"].values()
-                  if c.get("how") == "mismatch" and c.get("message") and outcome != Outcome.TEMPLATE_MISMATCH]
+    if variants and variants.by_provider:
+        chosen = ", ".join(f"{p}: {c.variant} ({c.how}, {c.answers} counted"
+                           + (f"; thinking {'on' if c.thinking else 'off'} where the request did not say"
+                              if c.thinking is not None else "") + ")"
+                           for p, c in variants.by_provider.items())
+        lines.append(f"template variant of {variants.format} per provider: {chosen}")
+        lines += [f"warning: {c.message}" for c in variants.by_provider.values()
+                  if c.how == "mismatch" and c.message and outcome != Outcome.TEMPLATE_MISMATCH]
     if message:
         lines.append(f"why: {message}")
     for line in lines:
@@ -226,33 +226,33 @@ def summary_lines(prog: progress.Progress, uri: str) -> list[str]:
                  if s.discarded else "")
     out = [f"outcome: {prog.outcome}  samples done {s.done}/{s.total} (rejected {s.rejected} never sent, "
            f"{discarded}failed {s.failed})  spent {dollars(prog.spent)} of {dollars(prog.max_usd or 0)}"]
-    r = prog.resume or {}
-    if int(r.get("attempt") or 1) > 1:
-        out.append(f"resumed attempt {r['attempt']}: reused {r.get('reusedAnswers', 0)} answers "
-                   f"({dollars(r.get('reusedUSD', 0))}) from earlier attempts; this attempt paid "
-                   f"{dollars(r.get('paidUSD', 0))} for {r.get('requests', 0)} requests")
+    r = prog.resume
+    if r is not None and r.attempt > 1:
+        out.append(f"resumed attempt {r.attempt}: reused {r.reused_answers} answers "
+                   f"({dollars(r.reused)}) from earlier attempts; this attempt paid "
+                   f"{dollars(r.paid or 0)} for {r.requests or 0} requests")
     out += abandoned_lines(prog)
-    fp = prog.fingerprint or {}
-    if fp.get("accepted"):
-        out.append(f"fingerprint {fp['id']}: new answers are labelled with it; earlier ones keep {fp.get('previous')} "
-                   f"(changed and accepted: {', '.join(fp['accepted'])})")
-    bad = prog.bad_rows or {}
-    if bad.get("count"):
-        out.append(f"{bad['count']} rows never sent (bad data, not paid); the first:")
-        out += [f"  {describe_bad_row(b)}" for b in bad.get("first") or []]
-        out.append(f"  all of them: {uri.rstrip('/')}/{bad.get('file')}")
+    fp = prog.fingerprint
+    if fp is not None and fp.accepted:
+        out.append(f"fingerprint {fp.id}: new answers are labelled with it; earlier ones keep {fp.previous} "
+                   f"(changed and accepted: {', '.join(fp.accepted)})")
+    bad = prog.bad_rows
+    if bad is not None and bad.count:
+        out.append(f"{bad.count} rows never sent (bad data, not paid); the first:")
+        out += [f"  {describe_bad_row(b)}" for b in bad.first]
+        out.append(f"  all of them: {uri.rstrip('/')}/{bad.file}")
     return out
 
 
 def abandoned_lines(prog: progress.Progress) -> list[str]:
     """After a stop that abandoned requests in flight: `report.text.abandoned_spend`'s line. Shown while
     some are only bounded, and by the attempt that booked or reconciled them."""
-    a = prog.abandoned or {}
-    if not (a.get("unreconciled") or a.get("thisAttempt")):
+    a = prog.abandoned
+    if a is None or not (a.unreconciled or a.this_attempt):
         return []
     from eyrie.jobs.report.text import abandoned_spend
 
-    line = abandoned_spend(prog.paid, a)
+    line = abandoned_spend(prog.paid, a.dump())  # the report's line, from the document as written
     return [line] if line else []
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any
 
 import orjson
 
 from eyrie.jobs.contract import records
-from eyrie.jobs.contract.money import usd
+from eyrie.jobs.contract.progress import BadRow, FingerprintTally, SamplingSeen
 
 BAD_ROWS_SHOWN = 5  # bad rows printed by a run and kept in progress.json
 MAX_MODELS = 16  # distinct models (or sampling settings) kept per fingerprint
@@ -86,13 +85,13 @@ class Group:
             if key in self.sampling or len(self.sampling) < MAX_MODELS:
                 self.sampling[key] += 1
 
-    def to_json(self) -> dict[str, Any]:
-        return {"records": self.records, "done": self.done, "rejected": self.rejected,
-                "discarded": self.discarded, "failed": self.failed, "paidUSD": usd(self.paid),
-                "discardedUSD": usd(self.discarded_usd), "attempts": list(self.attempts),
-                "models": dict(self.models.most_common()),
-                # the sampling parameters and provider routing the requests carried, as sent
-                "sampling": [{"request": orjson.loads(k), "records": n} for k, n in self.sampling.most_common()]}
+    def figures(self) -> FingerprintTally:
+        return FingerprintTally(records=self.records, done=self.done, rejected=self.rejected,
+                                discarded=self.discarded, failed=self.failed, paid=self.paid,
+                                discarded_usd=self.discarded_usd, attempts=list(self.attempts),
+                                models=dict(self.models.most_common()),
+                                sampling=[SamplingSeen(request=orjson.loads(k), records=n)
+                                          for k, n in self.sampling.most_common()])
 
 
 @dataclass
@@ -103,7 +102,7 @@ class Tally:
     by_fingerprint: dict[str, Group] = field(default_factory=dict)
     by_attempt: dict[str, Group] = field(default_factory=dict)
     bad_rows: int = 0
-    first_bad: list[dict[str, Any]] = field(default_factory=list)
+    first_bad: list[BadRow] = field(default_factory=list)
 
     def add(self, rec: records.Record) -> None:
         self.all.add(rec)
@@ -121,20 +120,17 @@ class Tally:
             out.update(g.models)
         return dict(out.most_common())
 
-    def fingerprints(self) -> dict[str, Any]:
-        return {fp: g.to_json() for fp, g in sorted(self.by_fingerprint.items())}
+    def fingerprints(self) -> dict[str, FingerprintTally]:
+        return {fp: g.figures() for fp, g in sorted(self.by_fingerprint.items())}
 
 
-def bad_row(rec: records.Record) -> dict[str, Any]:
+def bad_row(rec: records.Record) -> BadRow:
     """One line of `samples/bad_rows.jsonl`: where the row is (1-based, as editors count lines) and why."""
     err = rec.get("error") or {}
     row = rec.get("row")
-    out = {"source": rec.get("source"), "row": row + 1 if isinstance(row, int) else row,
-           "error": err.get("type"), "reason": err.get("message")}
-    if rec.get("turn"):
-        out["turn"] = rec["turn"]
-    return out
+    return BadRow(source=rec.get("source"), row=row + 1 if isinstance(row, int) else row, error=err.get("type"),
+                  reason=err.get("message"), turn=rec.get("turn") or None)
 
 
-def describe_bad_row(b: dict[str, Any]) -> str:
-    return f"{b.get('source')} row {b.get('row')}: {b.get('reason')}"
+def describe_bad_row(b: BadRow) -> str:
+    return f"{b.source} row {b.row}: {b.reason}"

@@ -27,8 +27,19 @@ from eyrie.jobs.context import RunContext
 from eyrie.jobs.contract import records, timeseries
 from eyrie.jobs.contract.fingerprint import Binding, bind_output, write_doc
 from eyrie.jobs.contract.layout import BAD_ROWS, TIMESERIES
-from eyrie.jobs.contract.money import dollars, usd
-from eyrie.jobs.contract.progress import Outcome, Progress, Stage, load_progress, now_iso, write_progress
+from eyrie.jobs.contract.money import dollars
+from eyrie.jobs.contract.progress import (
+    BadRows,
+    BoundFingerprint,
+    Outcome,
+    Progress,
+    ResumeFigures,
+    RunFigures,
+    Stage,
+    load_progress,
+    now_iso,
+    write_progress,
+)
 from eyrie.jobs.contract.tally import bad_row
 from eyrie.jobs.generate.adopt import into_shards, pilot_answers
 from eyrie.jobs.generate.budget.checkpoint import Checkpoint, read_checkpoint, settle_stops
@@ -230,27 +241,27 @@ def run_generation(dg: DatasetGeneration, store: Store, ctx: RunContext, base_ur
         start = Resume.at_start(prev, ctx.attempt, ctx.run_id, ckpt, binding)
         monitor = _Monitor(store, ctx, on_progress or (lambda s: None),
                            {**(probe.progress() if probe else {}), **start.progress(),
-                            "workersLost": start.workers_lost, **_pilot_carried(prev)})
+                            "workers_lost": start.workers_lost, **_pilot_carried(prev)})
         session = Session(probe.routed(spec) if probe else spec, store, ctx, base_url, coordinator,
                           senders=spec.generation.ray.workers, fingerprint=binding.fingerprint.id)
         run = _Run(session, plan, stopper, monitor, notify, timeline, bytes_per_token, early)
         if stop is not None:  # nothing to generate with: the run ends before its first request
             coord = session.start()
             asyncio.run(coord.stop(*stop))
-            snapshot = monitor.merged(coord.snapshot())
+            figures = coord.snapshot()
         elif inline:
-            snapshot = monitor.merged(_run_inline(run))
+            figures = _run_inline(run)
         elif local_ray(spec):
-            snapshot = monitor.merged(_run_local(run))
+            figures = _run_local(run)
         else:
-            snapshot = monitor.merged(_run_ray(run))
+            figures = _run_ray(run)
         # still under the handlers: a signal now (a third Ctrl-C) cannot cut the accounting short
         news += settle_stops(store, base_url, ctx.api_key).news  # a stop's abandoned requests, a lost worker's slots
-        monitor.extra.update(_account(spec, store, snapshot, total, stopper.hard, start, news))
-        stopped_in_flight = "abandoned" in snapshot and snapshot["abandoned"]["thisAttempt"]
-        if key_usage is not None and stopped_in_flight and (now := provider_key_usage(base_url, ctx.api_key)):
-            snapshot["abandoned"]["keyUsageRoseUSD"] = usd(now - key_usage)
-        final = monitor.write(snapshot)
+        progress = _account(spec, store, monitor.merged(figures), total, stopper.hard, start, news)
+        a = progress.abandoned
+        if key_usage is not None and a and a.this_attempt and (now := provider_key_usage(base_url, ctx.api_key)):
+            progress.abandoned = a.model_copy(update={"key_usage_rose": now - key_usage})
+        final = monitor.write(progress)
         monitor.on_progress(final)
     return GenerationResult(final.outcome, final.message, final)
 
@@ -308,53 +319,47 @@ def first_requests_unaffordable(spec: DatasetGenerationSpec, plan: ShardPlan, le
             "api.sampling.maxTokens or raise budget.maxUSD")
 
 
-def _account(spec: DatasetGenerationSpec, store: Store, snapshot: dict, total: int, hard: bool,
-             start: Resume, news: int = 0) -> dict[str, Any]:
-    """The final figures, read from the store: what is on disk is what progress.json says. Returns
-    the attempt's resume figures (also put into `snapshot`). `news`: abandoned requests this attempt
-    booked or reconciled (what a kill before it left, what its own stop left)."""
+def _account(spec: DatasetGenerationSpec, store: Store, progress: Progress, total: int, hard: bool,
+             start: Resume, news: int = 0) -> Progress:
+    """The final figures, read from the store: what is on disk is what progress.json says. Returns `progress`
+    with them. `news`: abandoned requests this attempt booked or reconciled (what a kill before it left, what its
+    own stop left)."""
     # The store is the truth: a worker lost before flushing reported answers that were never
     # persisted (and are redone), so counts come from what was persisted; spend stays the ledger's.
     final_gate = ToolGate(spec.tools.gate)
     bad: list[bytes] = []
-    final = read_checkpoint(store, final_gate, on_bad_row=lambda rec: bad.append(orjson.dumps(bad_row(rec))))
+    final = read_checkpoint(store, final_gate, on_bad_row=lambda rec: bad.append(orjson.dumps(bad_row(rec).dump())))
     if bad:
         store.put(BAD_ROWS, b"\n".join(bad) + b"\n")
-    # booked: the records' exact costs plus what stops abandoned in flight (their real cost where
-    # the provider said, else their worst case); the ledger's figure would also count leases
-    snapshot["spentUSD"] = usd(final.spent)
-    if final.abandoned.requests:
-        snapshot["abandoned"] = {**final.abandoned.to_json(), "thisAttempt": news}
-    # the attempt has ended: what was in flight is stored or booked as abandoned, nothing is reserved
-    snapshot["inFlight"], snapshot["reservedUSD"] = 0, "0"
+    outcome, message = progress.outcome, progress.message
     if hard:
         said = stopped_at_once(final.abandoned)
-        if snapshot["outcome"] in (Outcome.RUNNING, Outcome.STOPPED):
-            snapshot["outcome"], snapshot["message"] = Outcome.STOPPED, said
+        if outcome in (Outcome.RUNNING, Outcome.STOPPED):
+            outcome, message = Outcome.STOPPED, said
         else:  # it was draining after another stop (budget, drift): that stays the outcome
-            snapshot["message"] = f"{snapshot.get('message')}; then {said}"
-    samples = final.counts.samples(total)
-    snapshot["discardedUSD"] = usd(final.counts.discarded_usd)
-    snapshot["failures"] = dict(final.counts.failures)
-    snapshot["resendOnResume"] = final.counts.resend
-    snapshot["tokens"] = {"input": final.counts.input_tokens, "output": final.counts.output_tokens}
-    snapshot["tools"] = final_gate.metrics()
-    figures = start.final(final, Decimal(snapshot["spentUSD"]))
-    snapshot.update(figures)
+            message = f"{message}; then {said}"
+    samples, agentic = final.counts.samples(total), None
     if spec.generation.turns == "all":  # samples count conversations; their turns are in `agentic`
         summary = AgenticSummary()
         for rec in records.iter_records(store):
             summary.add(rec)
-        snapshot["agentic"] = summary.to_dict()
-        samples = summary.samples(total)
-    snapshot["samples"] = samples
-    if snapshot["outcome"] == Outcome.RUNNING:
+        samples, agentic = summary.samples(total), summary.figures()
+    if outcome == Outcome.RUNNING:
         if samples.missing:
-            snapshot["outcome"] = Outcome.FAILED
-            snapshot["message"] = f"{samples.missing} prompts were not processed (workers lost); run again to resume"
+            outcome = Outcome.FAILED
+            message = f"{samples.missing} prompts were not processed (workers lost); run again to resume"
         else:
-            snapshot["outcome"] = Outcome.DONE
-    return figures
+            outcome = Outcome.DONE
+    c = final.counts
+    # booked: the records' exact costs plus what stops abandoned in flight (their real cost where
+    # the provider said, else their worst case); the ledger's figure would also count leases.
+    # The attempt has ended: what was in flight is stored or booked as abandoned, nothing is reserved.
+    return progress.model_copy(update={
+        "outcome": outcome, "message": message, "spent": final.spent, "reserved": Decimal(0), "in_flight": 0,
+        "abandoned": final.abandoned.figures(news) if final.abandoned.requests else None,
+        "discarded": c.discarded_usd, "failures": dict(c.failures), "resend_on_resume": c.resend,
+        "tokens": c.tokens(), "tools": final_gate.metrics(),
+        "samples": samples, "agentic": agentic, **start.final(final, final.spent)})
 
 
 def _probe(spec: DatasetGenerationSpec, store: Store, ctx: RunContext, base_url: str, plan: ShardPlan,
@@ -393,7 +398,7 @@ def _pilot_carried(prev: Progress | None) -> dict[str, Any]:
     """The pilot's figures (its section and spend) from the progress.json it wrote: kept by every later write."""
     if prev is None or prev.pilot is None:
         return {}
-    return {"pilot": prev.pilot.dump(), **({"pilotUSD": usd(prev.pilot_usd)} if prev.pilot_usd is not None else {})}
+    return {"pilot": prev.pilot, "pilot_usd": prev.pilot_usd}
 
 
 @dataclass
@@ -441,60 +446,56 @@ class Resume:
         return len(self.attempts)
 
     def progress(self) -> dict[str, Any]:
-        """What every progress.json write of this attempt carries."""
-        fp = self.binding.fingerprint
-        bound = {"id": fp.id, "previous": self.binding.previous}
-        if self.binding.kind == "accepted":
-            bound["accepted"] = [c.field for c in self.binding.changes]
-        return {"attempts": self.attempts, "fingerprint": bound, "restarts": self.restarts,
-                "resume": {"attempt": self.number, "reusedAnswers": self.reused_answers,
-                           "reusedUSD": usd(self.reused_usd)}}
+        """What every progress.json write of this attempt carries (`Progress` fields by name)."""
+        accepted = [c.field for c in self.binding.changes] if self.binding.kind == "accepted" else None
+        bound = BoundFingerprint(id=self.binding.fingerprint.id, previous=self.binding.previous, accepted=accepted)
+        resume = ResumeFigures(attempt=self.number, reused_answers=self.reused_answers, reused=self.reused_usd)
+        return {"attempts": self.attempts, "fingerprint": bound, "restarts": self.restarts, "resume": resume}
 
     def final(self, ckpt: Checkpoint, spent: Decimal) -> dict[str, Any]:
         """From the store's final read: this attempt's share, per fingerprint, bad rows, spent vs paid."""
         mine = ckpt.tally.by_attempt.get(self.attempts[-1])
         out = self.progress()
-        out["resume"].update(paidUSD=usd(mine.paid if mine else Decimal(0)), requests=mine.sent if mine else 0)
+        out["resume"] = out["resume"].model_copy(update={"paid": mine.paid if mine else Decimal(0),
+                                                         "requests": mine.sent if mine else 0})
         paid = ckpt.paid + ckpt.audit
-        out.update(paidUSD=usd(paid), unrecordedUSD=usd(max(Decimal(0), spent - paid)),
-                   fingerprints=ckpt.tally.fingerprints(), models=ckpt.tally.models())
+        out.update(paid=paid, unrecorded=max(Decimal(0), spent - paid), fingerprints=ckpt.tally.fingerprints(),
+                   models=ckpt.tally.models())
         if ckpt.tally.bad_rows:
-            out["badRows"] = {"count": ckpt.tally.bad_rows, "first": ckpt.tally.first_bad, "file": BAD_ROWS}
+            out["bad_rows"] = BadRows(count=ckpt.tally.bad_rows, first=ckpt.tally.first_bad, file=BAD_ROWS)
         return out
 
 
 class _Monitor:
     """Throttled progress.json writes plus the on_progress callback (the progress bar); each write
     also adds a point to timeseries.jsonl (earlier attempts' points kept: the report plots them all).
-    `extra` (the provider probe's verdict, the attempt's fingerprint and resume figures) is part of
-    every snapshot."""
+    `base` (the attempt, the provider probe's verdict, the attempt's fingerprint and resume figures, the
+    workers it lost) is what every write has beside the coordinator's figures."""
 
     def __init__(self, store: Store, ctx: RunContext, on_progress: Callable[[Progress], None],
-                 extra: dict[str, Any] | None = None):
+                 carried: dict[str, Any] | None = None):
+        """`carried`: `Progress` fields by name."""
         self.store, self.ctx, self.on_progress = store, ctx, on_progress
-        self.extra = extra or {}
+        self.base = Progress(attempt=ctx.attempt, stage=Stage.GENERATE, run_id=ctx.run_id or None,
+                             outcome=Outcome.RUNNING, **(carried or {}))
         self.last = 0.0
         self.series = timeseries.TimeSeries()
         for p in timeseries.read_timeseries(store):
             self.series.add(p)
 
-    def merged(self, snap: dict) -> dict:
-        return {**snap, **self.extra}
+    def merged(self, figures: RunFigures) -> Progress:
+        """The coordinator's figures and this attempt's as progress.json."""
+        return self.base.model_copy(update=dict(figures))
 
-    def progress(self, snap: dict) -> Progress:
-        """The coordinator's snapshot and this attempt's figures as progress.json."""
-        return Progress.model_validate({**self.merged(snap), "attempt": self.ctx.attempt, "stage": Stage.GENERATE,
-                                        "runId": self.ctx.run_id or None})
-
-    def tick(self, snap: dict) -> None:
-        progress = self.progress(snap)
+    def tick(self, figures: RunFigures) -> None:
+        progress = self.merged(figures)
         self.on_progress(progress)
         if time.monotonic() - self.last >= PROGRESS_EVERY_S:
-            self.write(snap)
+            self.write(progress)
             self.last = time.monotonic()
 
-    def write(self, snap: dict) -> Progress:
-        progress = write_progress(self.store, self.progress(snap))
+    def write(self, progress: Progress) -> Progress:
+        progress = write_progress(self.store, progress)
         self.series.add(timeseries.point(progress))
         self.store.put(TIMESERIES, timeseries.encode(self.series.points()))
         return progress
@@ -515,10 +516,10 @@ def stopped_at_once(abandoned: AbandonedTotals) -> str:
 ABANDON_WAIT_S = 5.0  # under Ray, how long workers get to write down what they abandon before they are killed
 
 
-def _run_inline(plan: _Run) -> dict:
+def _run_inline(plan: _Run) -> RunFigures:
     """Workers as tasks in this process (`--inline`, `EYRIE_NO_RAY=1`, benchmarks)."""
 
-    async def main() -> dict:
+    async def main() -> RunFigures:
         session = plan.session
         coord = session.start()
         plan.start_beside()
@@ -679,7 +680,7 @@ def _start_ray_beside(spec: DatasetGenerationSpec, timeline: Timeline) -> concur
     return done
 
 
-def _run_local(plan: _Run) -> dict:
+def _run_local(plan: _Run) -> RunFigures:
     """A local run (`generation.ray.mode: Local`, the default): shard worker 0 runs in this process from
     the start, with the coordinator, so the first request leaves while Ray starts beside it. Ray is
     needed only for workers 1.. (their own processes, on the machine's other cores): once it is up, the
@@ -689,7 +690,7 @@ def _run_local(plan: _Run) -> dict:
 
     actor_coord: list[Any] = []
 
-    async def main() -> dict:
+    async def main() -> RunFigures:
         session, timeline = plan.session, plan.timeline
         n = session.senders
         configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
@@ -737,7 +738,7 @@ def _run_local(plan: _Run) -> dict:
                 i, wid, _w = remote.pop(fut)
                 if _lost(fut):
                     await coord.worker_lost(wid)
-                    plan.monitor.extra["workersLost"] += 1  # the operator says so (a Warning event)
+                    plan.monitor.base.workers_lost += 1  # the operator says so (a Warning event)
                     if restarts < MAX_WORKER_RESTARTS * n:
                         restarts += 1
                         start(i, restarts)
@@ -753,7 +754,7 @@ def _run_local(plan: _Run) -> dict:
             if plan.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
                 _stop_here([first])
-                plan.stopper.acknowledge(len(first.sender.inflight.book.flights) if not remote else snap["inFlight"],
+                plan.stopper.acknowledge(len(first.sender.inflight.book.flights) if not remote else snap.in_flight,
                                          plan.notify)
             await asyncio.to_thread(plan.monitor.tick, snap)  # off the loop: the requests here go on meanwhile
         here.result()
@@ -801,7 +802,7 @@ def _kill(actors: Any) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _run_ray(plan: _Run) -> dict:
+def _run_ray(plan: _Run) -> RunFigures:
     """A run on a Ray cluster (RayJob, Submit, or Local with RAY_ADDRESS): the coordinator and every worker
     are actors; the driver watches them."""
     import ray
@@ -840,7 +841,7 @@ def _run_ray(plan: _Run) -> dict:
                     ray.get(ref)
                 except RayActorError:
                     ray.get(coord.worker_lost.remote(wid))
-                    plan.monitor.extra["workersLost"] += 1  # the operator says so (a Warning event)
+                    plan.monitor.base.workers_lost += 1  # the operator says so (a Warning event)
                     if restarts < MAX_WORKER_RESTARTS * n:
                         restarts += 1
                         nwid, nw, nref = start(i, restarts)
@@ -858,7 +859,7 @@ def _run_ray(plan: _Run) -> dict:
             snap = ray.get(coord.snapshot.remote())
             if plan.stopper.requested:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
-                plan.stopper.acknowledge(snap["inFlight"], plan.notify)
+                plan.stopper.acknowledge(snap.in_flight, plan.notify)
             plan.monitor.tick(snap)
         if (known := plan.bytes_per_token_at_end()) is not None:
             ray.get(coord.know_bytes_per_token.remote(known))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eyrie.jobs.contract.fidelity import UNKNOWN_PROVIDER
+from eyrie.jobs.contract.progress import TemplateVariants, VariantChoice
 from eyrie.jobs.reconstruct.base import ChatFormat, FormatError, Message
 from eyrie.jobs.reconstruct.formats import resolve_format, variant_names
 from eyrie.jobs.reconstruct.reconstructor import thinking_readings, turn_of
@@ -89,15 +90,14 @@ class Choice:
     unsaid: int = 0
     message: str | None = None  # how = mismatch: each variant's gaps (the stop message)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"variant": self.variant, "how": self.how, "answers": self.answers, "fits": list(self.fits),
-                "thinking": self.thinking, "unsaid": self.unsaid, **({"message": self.message} if self.message else {})}
+    def progress(self, final: bool) -> VariantChoice:
+        """As progress.json and the manifest keep it; `final` once its provider's canary is measured."""
+        return VariantChoice(variant=self.variant, how=self.how, answers=self.answers, fits=list(self.fits),
+                             thinking=self.thinking, unsaid=self.unsaid, message=self.message or None, final=final)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Choice:
-        thinking = d.get("thinking")
-        return cls(str(d["variant"]), str(d.get("how", "")), int(d.get("answers") or 0), tuple(d.get("fits") or ()),
-                   thinking if isinstance(thinking, bool) else None, int(d.get("unsaid") or 0), d.get("message"))
+    def of(cls, c: VariantChoice) -> Choice:
+        return cls(c.variant, c.how, c.answers, tuple(c.fits), c.thinking, c.unsaid, c.message)
 
 
 @dataclass(frozen=True)
@@ -235,13 +235,13 @@ class VariantDetector:
         self.stopped = self.stopped or stop
         return stop
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> TemplateVariants:
         """For progress.json and the manifest: the format, the pin, the choice per provider (a provider
         that has not reached the canary is judged on what it gave so far, marked `final: false`)."""
-        by = {k: {**c.to_json(), "final": True} for k, c in self.chosen.items()}
-        by.update({k: {**self._judge(k, p)[0].to_json(), "final": False} for k, p in self._open.items()})
-        return {"format": self.format_name, "variants": list(self.variants), "pinned": self.pinned,
-                "canary": self.canary, "onMismatch": self.on_mismatch, "byProvider": dict(sorted(by.items()))}
+        by = {k: c.progress(final=True) for k, c in self.chosen.items()}
+        by.update({k: self._judge(k, p)[0].progress(final=False) for k, p in self._open.items()})
+        return TemplateVariants(format=self.format_name, variants=list(self.variants), pinned=self.pinned,
+                                canary=self.canary, on_mismatch=self.on_mismatch, by_provider=dict(sorted(by.items())))
 
 
 def detector_for(spec: DatasetGenerationSpec) -> VariantDetector | None:
@@ -287,7 +287,6 @@ class TemplateCanary:
         return prompt_lengths(self._formats, tok, request, response, usage)
 
 
-def chosen_variants(summary: Mapping[str, Any] | None) -> dict[str, Choice]:
+def chosen_variants(summary: TemplateVariants | None) -> dict[str, Choice]:
     """provider -> its Choice from a `summary()` (as stored in progress.json)."""
-    by = (summary or {}).get("byProvider") or {}
-    return {p: Choice.from_json(c) for p, c in by.items() if isinstance(c, dict) and isinstance(c.get("variant"), str)}
+    return {p: Choice.of(c) for p, c in (summary.by_provider if summary else {}).items()}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from eyrie.jobs.contract.calltally import CallTally
+from eyrie.jobs.contract.progress import PerTool, ToolFigures
 from eyrie.jobs.spec import GateSpec
 from eyrie.jobs.tools.checks import ResponseCheck
 
@@ -117,10 +117,10 @@ class ToolGate:
                              f"{self._where()} ({w.leaked} of {w.answers} answers with leaked tool-call markers)")
         return None
 
-    def metrics(self) -> dict[str, Any]:
-        """Cumulative counts for progress.json `tools` (the first four keys) and the manifest."""
+    def metrics(self) -> ToolFigures:
+        """Cumulative counts for progress.json `tools` (the operator shows the first four) and the manifest."""
         t = self.total
-        return {"declaredPrompts": t.declared, "callRate": round(t.call_rate, 6), "invalidCalls": t.invalid,
-                "leaks": t.leaked, "answers": t.answers, "calls": t.calls,
-                "perTool": {k: dict(v) for k, v in sorted(self.per_tool.items())}}
+        return ToolFigures(declared_prompts=t.declared, call_rate=round(t.call_rate, 6), invalid_calls=t.invalid,
+                           leaks=t.leaked, answers=t.answers, calls=t.calls,
+                           per_tool={k: PerTool(**v) for k, v in sorted(self.per_tool.items())})
 

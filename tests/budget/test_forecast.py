@@ -31,7 +31,7 @@ def test_projection_is_spent_plus_prompts_left_times_mean_and_p90():
     assert f.p90_usd == Decimal("0.19") + 90 * Decimal("0.1")
     assert (f.answers, f.prompts_left) == (10, 90)
     assert f.over(Decimal("2.70")) and not f.over(Decimal("2.71"))
-    assert f.to_progress() == {"meanUSD": "2.71", "p90USD": "9.19", "perAnswerMeanUSD": "0.028",
+    assert f.to_progress().dump() == {"meanUSD": "2.71", "p90USD": "9.19", "perAnswerMeanUSD": "0.028",
                                "perAnswerP90USD": "0.1", "answers": 10, "promptsLeft": 90, "tokens": 0}
 
 
@@ -67,15 +67,15 @@ def test_the_forecaster_judges_once_when_the_canary_is_measured():
     f = Forecaster(canary=3, suspend=True)
     for c in ("0.1", "0.1"):
         f.add(Decimal(c))
-        assert f.judge(Decimal("0.2"), 100, Decimal("5")) is None and f.to_progress(Decimal("0.2"), 100) == {}
+        assert f.judge(Decimal("0.2"), 100, Decimal("5")) is None and f.to_progress(Decimal("0.2"), 100) is None
     f.add(Decimal("0.1"))
     msg = f.judge(Decimal("0.3"), 97, Decimal("5"))  # 0.3 + 97 x 0.1 = 10 > 5
     assert msg is not None and msg.startswith("forecast: the run would spend $10.00 ")
     assert f.judge(Decimal("0.3"), 97, Decimal("5")) is None  # judged once
     f.add(Decimal("0.3"))
     doc = f.to_progress(Decimal("0.6"), 96)  # keeps following the answers
-    assert doc["forecastUSD"] == "15" and doc["forecast"]["atCanary"] == {"meanUSD": "10", "p90USD": "10",
-                                                                           "answers": 3}
+    assert doc is not None and doc.mean == Decimal(15)  # progress.json's forecastUSD
+    assert doc.dump()["atCanary"] == {"meanUSD": "10", "p90USD": "10", "answers": 3}
 
 
 def test_the_whole_runs_hidden_states_are_projected_beside_the_dollars():
@@ -83,17 +83,17 @@ def test_the_whole_runs_hidden_states_are_projected_beside_the_dollars():
     (Kimi K2.5 in bf16: (3 + 1) x 7168 x 2 = 57,344 bytes)."""
     f = project(Decimal(0), stats(["0.1"] * 4), prompts_left=6, tokens=400, bytes_per_token=57_344)
     assert (f.tokens, f.hidden_bytes) == (1000, 1000 * 57_344)
-    assert f.to_progress()["hiddenStateBytes"] == 57_344_000 and f.to_progress()["tokens"] == 1000
+    assert f.to_progress().dump()["hiddenStateBytes"] == 57_344_000 and f.to_progress().dump()["tokens"] == 1000
     fc = Forecaster(canary=2, suspend=False, bytes_per_token=512)
     fc.add(Decimal("0.1"), 100)
     fc.add(Decimal("0.1"), 300)
     assert fc.judge(Decimal("0.2"), 8, Decimal(10)) is None
-    doc = fc.to_progress(Decimal("0.2"), 8)["forecast"]
+    doc = fc.to_progress(Decimal("0.2"), 8).dump()
     assert (doc["tokens"], doc["hiddenStateBytes"]) == (2000, 2000 * 512)
     assert doc["atCanary"]["hiddenStateBytes"] == 2000 * 512
     unknown = Forecaster(canary=1, suspend=False)
     unknown.add(Decimal("0.1"), 100)
-    assert "hiddenStateBytes" not in unknown.to_progress(Decimal("0.1"), 1)["forecast"]  # left out, not 0
+    assert "hiddenStateBytes" not in unknown.to_progress(Decimal("0.1"), 1).dump()  # left out, not 0
 
 
 def test_stored_bytes_per_token_comes_from_the_models_config(tmp_path):

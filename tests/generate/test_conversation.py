@@ -141,7 +141,7 @@ def test_annotations_and_the_summary_count_turns_divergence_and_ends():
     for r in [*recs, failed, {"sample_id": "plain", "status": "ok"}, {"sample_id": "bad", "status": "rejected"}]:
         summary.add(r)
     assert summary.samples(5).dump() == {"total": 5, "done": 1, "rejected": 1, "discarded": 0, "failed": 1}
-    assert summary.to_dict() == {
+    assert summary.figures().dump() == {
         "conversations": 2, "turnsRegenerated": 3, "turnsFailed": 1, "splicedToolResults": 2,
         "diverged": {"otherTool": 0, "otherArguments": 1, "missingCall": 0, "extraCall": 0},
         "ended": {"diverged": 1, "failed": 1}, "droppedTurns": 4}

@@ -49,12 +49,12 @@ def feed(d: VariantDetector, provider: str | None, n: int, tokens: int | None,
 def test_the_variant_whose_length_is_the_providers_count_is_picked_per_provider():
     d = VariantDetector("kimi-k2.5", ["current", "release"], canary=10)
     assert feed(d, "a", 9, 100, {"current": 100, "release": 112}) is None
-    assert d.summary()["byProvider"]["a"] == {"variant": "current", "how": "detected", "answers": 9,
+    assert d.summary().dump()["byProvider"]["a"] == {"variant": "current", "how": "detected", "answers": 9,
                                               "fits": ["current"], "thinking": None, "unsaid": 0,
                                               "final": False}
     assert feed(d, "a", 1, 100, {"current": 100, "release": 112}) is None
     assert feed(d, "b", 10, 112, {"current": 100, "release": 112}) is None
-    by = d.summary()["byProvider"]
+    by = d.summary().dump()["byProvider"]
     assert (by["a"]["variant"], by["b"]["variant"], by["b"]["how"], by["b"]["final"]) == (
         "current", "release", "detected", True)
     assert not d.wants("a") and d.wants("c")
@@ -86,16 +86,16 @@ def test_ties_keep_the_default_a_pin_wins_and_silence_is_flagged():
         "release", "pinned", ("current",))
     silent = VariantDetector("kimi-k2.5", ["current", "release"], canary=3)
     assert feed(silent, None, 3, None, {"current": 10, "release": 22}) is None
-    assert silent.summary()["byProvider"]["(unknown)"]["how"] == "unreported"
-    assert silent.summary()["byProvider"]["(unknown)"]["variant"] == "current"
+    assert silent.summary().dump()["byProvider"]["(unknown)"]["how"] == "unreported"
+    assert silent.summary().dump()["byProvider"]["(unknown)"]["variant"] == "current"
 
 
 def test_a_router_naming_a_new_provider_per_answer_cannot_grow_the_detector():
     d = VariantDetector("kimi-k2.5", ["current", "release"], canary=2)
     for i in range(MAX_PROVIDERS * 3):
         d.observe(f"p{i}", 5, {"current": {True: 5}})
-    assert len(d.summary()["byProvider"]) == MAX_PROVIDERS + 1
-    assert d.summary()["byProvider"]["(other)"]["variant"] == "current"
+    assert len(d.summary().dump()["byProvider"]) == MAX_PROVIDERS + 1
+    assert d.summary().dump()["byProvider"]["(other)"]["variant"] == "current"
 
 
 def test_answers_that_do_not_say_fit_under_either_thinking_reading_and_the_providers_is_recorded():
@@ -134,7 +134,7 @@ def test_a_mismatch_names_the_override_and_flag_or_exclude_go_on_recording_it():
         c = d.chosen["p"]
         assert c.how == "mismatch" and c.message and "target.onTemplateMismatch (stop | flag | exclude; now " \
             f"{on}): flag keeps its samples flagged template_mismatch, exclude leaves them out" in c.message
-        summary = d.summary()
+        summary = d.summary().dump()
         assert summary["onMismatch"] == on and summary["byProvider"]["p"]["message"] == c.message
     # a format without variants: nothing to pin, so the message does not suggest it
     d = VariantDetector("deepseek-v4", ["deepseek-v4"], canary=2)

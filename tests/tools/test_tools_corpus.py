@@ -146,7 +146,7 @@ def test_scripted_answers_exact_counts_policy_and_metrics():
     assert [policy(c, "drop") for c in checks].count("drop") == 4
     assert [policy(c, "flag") for c in checks].count("flag") == 4
     assert stops == []
-    m = gate.metrics()
+    m = gate.metrics().dump()
     assert {k: m[k] for k in ("declaredPrompts", "callRate", "invalidCalls", "leaks", "answers", "calls")} == \
         {"declaredPrompts": 12, "callRate": 1.0, "invalidCalls": 5, "leaks": 1, "answers": 15, "calls": 18}
     assert m["perTool"] == {

@@ -31,7 +31,7 @@ def test_canary_with_a_low_call_rate_stops_exactly_at_the_end_of_the_canary():
                                     "over the first 10 answers (4 of 10 answers to prompts that declare tools "
                                     "called one)"))]
     assert g.stopped == stops[0][1]
-    assert g.metrics()["answers"] == 15  # in-flight answers after the stop still count
+    assert g.metrics().dump()["answers"] == 15  # in-flight answers after the stop still count
 
 
 def test_canary_with_invalid_calls_stops():
@@ -53,7 +53,7 @@ def test_good_data_never_stops_and_limits_are_inclusive():
     block = [(True, True, 0, 2, False)] * 4 + [(True, True, 1, 2, False)] + [SILENT] * 5
     assert feed(g, block * 50) == []
     assert g.stopped is None
-    m = g.metrics()
+    m = g.metrics().dump()
     assert (m["answers"], m["declaredPrompts"], m["callRate"], m["invalidCalls"], m["leaks"], m["calls"]) == \
         (500, 500, 0.5, 50, 0, 500)
 
@@ -70,7 +70,7 @@ def test_sliding_window_catches_later_drift():
 def test_disabled_gate_never_stops_but_counts():
     g = gate(enabled=False)
     assert feed(g, [SILENT] * 20 + [INVALID] * 20 + [LEAK] * 20) == []
-    m = g.metrics()
+    m = g.metrics().dump()
     assert (m["answers"], m["declaredPrompts"], m["invalidCalls"], m["leaks"]) == (60, 60, 20, 20)
     assert m["callRate"] == round(20 / 60, 6)
 
@@ -88,7 +88,7 @@ def test_call_rate_waits_for_enough_declaring_prompts():
 def test_invalid_rate_ignores_windows_without_calls_and_plain_prompts():
     g = gate(min_tool_call_rate=0.0)
     assert feed(g, [PLAIN] * 25) == []
-    m = g.metrics()
+    m = g.metrics().dump()
     assert (m["declaredPrompts"], m["callRate"], m["calls"]) == (0, 0.0, 0)
 
 
@@ -98,7 +98,7 @@ def test_observe_check_counts_per_tool():
     g.observe_check(ResponseCheck(True, [v(0, "get_news", True, []), v(1, "get_news", False, [])], {}))
     g.observe_check(ResponseCheck(True, [v(0, "quote", True, []), v(1, None, False, [])], {"content": ["<tool_call>"]}))
     g.observe_check(ResponseCheck(False, [], {}))
-    assert g.metrics() == {"declaredPrompts": 2, "callRate": 1.0, "invalidCalls": 2, "leaks": 1, "answers": 3,
+    assert g.metrics().dump() == {"declaredPrompts": 2, "callRate": 1.0, "invalidCalls": 2, "leaks": 1, "answers": 3,
                            "calls": 4, "perTool": {"(other)": {"calls": 1, "invalid": 1},
                                                    "get_news": {"calls": 2, "invalid": 1},
                                                    "quote": {"calls": 1, "invalid": 0}}}

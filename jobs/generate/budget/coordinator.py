@@ -16,11 +16,10 @@ from decimal import Decimal
 from typing import Any
 
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.contract.progress import Outcome
+from eyrie.jobs.contract.progress import Outcome, RunFigures, ToolFigures
 from eyrie.jobs.generate.budget.forecast import Forecaster
 from eyrie.jobs.generate.budget.lease import Grant, LeaseBook, Renewal, Report
-from eyrie.jobs.generate.budget.pricing import usd
-from eyrie.jobs.status import SampleCounts
+from eyrie.jobs.status import SampleCounts, TokenCounts
 
 
 @dataclass
@@ -75,6 +74,10 @@ class Counts:
     def samples(self, total: int) -> SampleCounts:
         """progress.json's `samples`: the prompts of `total` by outcome."""
         return self.prompts.model_copy(update={"total": total})
+
+    def tokens(self) -> TokenCounts:
+        """progress.json's `tokens`."""
+        return TokenCounts(input=self.input_tokens, output=self.output_tokens)
 
 
 @dataclass(frozen=True)
@@ -276,29 +279,16 @@ class RunCoordinator:
             self.book.exhausted = True
 
     # -- reporting ---------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> RunFigures:
         c = self.counts
-        tools = self.gate.metrics() if self.gate is not None else {}
-        variants = {"templateVariants": self.variants.summary()} if self.variants is not None else {}
-        return {
-            "outcome": self.outcome,
-            "message": self.message,
-            "spentUSD": usd(self.book.spent),
-            "reservedUSD": usd(self.book.leased),
-            "maxUSD": usd(self.book.max_usd),
-            "auditUSD": usd(self.audit_usd),
-            "priceFactor": usd(self.book.price_factor),
-            "samples": c.samples(self.total).dump(),
-            "discardedUSD": usd(c.discarded_usd),
-            "failures": dict(c.failures),
-            "resendOnResume": c.resend,
-            "tokens": {"input": c.input_tokens, "output": c.output_tokens},
-            "tools": tools,
-            "requests": self.requests,
-            "retries": self.retries,
-            "errors": dict(self.errors),
-            "inFlight": sum(self.book.in_flight.values()),
-            "coordinatorCalls": self.calls,
-            **variants,
-            **(self.forecast.to_progress(self.book.spent, self._prompts_left()) if self.forecast else {}),
-        }
+        forecast = self.forecast.to_progress(self.book.spent, self._prompts_left()) if self.forecast else None
+        return RunFigures(
+            outcome=self.outcome, message=self.message, spent=self.book.spent, reserved=self.book.leased,
+            max_usd=self.book.max_usd, audit=self.audit_usd, price_factor=self.book.price_factor,
+            forecast=forecast.mean if forecast else None, forecast_figures=forecast,
+            discarded=c.discarded_usd, samples=c.samples(self.total),
+            tokens=c.tokens(),
+            tools=self.gate.metrics() if self.gate is not None else ToolFigures(),
+            failures=dict(c.failures), resend_on_resume=c.resend, requests=self.requests, retries=self.retries,
+            errors=dict(self.errors), in_flight=sum(self.book.in_flight.values()), coordinator_calls=self.calls,
+            template_variants=self.variants.summary() if self.variants is not None else None)

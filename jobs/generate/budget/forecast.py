@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from eyrie.jobs.contract.money import dollars
-from eyrie.jobs.generate.budget.pricing import usd
+from eyrie.jobs.contract.progress import CanaryForecast, ForecastFigures
 from eyrie.jobs.spec import DatasetGenerationSpec
 
 MAX_KEPT = 4096  # costs kept for the percentile; beyond it every other one is dropped, evenly
@@ -69,11 +69,11 @@ class Forecast:
         """The expected total exceeds the budget (the p90 figure is shown, not judged)."""
         return self.mean_usd > max_usd
 
-    def to_progress(self) -> dict[str, object]:
-        hidden = {} if self.hidden_bytes is None else {"hiddenStateBytes": self.hidden_bytes}
-        return {"meanUSD": usd(self.mean_usd), "p90USD": usd(self.p90_usd),
-                "perAnswerMeanUSD": usd(self.per_answer_mean), "perAnswerP90USD": usd(self.per_answer_p90),
-                "answers": self.answers, "promptsLeft": self.prompts_left, "tokens": self.tokens, **hidden}
+    def to_progress(self) -> ForecastFigures:
+        return ForecastFigures(mean=self.mean_usd, p90=self.p90_usd, per_answer_mean=self.per_answer_mean,
+                               per_answer_p90=self.per_answer_p90, answers=self.answers,
+                               prompts_left=self.prompts_left, tokens=self.tokens,
+                               hidden_state_bytes=self.hidden_bytes)
 
 
 CENT = Decimal("0.000001")
@@ -142,16 +142,15 @@ class Forecaster:
         self.judged, self.at_canary = True, f
         return over_message(f, max_usd) if self.suspend and f.over(max_usd) else None
 
-    def to_progress(self, spent: Decimal, prompts_left: int) -> dict[str, object]:
-        """`forecastUSD` and `forecast` for progress.json (empty before the canary is measured)."""
+    def to_progress(self, spent: Decimal, prompts_left: int) -> ForecastFigures | None:
+        """progress.json's `forecast` (its `mean` is `forecastUSD`); None before the canary is measured."""
         f = self.current(spent, prompts_left)
         if f is None:
-            return {}
-        doc = f.to_progress()
-        if (at := self.at_canary) is not None:
-            doc["atCanary"] = {"meanUSD": usd(at.mean_usd), "p90USD": usd(at.p90_usd), "answers": at.answers,
-                               **({} if at.hidden_bytes is None else {"hiddenStateBytes": at.hidden_bytes})}
-        return {"forecastUSD": usd(f.mean_usd), "forecast": doc}
+            return None
+        at = self.at_canary
+        canary = None if at is None else CanaryForecast(mean=at.mean_usd, p90=at.p90_usd, answers=at.answers,
+                                                        hidden_state_bytes=at.hidden_bytes)
+        return f.to_progress().model_copy(update={"at_canary": canary})
 
 
 def forecaster(spec: DatasetGenerationSpec, seed: Iterable[Decimal], seed_tokens: int = 0,

@@ -44,6 +44,7 @@ from enum import StrEnum
 from typing import Any
 
 from eyrie.jobs.contract.money import usd
+from eyrie.jobs.contract.progress import AbandonedFigures
 
 
 class Drop(StrEnum):
@@ -301,7 +302,8 @@ class AbandonedTotals:
                    sum(a.requests for a in known), sum((a.booked for a in known), Decimal(0)),
                    sum(a.requests for a in unknown), sum((a.bound for a in unknown), Decimal(0)), news)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"requests": self.requests, "bookedUSD": usd(self.booked), "reconciled": self.reconciled,
-                "reconciledUSD": usd(self.reconciled_usd), "unreconciled": self.open_requests,
-                "upToUSD": usd(self.open_usd)}
+    def figures(self, this_attempt: int) -> AbandonedFigures:
+        """progress.json's `abandoned`; `this_attempt`: the requests this attempt booked or reconciled."""
+        return AbandonedFigures(requests=self.requests, booked=self.booked, reconciled=self.reconciled,
+                                reconciled_usd=self.reconciled_usd, unreconciled=self.open_requests,
+                                up_to=self.open_usd, this_attempt=this_attempt)

@@ -378,9 +378,9 @@ def template_choices(spec: DatasetGenerationSpec, by_tag: Mapping[str, list[reco
             reported = usage.get("prompt_tokens")
             det.observe(tag, reported if isinstance(reported, int) else None,
                         prompt_lengths(formats, tok, r["request"], r["response"], usage))
-        choice = det.summary()["byProvider"].get(tag)
+        choice = det.summary().by_provider.get(tag)
         if choice is not None:
-            out[tag] = {k: v for k, v in choice.items() if k != "final"}
+            out[tag] = {k: v for k, v in choice.dump().items() if k != "final"}
     return out
 
 

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import orjson
 
+from eyrie.jobs.contract.progress import AgenticFigures
 from eyrie.jobs.status import SampleCounts
 from eyrie.jobs.tools.textcalls import find_calls
 
@@ -348,8 +349,9 @@ class AgenticSummary:
         return SampleCounts(total=total, done=sum(self.ended.values()) - failed, rejected=self.rejected,
                             discarded=0, failed=failed)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"conversations": len(self.conversations), "turnsRegenerated": self.turns,
-                "turnsFailed": self.failed_turns, "splicedToolResults": self.spliced,
-                "diverged": {k.value: self.diverged.get(k.value, 0) for k in Divergence},
-                "ended": dict(sorted(self.ended.items())), "droppedTurns": self.dropped}
+    def figures(self) -> AgenticFigures:
+        """progress.json's `agentic`."""
+        return AgenticFigures(conversations=len(self.conversations), turns_regenerated=self.turns,
+                              turns_failed=self.failed_turns, spliced_tool_results=self.spliced,
+                              diverged={k.value: self.diverged.get(k.value, 0) for k in Divergence},
+                              ended=dict(sorted(self.ended.items())), dropped_turns=self.dropped)
