@@ -516,36 +516,36 @@ def stopped_at_once(abandoned: AbandonedTotals) -> str:
 ABANDON_WAIT_S = 5.0  # under Ray, how long workers get to write down what they abandon before they are killed
 
 
-def _run_inline(plan: _Run) -> RunFigures:
+def _run_inline(run: _Run) -> RunFigures:
     """Workers as tasks in this process (`--inline`, `EYRIE_NO_RAY=1`, benchmarks)."""
 
     async def main() -> RunFigures:
-        session = plan.session
+        session = run.session
         coord = session.start()
-        plan.start_beside()
-        workers = [session.shard_worker(i, plan.plan) for i in range(session.senders)]
+        run.start_beside()
+        workers = [session.shard_worker(i, run.plan) for i in range(session.senders)]
         tasks = [asyncio.create_task(w.run()) for w in workers]
-        signalled = plan.stopper.wake_on_signal()
+        signalled = run.stopper.wake_on_signal()
         while not all(t.done() for t in tasks):
             await _wait_or_signal(tasks, signalled)
-            _mark_first(plan.timeline, workers)
-            if (known := plan.bytes_per_token_now()) is not None:
+            _mark_first(run.timeline, workers)
+            if (known := run.bytes_per_token_now()) is not None:
                 coord.know_bytes_per_token(known)
-            if plan.stopper.hard:
+            if run.stopper.hard:
                 await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE, abandon=True)
                 for t in tasks:
                     t.cancel()  # each worker writes down the requests it abandons (ShardWorker.run)
                 await asyncio.gather(*tasks, return_exceptions=True)
                 return coord.snapshot()
-            if plan.stopper.requested:
+            if run.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
                 _stop_here(workers)
-                plan.stopper.acknowledge(sum(len(w.sender.inflight.book.flights) for w in workers), plan.notify)
+                run.stopper.acknowledge(sum(len(w.sender.inflight.book.flights) for w in workers), run.notify)
             # off the loop: a store that retries (S3 down) must not stall answers in flight
-            await asyncio.to_thread(plan.monitor.tick, coord.snapshot())
+            await asyncio.to_thread(run.monitor.tick, coord.snapshot())
         for t in tasks:
             t.result()
-        if (known := await asyncio.to_thread(plan.bytes_per_token_at_end)) is not None:
+        if (known := await asyncio.to_thread(run.bytes_per_token_at_end)) is not None:
             coord.know_bytes_per_token(known)
         return coord.snapshot()
 
@@ -680,7 +680,7 @@ def _start_ray_beside(spec: DatasetGenerationSpec, timeline: Timeline) -> concur
     return done
 
 
-def _run_local(plan: _Run) -> RunFigures:
+def _run_local(run: _Run) -> RunFigures:
     """A local run (`generation.ray.mode: Local`, the default): shard worker 0 runs in this process from
     the start, with the coordinator, so the first request leaves while Ray starts beside it. Ray is
     needed only for workers 1.. (their own processes, on the machine's other cores): once it is up, the
@@ -691,12 +691,12 @@ def _run_local(plan: _Run) -> RunFigures:
     actor_coord: list[Any] = []
 
     async def main() -> RunFigures:
-        session, timeline = plan.session, plan.timeline
+        session, timeline = run.session, run.timeline
         n = session.senders
         configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
         coord = _Movable(session.start())
         session.coordinator = coord  # the worker here calls it wherever it lives
-        first = session.shard_worker(0, plan.plan)
+        first = session.shard_worker(0, run.plan)
         here = asyncio.create_task(first.run())
         ray_up: concurrent.futures.Future | None = None
         beside = False  # what runs beside the requests has started
@@ -707,27 +707,27 @@ def _run_local(plan: _Run) -> RunFigures:
         def start(i: int, gen: int) -> None:
             wid = f"w{i}.{gen}"
             # no api_key argument: Ray records arguments; the worker reads its own environment
-            w = actor_cls.remote(replace(configs[i], sender_id=wid), coord.actor, plan.plan)
+            w = actor_cls.remote(replace(configs[i], sender_id=wid), coord.actor, run.plan)
             remote[asyncio.wrap_future(w.run_blocking.remote().future())] = (i, wid, w)
 
-        signalled = plan.stopper.wake_on_signal()
+        signalled = run.stopper.wake_on_signal()
         while not here.done() or remote:
             await _wait_or_signal([here, *remote], signalled)
             _mark_first(timeline, [first])
             if not beside and _first_answer_due(first):
                 beside = True
-                plan.start_beside()
+                run.start_beside()
                 if n > 1:
-                    ray_up = _start_ray_beside(plan.spec, timeline)
-            if (known := plan.bytes_per_token_now()) is not None:
+                    ray_up = _start_ray_beside(run.spec, timeline)
+            if (known := run.bytes_per_token_now()) is not None:
                 await coord.know_bytes_per_token(known)
             if ray_up is not None and ray_up.done():
                 ray_up.result()  # Ray that cannot start fails the run (as _run_ray's ray.init would)
                 ray_up = None
-                if not here.done() and not plan.stopper.requested:
+                if not here.done() and not run.stopper.requested:
                     import ray
 
-                    plan.stopper.install()
+                    run.stopper.install()
                     with timeline.step("the coordinator moved into a Ray actor"):
                         actor_coord.append(session.start_actor(f"eyrie-coordinator-{session.attempt}"))
                         await coord.move(actor_coord[0])
@@ -738,11 +738,11 @@ def _run_local(plan: _Run) -> RunFigures:
                 i, wid, _w = remote.pop(fut)
                 if _lost(fut):
                     await coord.worker_lost(wid)
-                    plan.monitor.base.workers_lost += 1  # the operator says so (a Warning event)
+                    run.monitor.base.workers_lost += 1  # the operator says so (a Warning event)
                     if restarts < MAX_WORKER_RESTARTS * n:
                         restarts += 1
                         start(i, restarts)
-            if plan.stopper.hard:
+            if run.stopper.hard:
                 await coord.stop(Outcome.STOPPED, STOPPED_AT_ONCE, True)
                 here.cancel()  # the worker here writes down the requests it abandons (ShardWorker.run)
                 # Ray workers hear it on their next report (REPORT_SECONDS) and do the same; one that does
@@ -751,14 +751,14 @@ def _run_local(plan: _Run) -> RunFigures:
                 _kill(w for _i, _wid, w in remote.values())
                 return await coord.snapshot()
             snap = await coord.snapshot()
-            if plan.stopper.requested:
+            if run.stopper.requested:
                 await coord.stop(Outcome.STOPPED, STOPPED_BY_SIGNAL)
                 _stop_here([first])
-                plan.stopper.acknowledge(len(first.sender.inflight.book.flights) if not remote else snap.in_flight,
-                                         plan.notify)
-            await asyncio.to_thread(plan.monitor.tick, snap)  # off the loop: the requests here go on meanwhile
+                run.stopper.acknowledge(len(first.sender.inflight.book.flights) if not remote else snap.in_flight,
+                                         run.notify)
+            await asyncio.to_thread(run.monitor.tick, snap)  # off the loop: the requests here go on meanwhile
         here.result()
-        if (known := await asyncio.to_thread(plan.bytes_per_token_at_end)) is not None:
+        if (known := await asyncio.to_thread(run.bytes_per_token_at_end)) is not None:
             await coord.know_bytes_per_token(known)
         return await coord.snapshot()
 
@@ -802,18 +802,18 @@ def _kill(actors: Any) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _run_ray(plan: _Run) -> RunFigures:
+def _run_ray(run: _Run) -> RunFigures:
     """A run on a Ray cluster (RayJob, Submit, or Local with RAY_ADDRESS): the coordinator and every worker
     are actors; the driver watches them."""
     import ray
     from ray.exceptions import RayActorError
 
-    spec = plan.spec
-    plan.start_beside()
-    with plan.timeline.step("Ray's start"):
+    spec = run.spec
+    run.start_beside()
+    with run.timeline.step("Ray's start"):
         _init_ray(spec)
-    plan.stopper.install()
-    session = plan.session
+    run.stopper.install()
+    session = run.session
     n = session.senders
     configs = [session.actor_config(i, f"w{i}.0") for i in range(n)]  # refused before any worker starts
     coord = session.start_actor(f"eyrie-coordinator-{session.attempt}")
@@ -824,7 +824,7 @@ def _run_ray(plan: _Run) -> RunFigures:
     def start(i: int, gen: int) -> tuple[str, Any, Any]:
         wid = f"w{i}.{gen}"
         # no api_key argument: Ray records arguments; the worker reads its own environment
-        w = actor_cls.remote(replace(configs[i], sender_id=wid), coord, plan.plan)
+        w = actor_cls.remote(replace(configs[i], sender_id=wid), coord, run.plan)
         return wid, w, w.run_blocking.remote()
 
     running = {}
@@ -841,12 +841,12 @@ def _run_ray(plan: _Run) -> RunFigures:
                     ray.get(ref)
                 except RayActorError:
                     ray.get(coord.worker_lost.remote(wid))
-                    plan.monitor.base.workers_lost += 1  # the operator says so (a Warning event)
+                    run.monitor.base.workers_lost += 1  # the operator says so (a Warning event)
                     if restarts < MAX_WORKER_RESTARTS * n:
                         restarts += 1
                         nwid, nw, nref = start(i, restarts)
                         running[nref] = (i, nwid, nw)
-            if plan.stopper.hard:
+            if run.stopper.hard:
                 # workers hear it on their next report (REPORT_SECONDS), write down what they abandon
                 # and end; one that does not in time leaves its slots, the bound of the same requests
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_AT_ONCE, True))
@@ -854,14 +854,14 @@ def _run_ray(plan: _Run) -> RunFigures:
                 for _i, _wid, w in running.values():
                     ray.kill(w, no_restart=True)
                 return ray.get(coord.snapshot.remote())
-            if (known := plan.bytes_per_token_now()) is not None:
+            if (known := run.bytes_per_token_now()) is not None:
                 ray.get(coord.know_bytes_per_token.remote(known))
             snap = ray.get(coord.snapshot.remote())
-            if plan.stopper.requested:
+            if run.stopper.requested:
                 ray.get(coord.stop.remote(Outcome.STOPPED, STOPPED_BY_SIGNAL))
-                plan.stopper.acknowledge(snap.in_flight, plan.notify)
-            plan.monitor.tick(snap)
-        if (known := plan.bytes_per_token_at_end()) is not None:
+                run.stopper.acknowledge(snap.in_flight, run.notify)
+            run.monitor.tick(snap)
+        if (known := run.bytes_per_token_at_end()) is not None:
             ray.get(coord.know_bytes_per_token.remote(known))
         return ray.get(coord.snapshot.remote())
     finally:
