@@ -168,10 +168,11 @@ class ChatClient:
     def _session(self) -> aiohttp.ClientSession:
         if self._aio is None:
             connector = aiohttp.TCPConnector(limit=self.max_concurrency + 1, ttl_dns_cache=300)
-            # no total limit (aiohttp's default is 5 minutes): each attempt runs under asyncio.timeout(timeout)
-            self._aio = aiohttp.ClientSession(
-                connector=connector, trust_env=not is_loopback(self.base_url),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=self.timeout))
+            # no limit of aiohttp's own (its default is 5 minutes in all): each attempt runs under
+            # asyncio.timeout(timeout), which bounds its connect and every read too; a socket timer beside it would
+            # never fire first and costs a timer rescheduled on every read (the unpaid GETs set theirs per request)
+            self._aio = aiohttp.ClientSession(connector=connector, trust_env=not is_loopback(self.base_url),
+                                              timeout=aiohttp.ClientTimeout(total=None))
         return self._aio
 
     def __repr__(self) -> str:
